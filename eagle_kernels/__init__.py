@@ -1,0 +1,13 @@
+"""eagle_kernels: Triton and CUDA kernels and a thin runtime for EAGLE speculative decoding.
+
+``eagle_kernels.ops`` holds the fused ops (tree attention, top-k expansion and rerank, tree
+construction, acceptance, KV compaction) with a pure-PyTorch reference for each;
+``eagle_kernels.runtime`` holds the models and the generation loop.
+"""
+
+from . import ops
+from .ops import available_backends, backend_report
+
+__version__ = "0.1.0"
+
+__all__ = ["ops", "available_backends", "backend_report", "__version__"]

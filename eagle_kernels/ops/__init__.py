@@ -1,0 +1,27 @@
+"""Public ops of eagle_kernels: validate inputs -> pick a backend -> call.
+
+Each op takes ``backend="auto" | "cuda" | "triton" | "torch"`` and has the contract of the
+same-named reference op in :mod:`eagle_kernels.ops.reference`. ``EAGLE_KERNELS_BACKEND`` forces
+one backend wherever ``backend="auto"``; :func:`available_backends` and :func:`backend_report`
+say which backends run on this machine and why the others do not.
+"""
+
+from . import reference
+from ._backend import BACKEND_ENV, BACKENDS, available_backends, backend_report, op_backends
+from ._validate import CHECK_VALUES_ENV, value_checks_enabled
+from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_accept_chain,
+                         stochastic_accept_tree, target_probs)
+from .attention import tree_attention
+from .kv import compact_kv
+from .reference import AcceptResult, DraftTree, pack_tree_mask, unpack_tree_mask
+from .topk import eagle2_expand, eagle2_rerank, topk_log_softmax
+from .tree import build_tree
+
+__all__ = [
+    "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DraftTree",
+    "available_backends", "backend_report", "build_tree", "compact_kv", "eagle2_expand",
+    "eagle2_rerank", "greedy_accept_chain", "greedy_accept_tree", "op_backends",
+    "pack_tree_mask", "reference", "stochastic_accept_chain", "stochastic_accept_tree",
+    "target_probs", "topk_log_softmax", "tree_attention", "unpack_tree_mask",
+    "value_checks_enabled",
+]

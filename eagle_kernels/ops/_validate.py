@@ -1,0 +1,121 @@
+"""Argument checks shared by the public ops: clear ValueError / TypeError, never silence.
+
+Metadata (type, dtype, shape, device, contiguity) is always checked. Value checks (index
+ranges, tree order, finiteness) read tensor contents, which on a GPU costs a host sync, so they
+run only while :func:`value_checks_enabled` says so: by default, except while a CUDA graph is
+being captured or when ``EAGLE_KERNELS_CHECK_VALUES=0``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+CHECK_VALUES_ENV = "EAGLE_KERNELS_CHECK_VALUES"
+
+
+def value_checks_enabled() -> bool:
+    """Whether ops should check tensor contents (see the module docstring)."""
+    if os.environ.get(CHECK_VALUES_ENV, "1") == "0":
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(
+    name: str,
+    value,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shape: Sequence[int | None] | None = None,
+    device: torch.device | None = None,
+    contiguous: bool = True,
+) -> torch.Tensor:
+    """Check one tensor argument; ``None`` in ``shape`` accepts any size in that dimension."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if dtypes is not None and value.dtype not in dtypes:
+        raise ValueError(f"{name}: expected dtype {_dtype_names(dtypes)}, got "
+                         f"{str(value.dtype).replace('torch.', '')}")
+    if shape is not None:
+        expected = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        if value.dim() != len(shape) or any(
+                s is not None and s != actual for s, actual in zip(shape, value.shape)):
+            raise ValueError(f"{name}: expected shape {expected}, got {list(value.shape)}")
+    if device is not None and value.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got one on {value.device}")
+    if contiguous and not value.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous())")
+    return value
+
+
+def check_int(name: str, value, low: int, high: int | None = None) -> int:
+    """Check an integer argument lies in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name}: expected an int in {bound}, got {value}")
+    return value
+
+
+def check_range(name: str, value: torch.Tensor, low: int, high: int, what: str = "") -> None:
+    """Value check: every entry in [low, high) (skipped when value checks are off)."""
+    if not value_checks_enabled() or value.numel() == 0:
+        return
+    bad = (value < low) | (value >= high)
+    if bool(bad.any()):
+        first = tuple(torch.nonzero(bad)[0].tolist())
+        raise ValueError(f"{name}: expected values in [{low}, {high}){what}, got "
+                         f"{int(value[first])} at index {list(first)}")
+
+
+def check_parents(name: str, parents: torch.Tensor) -> None:
+    """Value check of the tree contract: ``parents[:, 0] == -1``, ``0 <= parents[b, i] < i``."""
+    if not value_checks_enabled():
+        return
+    if bool((parents[:, 0] != -1).any()):
+        raise ValueError(f"{name}: expected parents[:, 0] == -1 (node 0 is the root), got "
+                         f"{parents[:, 0].tolist()}")
+    node = torch.arange(parents.shape[1], device=parents.device)
+    bad = ((parents < 0) | (parents >= node)) & (node > 0)
+    if bool(bad.any()):
+        b, i = torch.nonzero(bad)[0].tolist()
+        raise ValueError(f"{name}: trees must be topologically ordered with 0 <= parents[b, i] < i;"
+                         f" got parents[{b}, {i}] = {int(parents[b, i])}")
+
+
+def check_logits(name: str, logits: torch.Tensor) -> None:
+    """Value check: no NaN or +inf, and every row has at least one finite entry."""
+    if not value_checks_enabled() or logits.numel() == 0:
+        return
+    if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
+        raise ValueError(f"{name}: expected finite values (or -inf for impossible tokens), "
+                         "got NaN or +inf")
+    if bool((~torch.isfinite(logits)).all(-1).any()):
+        raise ValueError(f"{name}: every row needs at least one finite value, got a row of -inf")
+
+
+def check_uniforms(name: str, uniforms: torch.Tensor) -> None:
+    """Value check: uniform random numbers in [0, 1)."""
+    if not value_checks_enabled() or uniforms.numel() == 0:
+        return
+    if bool(((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any()):
+        raise ValueError(f"{name}: expected values in [0, 1)")
+
+
+def check_same_device(**tensors: torch.Tensor) -> torch.device:
+    """All tensor arguments on one device; returns it."""
+    items = list(tensors.items())
+    first_name, first = items[0]
+    for name, tensor in items[1:]:
+        if tensor.device != first.device:
+            raise ValueError(f"{name}: expected a tensor on {first.device} (like {first_name}), "
+                             f"got one on {tensor.device}")
+    return first.device

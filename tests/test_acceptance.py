@@ -1,0 +1,316 @@
+"""Acceptance ops: greedy and stochastic goldens, invariants, sampling parameters, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from eagle_kernels import ops
+from eagle_kernels.ops import reference
+
+from conftest import chain_parents, random_parents
+
+
+def one_hot_logits(targets, vocab):
+    """[B, N] token ids -> [B, N, V] logits whose argmax is that token."""
+    logits = torch.zeros(*targets.shape, vocab)
+    logits.scatter_(-1, targets.unsqueeze(-1), 5.0)
+    return logits
+
+
+GOLDEN_PARENTS = torch.tensor([[-1, 0, 0, 1, 1, 2, 5]], dtype=torch.int32)
+GOLDEN_TOKENS = torch.tensor([[100, 5, 6, 7, 8, 9, 10]])
+
+
+def test_greedy_tree_golden():
+    _, _, paths = ops.build_tree(GOLDEN_PARENTS, max_depth=3)
+    # argmax: root -> 6 (node 2), node 2 -> 9 (node 5), node 5 -> 3 (node 6 holds 10: rejected)
+    targets = torch.tensor([[6, 0, 9, 0, 0, 3, 0]])
+    result = ops.greedy_accept_tree(GOLDEN_TOKENS, paths, one_hot_logits(targets, 128))
+    assert result.output_tokens.tolist() == [[6, 9, 3, -1]]
+    assert result.num_accepted.tolist() == [2]
+    assert result.accepted_nodes.tolist() == [[0, 2, 5, -1]]
+    assert result.output_tokens.dtype == torch.int64
+    assert result.num_accepted.dtype == result.accepted_nodes.dtype == torch.int32
+
+
+def test_greedy_tree_tie_between_paths_takes_lowest_row_and_argmax_tie_lowest_id():
+    _, _, paths = ops.build_tree(GOLDEN_PARENTS, max_depth=3)
+    logits = one_hot_logits(torch.tensor([[5, 2, 0, 0, 0, 0, 0]]), 128)
+    logits[0, 1, 1] = 5.0  # node 1's argmax ties between ids 1 and 2: lowest id (1) wins
+    result = ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits)
+    assert result.output_tokens.tolist() == [[5, 1, -1, -1]]
+    assert result.accepted_nodes.tolist() == [[0, 1, -1, -1]]
+
+
+def test_greedy_chain_golden_and_full_acceptance():
+    tokens = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+    targets = torch.tensor([[2, 3, 9, 9], [2, 3, 4, 7]])
+    result = ops.greedy_accept_chain(tokens, one_hot_logits(targets, 10))
+    assert result.output_tokens.tolist() == [[2, 3, 9, -1], [2, 3, 4, 7]]
+    assert result.num_accepted.tolist() == [2, 3]
+    assert result.accepted_nodes.tolist() == [[0, 1, 2, -1], [0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("batch,num_nodes", [(1, 1), (3, 7), (5, 60), (2, 65)])
+def test_one_hot_target_along_a_path_accepts_it_all(gen, batch, num_nodes):
+    vocab = 50
+    parents = random_parents(batch, num_nodes, gen)
+    _, _, paths = ops.build_tree(parents)
+    tokens = torch.randint(0, vocab - 1, (batch, num_nodes), generator=gen)
+    targets = torch.full((batch, num_nodes), vocab - 1)  # no node holds token vocab-1
+    rows = []
+    for b in range(batch):
+        leaves = int((paths[b, :, 0] >= 0).sum())
+        row = int(torch.randint(0, leaves, (1,), generator=gen))
+        path = [n for n in paths[b, row].tolist() if n >= 0]
+        for here, nxt in zip(path, path[1:]):
+            targets[b, here] = tokens[b, nxt]
+        rows.append(path)
+    result = ops.greedy_accept_tree(tokens, paths, one_hot_logits(targets, vocab))
+    for b, path in enumerate(rows):
+        count = len(path) - 1
+        assert int(result.num_accepted[b]) == count
+        assert result.accepted_nodes[b, : count + 1].tolist() == path
+        assert result.output_tokens[b, :count].tolist() == tokens[b, path[1:]].tolist()
+        assert int(result.output_tokens[b, count]) == vocab - 1
+        assert bool((result.output_tokens[b, count + 1:] == -1).all())
+        assert bool((result.accepted_nodes[b, count + 1:] == -1).all())
+
+
+def test_greedy_chain_equals_greedy_tree_on_chain(gen):
+    tokens = torch.randint(0, 4, (6, 9), generator=gen)
+    logits = torch.randn(6, 9, 4, generator=gen)
+    _, _, paths = ops.build_tree(chain_parents(6, 9))
+    chain = ops.greedy_accept_chain(tokens, logits)
+    tree = ops.greedy_accept_tree(tokens, paths, logits)
+    for got, want in zip(chain, tree):
+        assert torch.equal(got, want)
+
+
+def log_probs(*rows):
+    return torch.log(torch.tensor(rows, dtype=torch.float32))
+
+
+def test_stochastic_tree_golden():
+    tokens = torch.tensor([[3, 0, 1, 2]] * 2)
+    parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32)
+    logits = log_probs([0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.1, 0.7], [0.25] * 4,
+                       [0.25] * 4).expand(2, 4, 4).contiguous()
+    # Row 0: node 1 rejected (0.6 >= 0.5), residual [0, .6, .4, 0]; node 2 accepted (0.5 < 0.6);
+    #        node 2 is a leaf: bonus from [.25]*4 with u 0.6 -> token 2.
+    # Row 1: node 1 accepted (0.4 < 0.5); node 3 (token 2) rejected (0.15 >= 0.1); residual
+    #        [1/9, 1/9, 0, 7/9]; bonus with u 0.2 -> token 1.
+    accept = torch.tensor([[0.0, 0.6, 0.5, 0.0], [0.0, 0.4, 0.0, 0.15]])
+    result = ops.stochastic_accept_tree(tokens, parents, logits, accept,
+                                        torch.tensor([0.6, 0.2]), max_depth=2)
+    assert result.output_tokens.tolist() == [[1, 2, -1], [0, 1, -1]]
+    assert result.num_accepted.tolist() == [1, 1]
+    assert result.accepted_nodes.tolist() == [[0, 2, -1], [0, 1, -1]]
+
+
+def test_stochastic_chain_golden():
+    tokens = torch.tensor([[2, 0, 1]] * 2)
+    draft = torch.tensor([[0.5, 0.25, 0.25], [0.2, 0.6, 0.2]]).expand(2, 2, 3).contiguous()
+    logits = log_probs([0.25, 0.5, 0.25], [0.6, 0.3, 0.1], [0.1, 0.1, 0.8]).expand(2, 3, 3)
+    # node 1: p/q = 0.5 -> accepted with u 0.4 in both rows. node 2: p/q = 0.5: row 0 rejects
+    # (u 0.7), residual max(0, p - q) = [.4, 0, 0] -> token 0; row 1 accepts (u 0.1), bonus from
+    # the target at node 2 with u 0.95 -> token 2.
+    result = ops.stochastic_accept_chain(tokens, draft, logits.contiguous(),
+                                         torch.tensor([[0.0, 0.4, 0.7], [0.0, 0.4, 0.1]]),
+                                         torch.tensor([0.3, 0.95]))
+    assert result.output_tokens.tolist() == [[0, 0, -1], [0, 1, 2]]
+    assert result.num_accepted.tolist() == [1, 2]
+    assert result.accepted_nodes.tolist() == [[0, 1, -1], [0, 1, 2]]
+
+
+def test_one_hot_target_stochastic_tree_accepts_whole_path(gen):
+    parents = random_parents(4, 12, gen)
+    _, _, paths = ops.build_tree(parents)
+    tokens = torch.randint(0, 7, (4, 12), generator=gen)
+    logits = torch.full((4, 12, 8), float("-inf"))
+    logits[:, :, 7] = 0.0  # default: the target only ever says 7, which no node holds
+    for b in range(4):
+        path = [n for n in paths[b, 0].tolist() if n >= 0]
+        for here, nxt in zip(path, path[1:]):
+            logits[b, here] = float("-inf")
+            logits[b, here, tokens[b, nxt]] = 0.0
+    uniforms = torch.rand(4, 12, generator=gen) * 0.999
+    result = ops.stochastic_accept_tree(tokens, parents, logits, uniforms,
+                                        torch.rand(4, generator=gen))
+    for b in range(4):
+        path = [n for n in paths[b, 0].tolist() if n >= 0]
+        assert result.accepted_nodes[b, : len(path)].tolist() == path
+        assert int(result.output_tokens[b, len(path) - 1]) == 7
+
+
+def test_target_probs_temperature_top_k_top_p():
+    logits = torch.tensor([[3.0, 2.0, 2.0, 1.0]])
+    torch.testing.assert_close(ops.target_probs(logits, temperature=0.5),
+                               torch.softmax(logits / 0.5, -1))
+    kept = ops.target_probs(logits, top_k=2)  # the 2.0 / 2.0 tie at the boundary is kept
+    torch.testing.assert_close(kept, torch.softmax(torch.tensor([[3.0, 2, 2, -math.inf]]), -1))
+    probs = log_probs([0.5, 0.3, 0.2])
+    torch.testing.assert_close(ops.target_probs(probs, top_p=0.6),
+                               torch.tensor([[0.625, 0.375, 0.0]]))
+    torch.testing.assert_close(ops.target_probs(probs, top_p=0.5), torch.tensor([[1.0, 0, 0]]))
+    ties = ops.target_probs(log_probs([0.4, 0.4, 0.2]), top_p=0.3)  # ties are kept together
+    torch.testing.assert_close(ties, torch.tensor([[0.5, 0.5, 0.0]]))
+    per_row = ops.target_probs(torch.cat([probs, probs]), top_p=torch.tensor([1.0, 0.5]))
+    torch.testing.assert_close(per_row[1], torch.tensor([1.0, 0, 0]))
+    torch.testing.assert_close(per_row[0], torch.tensor([0.5, 0.3, 0.2]))
+
+
+def test_sample_from_probs_never_emits_zero_probability(gen):
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(4, 5)
+    uniforms = torch.tensor([0.0, 0.5, 0.9999999, float.fromhex("0x1.fffffep-1")])
+    assert reference.sample_from_probs(probs, uniforms).tolist() == [1, 3, 3, 3]
+    probs = torch.rand(1000, 9, generator=gen) * (torch.rand(1000, 9, generator=gen) < 0.5)
+    probs[:, 4] += 1e-3
+    samples = reference.sample_from_probs(probs, torch.rand(1000, generator=gen))
+    assert bool((probs.gather(1, samples[:, None]) > 0).all())
+
+
+# ---- statistics: a two-cycle speculative loop against a synthetic bigram target ----------
+
+VOCAB = 6
+
+
+def bigram_tables(gen):
+    """Target and draft next-token tables [V, V]; the target never says token 5 after 0."""
+    target = torch.rand(VOCAB, VOCAB, generator=gen) + 0.05
+    target[0, 5] = 0.0
+    draft = torch.rand(VOCAB, VOCAB, generator=gen) + 0.05
+    return target / target.sum(1, keepdim=True), draft / draft.sum(1, keepdim=True)
+
+
+def top2_tree(root, draft):
+    """Depth-2 tree of the draft's deterministic top-2 children: 7 nodes."""
+    first = torch.sort(draft[root], descending=True, stable=True).indices[:2].tolist()
+    tokens = [root] + first
+    for child in first:
+        tokens += torch.sort(draft[child], descending=True, stable=True).indices[:2].tolist()
+    return tokens, [-1, 0, 0, 1, 1, 2, 2]
+
+
+def tree_cycle(roots, target, draft, gen, params):
+    """One speculative cycle per root with stochastic_accept_tree; returns the AcceptResult."""
+    out_tokens = torch.full((len(roots), 3), -1, dtype=torch.int64)
+    out_count = torch.zeros(len(roots), dtype=torch.int32)
+    for root in roots.unique().tolist():
+        rows = torch.nonzero(roots == root).flatten()
+        tree_tokens, parents = top2_tree(root, draft)
+        count = len(rows)
+        tokens = torch.tensor(tree_tokens).expand(count, -1).contiguous()
+        logits = torch.log(target[tokens])
+        result = ops.stochastic_accept_tree(
+            tokens, torch.tensor(parents, dtype=torch.int32).expand(count, -1).contiguous(),
+            logits, torch.rand(count, 7, generator=gen), torch.rand(count, generator=gen),
+            max_depth=2, **params)
+        out_tokens[rows], out_count[rows] = result.output_tokens, result.num_accepted
+    return out_tokens, out_count
+
+
+def chain_cycle(roots, target, draft, gen, params):
+    """One cycle with a 2-token chain sampled from the draft, then stochastic_accept_chain."""
+    count = len(roots)
+    first = torch.multinomial(draft[roots], 1, generator=gen).flatten()
+    second = torch.multinomial(draft[first], 1, generator=gen).flatten()
+    tokens = torch.stack([roots, first, second], 1)
+    result = ops.stochastic_accept_chain(
+        tokens, torch.stack([draft[roots], draft[first]], 1), torch.log(target[tokens]),
+        torch.rand(count, 3, generator=gen), torch.rand(count, generator=gen), **params)
+    return result.output_tokens, result.num_accepted
+
+
+def first_two_tokens(cycle, draws, target, draft, gen, params):
+    roots = torch.zeros(draws, dtype=torch.int64)
+    tokens, accepted = cycle(roots, target, draft, gen, params)
+    first, second = tokens[:, 0].clone(), tokens[:, 1].clone()
+    again = accepted == 0  # one token this cycle: the second comes from a new cycle
+    more, _ = cycle(first[again], target, draft, gen, params)
+    second[again] = more[:, 0]
+    return first, second
+
+
+def chi_square_p_value(observed, expected):
+    """Pearson chi-square p-value; cells with expected < 5 pooled. Zero-expected must be empty."""
+    assert int(observed[expected == 0].sum()) == 0, "a zero-probability token was emitted"
+    small = expected < 5
+    obs = torch.cat([observed[~small], observed[small].sum().view(1)]).double()
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)]).double()
+    keep = exp > 0
+    stat = (((obs - exp) ** 2)[keep] / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), stat / 2.0))
+
+
+@pytest.mark.parametrize("cycle", [tree_cycle, chain_cycle], ids=["tree", "chain"])
+@pytest.mark.parametrize("params", [{}, {"temperature": 0.7}, {"top_p": 0.8},
+                                    {"temperature": 0.7, "top_p": 0.8}],
+                         ids=["t1", "t0.7", "t1-top_p0.8", "t0.7-top_p0.8"])
+def test_emitted_tokens_follow_the_target_distribution(gen, cycle, params):
+    # Fresh seeds every run, so the test uses a small false-alarm rate (1e-6) and enough draws
+    # that a sampler off by 0.01 in total variation fails by a wide margin.
+    draws = 12000
+    target, draft = bigram_tables(gen)
+    first, second = first_two_tokens(cycle, draws, target, draft, gen, params)
+    processed = ops.target_probs(torch.log(target), **params)  # row t: distribution after t
+    joint = processed[0].unsqueeze(1) * processed  # P(first = a, second = b)
+    observed_first = torch.bincount(first, minlength=VOCAB)
+    observed_joint = torch.bincount(first * VOCAB + second, minlength=VOCAB**2)
+    for observed, expected in ((observed_first, processed[0]), (observed_joint, joint.flatten())):
+        p_value = chi_square_p_value(observed, expected * draws)
+        total_variation = 0.5 * float((observed / draws - expected).abs().sum())
+        assert p_value > 1e-6, (p_value, total_variation)
+        assert total_variation < 0.04, total_variation
+
+
+def test_seeded_determinism():
+    target, draft = bigram_tables(torch.Generator().manual_seed(1))
+    runs = [first_two_tokens(tree_cycle, 200, target, draft, torch.Generator().manual_seed(7),
+                             {"temperature": 0.7}) for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_bad_inputs(gen):
+    _, _, paths = ops.build_tree(GOLDEN_PARENTS, max_depth=3)
+    logits = torch.randn(1, 7, 128)
+    with pytest.raises(ValueError, match="tokens: expected values in"):
+        ops.greedy_accept_tree(GOLDEN_TOKENS + 100, paths, logits)
+    with pytest.raises(ValueError, match="tokens: expected dtype int64"):
+        ops.greedy_accept_tree(GOLDEN_TOKENS.int(), paths, logits)
+    with pytest.raises(ValueError, match=r"target_logits: expected shape \[1, 7, \*\]"):
+        ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits[:, :6].contiguous())
+    with pytest.raises(ValueError, match="paths: expected values in"):
+        ops.greedy_accept_tree(GOLDEN_TOKENS, paths + 7, logits)
+    with pytest.raises(ValueError, match="target_logits: expected finite"):
+        ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits * float("nan"))
+    with pytest.raises(ValueError, match="target_logits: expected a tensor on cpu"):
+        ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits.to("meta"))
+    uniforms, bonus = torch.rand(1, 7), torch.rand(1)
+    args = (GOLDEN_TOKENS, GOLDEN_PARENTS, logits, uniforms, bonus)
+    with pytest.raises(ValueError, match="parents: trees must be topologically ordered"):
+        ops.stochastic_accept_tree(GOLDEN_TOKENS, torch.tensor([[-1, 0, 0, 1, 1, 6, 5]],
+                                                               dtype=torch.int32), *args[2:])
+    with pytest.raises(ValueError, match="temperature: expected > 0"):
+        ops.stochastic_accept_tree(*args, temperature=0.0)
+    with pytest.raises(ValueError, match="top_p: expected values in"):
+        ops.stochastic_accept_tree(*args, top_p=1.5)
+    with pytest.raises(ValueError, match="top_k: expected >= 0"):
+        ops.stochastic_accept_tree(*args, top_k=-1)
+    with pytest.raises(TypeError, match="temperature: expected a number"):
+        ops.stochastic_accept_tree(*args, temperature="hot")
+    with pytest.raises(ValueError, match=r"temperature: expected shape \[1\]"):
+        ops.stochastic_accept_tree(*args, temperature=torch.ones(2))
+    with pytest.raises(ValueError, match=r"accept_uniforms: expected values in \[0, 1\)"):
+        ops.stochastic_accept_tree(GOLDEN_TOKENS, GOLDEN_PARENTS, logits, uniforms + 1, bonus)
+    with pytest.raises(ValueError, match="max_depth: expected >= the tree depth 3"):
+        ops.stochastic_accept_tree(*args, max_depth=2)
+    chain_tokens = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"draft_probs: expected shape \[1, 2, 128\]"):
+        ops.stochastic_accept_chain(chain_tokens, torch.rand(1, 3, 128), logits[:, :3].contiguous(),
+                                    torch.rand(1, 3), bonus)
+    with pytest.raises(ValueError, match="draft_probs: expected non-negative"):
+        ops.stochastic_accept_chain(chain_tokens, -torch.rand(1, 2, 128),
+                                    logits[:, :3].contiguous(), torch.rand(1, 3), bonus)

@@ -1,0 +1,74 @@
+"""compact_kv: golden moves, random paths on several layers and dtypes, bad inputs."""
+
+import pytest
+import torch
+
+from eagle_kernels import ops
+
+from conftest import random_parents
+
+
+def position_cache(batch, max_len, heads=1, dim=1, offset=0.0, dtype=torch.float32):
+    """Cache whose entry at position t holds the value offset + t (easy to read moves)."""
+    values = torch.arange(max_len, dtype=torch.float32) + offset
+    return values.view(1, max_len, 1, 1).expand(batch, max_len, heads, dim).to(dtype).contiguous()
+
+
+def test_golden_compaction():
+    k, v = position_cache(2, 10), position_cache(2, 10, offset=100.0)
+    ops.compact_kv([k, v], torch.tensor([2, 0], dtype=torch.int32),
+                   torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]], dtype=torch.int32),
+                   torch.tensor([2, 0], dtype=torch.int32))
+    assert k[0, :, 0, 0].tolist() == [0, 1, 2, 4, 5, 5, 6, 7, 8, 9]
+    assert v[0, :, 0, 0].tolist() == [100, 101, 102, 104, 105, 105, 106, 107, 108, 109]
+    assert k[1, :, 0, 0].tolist() == list(range(10))
+
+
+def test_random_paths_every_layer(gen):
+    batch, num_nodes, max_len = 4, 20, 64
+    parents = random_parents(batch, num_nodes, gen)
+    _, _, paths = ops.build_tree(parents)
+    caches = [torch.randn(batch, max_len, heads, 8, generator=gen).to(dtype)
+              for heads, dtype in ((3, torch.float32), (3, torch.float16), (1, torch.bfloat16))]
+    before = [cache.clone() for cache in caches]
+    lens = torch.randint(0, max_len - num_nodes, (batch,), generator=gen).to(torch.int32)
+    leaves = (paths[:, :, 0] >= 0).sum(1)
+    rows = (torch.rand(batch, generator=gen) * leaves).long()
+    accepted_nodes = paths[torch.arange(batch), rows].contiguous()
+    depth = (accepted_nodes >= 0).sum(1) - 1
+    num_accepted = (torch.rand(batch, generator=gen) * (depth + 1)).to(torch.int32)
+    column = torch.arange(accepted_nodes.shape[1])
+    accepted_nodes = torch.where(column <= num_accepted[:, None], accepted_nodes, -1).contiguous()
+    ops.compact_kv(caches, lens, accepted_nodes, num_accepted)
+    for cache, old in zip(caches, before):
+        for b in range(batch):
+            start, count = int(lens[b]), int(num_accepted[b]) + 1
+            source = start + accepted_nodes[b, :count].long()
+            assert torch.equal(cache[b, start:start + count], old[b, source])
+            assert torch.equal(cache[b, :start], old[b, :start])
+            assert torch.equal(cache[b, start + count:], old[b, start + count:])
+
+
+def test_bad_inputs():
+    k = position_cache(1, 8)
+    lens = torch.tensor([2], dtype=torch.int32)
+    nodes = torch.tensor([[0, 1, -1]], dtype=torch.int32)
+    count = torch.tensor([1], dtype=torch.int32)
+    with pytest.raises(TypeError, match="caches: expected a non-empty list"):
+        ops.compact_kv(k, lens, nodes, count)
+    with pytest.raises(ValueError, match=r"caches\[1\]: expected shape \[1, 8, \*, \*\]"):
+        ops.compact_kv([k, position_cache(1, 9)], lens, nodes, count)
+    with pytest.raises(ValueError, match="num_accepted: expected values in"):
+        ops.compact_kv([k], lens, nodes, torch.tensor([3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="accepted_nodes: expected the root"):
+        ops.compact_kv([k], lens, torch.tensor([[1, 2, -1]], dtype=torch.int32), count)
+    with pytest.raises(ValueError, match="accepted_nodes: expected strictly increasing"):
+        ops.compact_kv([k], lens, torch.tensor([[0, 2, 2]], dtype=torch.int32),
+                       torch.tensor([2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_lens \\+ accepted_nodes: expected values in"):
+        ops.compact_kv([k], torch.tensor([7], dtype=torch.int32), nodes, count)
+    with pytest.raises(ValueError, match="cache_lens: expected dtype int32"):
+        ops.compact_kv([k], lens.long(), nodes, count)
+    with pytest.raises(ValueError, match="caches\\[0\\]: expected a contiguous"):
+        ops.compact_kv([position_cache(1, 8, heads=2, dim=2).transpose(2, 3)], lens, nodes,
+                       count)
