@@ -54,10 +54,12 @@ def test_greedy_chain_golden_and_full_acceptance():
 
 @pytest.mark.parametrize("batch,num_nodes", [(1, 1), (3, 7), (5, 60), (2, 65)])
 def test_one_hot_target_along_a_path_accepts_it_all(gen, batch, num_nodes):
-    vocab = 50
+    vocab = 200
     parents = random_parents(batch, num_nodes, gen)
     _, _, paths = ops.build_tree(parents)
-    tokens = torch.randint(0, vocab - 1, (batch, num_nodes), generator=gen)
+    # distinct tokens: with repeated sibling tokens another path of equal length could win
+    tokens = torch.stack([torch.randperm(vocab - 1, generator=gen)[:num_nodes]
+                          for _ in range(batch)])
     targets = torch.full((batch, num_nodes), vocab - 1)  # no node holds token vocab-1
     rows = []
     for b in range(batch):
@@ -127,9 +129,10 @@ def test_stochastic_chain_golden():
 def test_one_hot_target_stochastic_tree_accepts_whole_path(gen):
     parents = random_parents(4, 12, gen)
     _, _, paths = ops.build_tree(parents)
-    tokens = torch.randint(0, 7, (4, 12), generator=gen)
-    logits = torch.full((4, 12, 8), float("-inf"))
-    logits[:, :, 7] = 0.0  # default: the target only ever says 7, which no node holds
+    # distinct tokens, so no sibling can take the path's token first
+    tokens = torch.stack([torch.randperm(20, generator=gen)[:12] for _ in range(4)])
+    logits = torch.full((4, 12, 21), float("-inf"))
+    logits[:, :, 20] = 0.0  # default: the target only ever says 20, which no node holds
     for b in range(4):
         path = [n for n in paths[b, 0].tolist() if n >= 0]
         for here, nxt in zip(path, path[1:]):
@@ -141,7 +144,7 @@ def test_one_hot_target_stochastic_tree_accepts_whole_path(gen):
     for b in range(4):
         path = [n for n in paths[b, 0].tolist() if n >= 0]
         assert result.accepted_nodes[b, : len(path)].tolist() == path
-        assert int(result.output_tokens[b, len(path) - 1]) == 7
+        assert int(result.output_tokens[b, len(path) - 1]) == 20
 
 
 def test_target_probs_temperature_top_k_top_p():
