@@ -287,6 +287,8 @@ def test_bad_inputs(gen):
         ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits[:, :6].contiguous())
     with pytest.raises(ValueError, match="paths: expected values in"):
         ops.greedy_accept_tree(GOLDEN_TOKENS, paths + 7, logits)
+    with pytest.raises(ValueError, match="paths: expected row 0 of every tree to start"):
+        ops.greedy_accept_tree(GOLDEN_TOKENS, torch.full_like(paths, -1), logits)
     with pytest.raises(ValueError, match="target_logits: expected finite"):
         ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits * float("nan"))
     with pytest.raises(ValueError, match="target_logits: expected a tensor on cpu"):

@@ -81,6 +81,9 @@ def greedy_accept_tree(tokens, paths, target_logits, backend: str = "auto") -> A
     check_tensor("paths", paths, (torch.int32,), (batch, None, None), tokens.device)
     check_int("paths.shape[2] (max_depth + 1)", paths.shape[2], 1)
     check_range("paths", paths, -1, num_nodes, " (node indices, -1 for padding)")
+    if value_checks_enabled() and bool((paths[:, :1, 0] != 0).any()):
+        raise ValueError("paths: expected row 0 of every tree to start at the root (node 0); "
+                         "build_tree always emits at least one root-to-leaf row")
     _, implementation = resolve("greedy_accept_tree", backend, tokens.device)
     return implementation(tokens, paths, target_logits)
 

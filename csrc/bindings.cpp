@@ -1,0 +1,18 @@
+/**
+ * @file bindings.cpp
+ * @brief The eagle_kernels._C module: one register_<family>() call per op family.
+ *
+ * Each family's functions are registered in its own <family>_bindings.cpp. GPU launchers take
+ * device addresses and a stream handle and return as soon as the kernel is queued; the *_host
+ * twins run the same per-tree / per-path code on CPU addresses (how CI checks the kernels
+ * without a GPU).
+ */
+#include <pybind11/pybind11.h>
+
+#include "binding_utils.h"
+
+PYBIND11_MODULE(_C, module) {
+  module.doc() = "eagle_kernels CUDA kernels (csrc/): raw-pointer launchers and host twins";
+  eagle_kernels::register_tree(module);
+  eagle_kernels::register_acceptance(module);
+}
