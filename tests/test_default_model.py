@@ -179,12 +179,15 @@ def test_cache_reused_until_gguf_changes(fake_source):
     model_dir = dm.default_model_dir(root)
     assert dm.default_model_dir(root) == model_dir == root / dm.MODEL_NAME
     assert len(calls) == 1
-    gguf.write_bytes(b"GGUF v2, longer")  # new size and mtime
+    gguf.write_bytes(b"GGUF v2, longer")  # new size and content
     dm.default_model_dir(root)
     assert len(calls) == 2
     assert (model_dir / "model.safetensors").read_bytes() == b"GGUF v2, longer"
     stat = gguf.stat()
-    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same size, new mtime
+    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a reinstall: new mtime
+    dm.default_model_dir(root)
+    assert len(calls) == 2
+    gguf.write_bytes(b"GGUF v3, longer")  # same size, new content
     dm.default_model_dir(root)
     assert len(calls) == 3
     assert [p.name for p in root.iterdir()] == [dm.MODEL_NAME]  # no temporaries left
