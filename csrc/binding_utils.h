@@ -79,5 +79,7 @@ class DeviceGuard {
 /// One registration function per op family (each in its own <family>_bindings.cpp).
 void register_tree(pybind11::module_& module);
 void register_acceptance(pybind11::module_& module);
+void register_topk(pybind11::module_& module);
+void register_kv(pybind11::module_& module);
 
 }  // namespace eagle_kernels

@@ -15,4 +15,6 @@ PYBIND11_MODULE(_C, module) {
   module.doc() = "eagle_kernels CUDA kernels (csrc/): raw-pointer launchers and host twins";
   eagle_kernels::register_tree(module);
   eagle_kernels::register_acceptance(module);
+  eagle_kernels::register_topk(module);
+  eagle_kernels::register_kv(module);
 }

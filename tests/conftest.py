@@ -13,11 +13,24 @@ import zlib
 import pytest
 import torch
 
+# Triton kernels run on CPU tensors in the interpreter; the flag must be set before any module
+# defining @triton.jit kernels is imported, and conftest is imported first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 BASE_SEED = int(os.environ.get("EAGLE_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 
 
 def pytest_report_header(config):
     return f"eagle_kernels test seed: EAGLE_TEST_SEED={BASE_SEED}"
+
+
+@pytest.fixture(scope="session")
+def ext():
+    """The compiled eagle_kernels._C; skips (fails under CI=true with nvcc) when missing."""
+    from cuda_support import load_extension_or_skip
+
+    return load_extension_or_skip()
 
 
 @pytest.fixture

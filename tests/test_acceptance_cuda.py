@@ -1,21 +1,11 @@
-"""csrc/ CUDA kernels (eagle_kernels._C): the build, the kernel logic on the host, the GPU.
+"""Greedy acceptance CUDA kernels (csrc/acceptance.cu): host twins == reference, bounds, GPU.
 
-* The extension imports wherever it was built. Under ``CI=true`` with nvcc on PATH a missing
-  extension fails the run (the build silently fell back to pure Python); elsewhere it skips.
-* The ``*_host`` entry points run the kernels' own per-node / per-path code on CPU pointers:
-  they must equal the reference ops exactly (golden trees, hundreds of random trees, planted
-  acceptance) and never write outside their outputs, even on invalid input.
-* On a GPU the real launchers (``backend="cuda"``) must equal ``backend="torch"``.
-
-Random inputs come from the ``gen`` fixture (fresh seed per run); failure messages carry the
-seed, and ``EAGLE_TEST_SEED=<base seed>`` replays a run.
+``argmax_rows_host`` and ``greedy_accept_paths_host`` run the kernels' own per-row / per-path
+code on CPU pointers (how CI proves them equal to the reference); the GPU tests run the real
+launchers through ``ops.greedy_accept_tree(..., backend="cuda")`` when a GPU is present.
 """
 
 from __future__ import annotations
-
-import importlib
-import os
-import shutil
 
 import pytest
 import torch
@@ -23,85 +13,8 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
-from conftest import BASE_SEED
-
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-SENTINEL = -7777  # prefilled into outputs: an entry the kernel forgot to write shows up
-GUARD = 64  # sentinel entries before and after every output in the bounds tests
-
-
-def _import_extension():
-    try:
-        return importlib.import_module("eagle_kernels._C"), None
-    except Exception as error:  # a broken build can raise OSError as well as ImportError
-        return None, error
-
-
-def _missing_extension(error) -> None:
-    nvcc = shutil.which("nvcc")
-    message = f"eagle_kernels._C not importable ({error})"
-    if os.environ.get("CI") == "true" and nvcc:
-        pytest.fail(f"{message}, but CI=true and nvcc is on PATH ({nvcc}): the build must "
-                    "produce the extension here")
-    pytest.skip(f"{message}; nvcc on PATH: {nvcc or 'no'}")
-
-
-@pytest.fixture(scope="module")
-def ext():
-    module, error = _import_extension()
-    if module is None:
-        _missing_extension(error)
-    return module
-
-
-def seed_note(gen: torch.Generator) -> str:
-    return f"(test seed {gen.initial_seed()}; replay with EAGLE_TEST_SEED={BASE_SEED})"
-
-
-def test_extension_imports():
-    module, error = _import_extension()
-    if module is None:
-        _missing_extension(error)
-    for name in ("build_tree", "build_tree_host", "argmax_rows", "argmax_rows_host",
-                 "greedy_accept_paths", "greedy_accept_paths_host"):
-        assert callable(getattr(module, name)), name
-
-
-# --------------------------------------------------------------------------------------------
-# Inputs
-# --------------------------------------------------------------------------------------------
-
-SHAPES = ("uniform", "deep", "bushy", "chain", "star")
-
-
-def random_tree(batch: int, num_nodes: int, shape: str, gen: torch.Generator) -> torch.Tensor:
-    """[B, N] int32 topologically ordered parents of one of several shapes."""
-    parents = torch.full((batch, num_nodes), -1, dtype=torch.int32)
-    for node in range(1, num_nodes):
-        u = torch.rand(batch, generator=gen)
-        if shape == "uniform":
-            parent = (u * node).long()
-        elif shape == "deep":  # one of the last three nodes: long paths (EAGLE chains)
-            parent = node - 1 - (u * min(node, 3)).long()
-        elif shape == "bushy":  # the first quarter: wide, shallow
-            parent = (u * max(1, node // 4)).long()
-        elif shape == "chain":
-            parent = torch.full((batch,), node - 1)
-        else:
-            parent = torch.zeros(batch, dtype=torch.long)
-        parents[:, node] = parent.to(torch.int32)
-    return parents
-
-
-def host_build_tree(ext, parents: torch.Tensor, max_depth: int):
-    batch, num_nodes = parents.shape
-    depth = torch.full((batch, num_nodes), SENTINEL, dtype=torch.int32)
-    mask = torch.full((batch, num_nodes, reference.mask_words(num_nodes)), SENTINEL,
-                      dtype=torch.int32)
-    paths = torch.full((batch, num_nodes, max_depth + 1), SENTINEL, dtype=torch.int32)
-    ext.build_tree_host(parents.data_ptr(), depth.data_ptr(), mask.data_ptr(), paths.data_ptr(),
-                        batch, num_nodes, max_depth)
-    return depth, mask, paths
+from cuda_support import (DTYPE_CODES, SENTINEL, SHAPES, assert_guards, assert_same,
+                          guarded, needs_gpu, random_tree, seed_note)
 
 
 def host_greedy_accept(ext, tokens, paths, logits) -> reference.AcceptResult:
@@ -118,12 +31,6 @@ def host_greedy_accept(ext, tokens, paths, logits) -> reference.AcceptResult:
                                  result.accepted_nodes.data_ptr(), batch, num_nodes, num_paths,
                                  width)
     return result
-
-
-def assert_same(actual, expected, note: str) -> None:
-    for name, a, e in zip(("first", "second", "third"), actual, expected):
-        assert a.dtype == e.dtype, f"{name} output dtype {a.dtype} != {e.dtype} {note}"
-        assert torch.equal(a, e), f"{name} output differs {note}\nkernel:\n{a}\nreference:\n{e}"
 
 
 def planted_acceptance(parents, vocab: int, gen: torch.Generator, max_depth: int | None = None):
@@ -143,41 +50,6 @@ def planted_acceptance(parents, vocab: int, gen: torch.Generator, max_depth: int
     logits = torch.randn(batch, num_nodes, vocab, generator=gen)
     logits.scatter_(-1, target.unsqueeze(-1), logits.amax(-1, keepdim=True) + 1.0)
     return tokens, paths, logits
-
-
-# --------------------------------------------------------------------------------------------
-# Host entry points == reference
-# --------------------------------------------------------------------------------------------
-
-GOLDEN_PARENTS = [
-    [-1, 0, 0, 1, 1, 2, 5],  # the golden tree of test_tree.py
-    [-1],
-    [-1, 0, 0, 0, 0],
-    list(range(-1, 39)),  # a chain across the 32-bit word boundary
-]
-
-
-@pytest.mark.parametrize("rows", GOLDEN_PARENTS, ids=["golden", "single", "star", "chain40"])
-def test_host_build_tree_golden(ext, rows):
-    parents = torch.tensor([rows], dtype=torch.int32)
-    max_depth = int(reference.build_tree(parents)[0].max())
-    for depth_limit in (max_depth, max_depth + 2):
-        assert_same(host_build_tree(ext, parents, depth_limit),
-                    reference.build_tree(parents, depth_limit), f"(parents {rows})")
-
-
-@pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 64, 65, 100])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_host_build_tree_random(ext, gen, batch, num_nodes):
-    for shape in SHAPES:
-        for _ in range(3):
-            parents = random_tree(batch, num_nodes, shape, gen)
-            deepest = int(ops.tree.tree_depth(parents).max())
-            extra = int(torch.randint(1, 4, (1,), generator=gen))
-            for max_depth in (deepest, deepest + extra):
-                assert_same(host_build_tree(ext, parents, max_depth),
-                            reference.build_tree(parents, max_depth),
-                            f"{shape} tree, max_depth {max_depth} {seed_note(gen)}\n{parents}")
 
 
 def test_host_greedy_accept_golden(ext):
@@ -238,39 +110,6 @@ def test_host_argmax_rows(ext, gen, dtype, vocab):
     assert torch.equal(out, expected), f"{seed_note(gen)}\n{out}\n{expected}"
 
 
-# --------------------------------------------------------------------------------------------
-# Invalid input stays in bounds
-# --------------------------------------------------------------------------------------------
-
-
-def guarded(shape, dtype, device="cpu"):
-    """A sentinel-filled buffer with GUARD spare entries each side, and its inner view."""
-    numel = 1
-    for size in shape:
-        numel *= size
-    buffer = torch.full((numel + 2 * GUARD,), SENTINEL, dtype=dtype, device=device)
-    return buffer, buffer[GUARD:GUARD + numel].view(shape)
-
-
-def assert_guards(buffer, note):
-    assert bool((buffer[:GUARD] == SENTINEL).all() and (buffer[-GUARD:] == SENTINEL).all()), \
-        f"write outside the output {note}"
-
-
-def test_host_build_tree_invalid_parents_stay_in_bounds(ext, gen):
-    for num_nodes in (1, 5, 33, 70):
-        batch, max_depth = 2, int(torch.randint(0, 3, (1,), generator=gen))
-        parents = torch.randint(-3, num_nodes + 3, (batch, num_nodes), generator=gen,
-                                dtype=torch.int32)
-        outputs = [guarded((batch, num_nodes), torch.int32),
-                   guarded((batch, num_nodes, reference.mask_words(num_nodes)), torch.int32),
-                   guarded((batch, num_nodes, max_depth + 1), torch.int32)]
-        ext.build_tree_host(parents.data_ptr(), *(inner.data_ptr() for _, inner in outputs),
-                            batch, num_nodes, max_depth)
-        for buffer, _ in outputs:
-            assert_guards(buffer, f"{seed_note(gen)}\n{parents}")
-
-
 def test_host_greedy_accept_invalid_paths_stay_in_bounds(ext, gen):
     batch, num_nodes, num_paths, width = 3, 6, 4, 5
     tokens = torch.randint(0, 4, (batch, num_nodes), generator=gen)
@@ -288,45 +127,6 @@ def test_host_greedy_accept_invalid_paths_stay_in_bounds(ext, gen):
     (_, output_tokens), (_, num_accepted), (_, accepted_nodes) = outputs
     assert num_accepted[0] == 0 and accepted_nodes[0].tolist() == [0] + [-1] * (width - 1)
     assert output_tokens[0].tolist() == [int(target_ids[0, 0])] + [-1] * (width - 1)
-
-
-def test_bad_sizes_raise_value_error(ext):
-    with pytest.raises(ValueError, match="num_nodes"):
-        ext.build_tree_host(0, 0, 0, 0, 1, 0, 0)
-    with pytest.raises(ValueError, match="dtype_code"):
-        ext.argmax_rows_host(0, 0, 1, 4, 7)
-    with pytest.raises(ValueError, match="width"):
-        ext.greedy_accept_paths_host(0, 0, 0, 0, 0, 0, 1, 4, 1, 0)
-
-
-# --------------------------------------------------------------------------------------------
-# GPU: the real launchers through the public ops
-# --------------------------------------------------------------------------------------------
-
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-
-
-@needs_gpu
-@pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 64, 65, 100, 300])
-def test_gpu_build_tree_matches_torch(ext, gen, num_nodes):
-    for shape in SHAPES:
-        parents = random_tree(3, num_nodes, shape, gen).cuda()
-        deepest = int(ops.tree.tree_depth(parents).max())
-        for max_depth in (deepest, deepest + 3):
-            assert_same(ops.build_tree(parents, max_depth, backend="cuda"),
-                        ops.build_tree(parents, max_depth, backend="torch"),
-                        f"{shape} tree {seed_note(gen)}")
-
-
-@needs_gpu
-def test_gpu_build_tree_large_matches_host(ext, gen):
-    """N up to the kernel's limit, against the host twin (the reference is too slow there)."""
-    for num_nodes, shape in ((1000, "uniform"), (4096, "deep"), (8192, "bushy")):
-        parents = random_tree(2, num_nodes, shape, gen)
-        max_depth = int(ops.tree.tree_depth(parents).max())
-        expected = host_build_tree(ext, parents, max_depth)
-        actual = ops.build_tree(parents.cuda(), max_depth, backend="cuda")
-        assert_same([a.cpu() for a in actual], expected, f"{shape} N={num_nodes} {seed_note(gen)}")
 
 
 @needs_gpu

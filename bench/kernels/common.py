@@ -1,0 +1,163 @@
+"""Shared timing, bookkeeping and plotting for the per-op-family kernel benchmarks.
+
+Every benchmark script in this folder (``bench_<family>.py``) times each backend of an op with
+:func:`time_fn`, reports medians over repeats next to the torch reference measured in the same
+run, expresses speed as a fraction of the measured copy bandwidth (:func:`copy_bandwidth`), and
+appends rows to a CSV with :func:`append_rows` (device, versions, date and commit are added to
+every row), then draws PNGs with :func:`plot_rows`. On a machine without a GPU the scripts run
+in a tiny ``--smoke`` configuration so CI can prove they work; the numbers that matter come
+from a GPU run (``bench/gpu_suite.sh``).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20  # larger than the L2 of an H100 (50 MB) or H200
+
+
+class Timing(NamedTuple):
+    """Per-call time in microseconds: median and the 20th / 80th percentiles of the repeats."""
+
+    median_us: float
+    p20_us: float
+    p80_us: float
+    repeats: int
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
+
+
+def _summarise(samples_us: list[float]) -> Timing:
+    ordered = sorted(samples_us)
+    return Timing(statistics.median(ordered), _percentile(ordered, 0.2),
+                  _percentile(ordered, 0.8), len(ordered))
+
+
+def time_fn(fn: Callable[[], object], *, repeats: int = 50, warmup: int = 5,
+            flush_l2: bool = True, device: torch.device | str | None = None) -> Timing:
+    """Time ``fn()``; CUDA events on a GPU (L2 flushed before each repeat), perf_counter on CPU."""
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+        return _summarise(samples)
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if flush_l2 else None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    torch.cuda.synchronize(device)
+    for start, end in zip(starts, ends):
+        if flush is not None:
+            flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return _summarise([start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)])
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """Capture ``fn`` in a CUDA graph and return its replay: times a tiny kernel without the
+    Python and launch overhead around it (what the runtime sees under graphs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up (compile / load kernels) outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def copy_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024) -> float:
+    """Measured device-to-device copy bandwidth in GB/s (bytes read + written per second): the
+    memory roofline the benchmarks report fractions of."""
+    source = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    timing = time_fn(lambda: target.copy_(source), repeats=20, flush_l2=False, device=device)
+    return 2 * source.numel() / (timing.median_us * 1e-6) / 1e9
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment() -> dict[str, str]:
+    """Device, library versions, date and commit: added to every CSV row."""
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    else:
+        device = f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return {"device": device, "torch": torch.__version__, "cuda": str(torch.version.cuda),
+            "triton": triton_version, "date": datetime.datetime.now(datetime.timezone.utc)
+            .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _git_commit()}
+
+
+def append_rows(csv_path: str | os.PathLike, rows: list[dict]) -> None:
+    """Append ``rows`` (dicts with the same keys) plus :func:`environment` columns to a CSV."""
+    if not rows:
+        return
+    extra = environment()
+    rows = [{**row, **extra} for row in rows]
+    path = Path(csv_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not path.exists()
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        if new_file:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_rows(rows: list[dict], x: str, y: str, series: str, png_path: str | os.PathLike,
+              title: str, logx: bool = True, logy: bool = True) -> None:
+    """One line per value of ``series``: ``y`` against ``x``; saved as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name in sorted({str(row[series]) for row in rows}):
+        points = sorted((float(row[x]), float(row[y])) for row in rows if str(row[series]) == name)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    axes.set_xscale("log" if logx else "linear")
+    axes.set_yscale("log" if logy else "linear")
+    axes.set_xlabel(x)
+    axes.set_ylabel(y)
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png_path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,13 @@
+/**
+ * @file kv_bindings.cpp
+ * @brief Python bindings of the kv op family (csrc/kv.cu). Nothing registered yet.
+ */
+#include <pybind11/pybind11.h>
+
+#include "binding_utils.h"
+
+namespace eagle_kernels {
+
+void register_kv(pybind11::module_& module) { static_cast<void>(module); }
+
+}  // namespace eagle_kernels
