@@ -8,6 +8,8 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
+from bigram_harness import (bigram_tables, chain_cycle, check_distribution, first_two_tokens,
+                            tree_cycle)
 from conftest import chain_parents, random_parents
 
 
@@ -176,77 +178,6 @@ def test_sample_from_probs_never_emits_zero_probability(gen):
 
 # ---- statistics: a two-cycle speculative loop against a synthetic bigram target ----------
 
-VOCAB = 6
-
-
-def bigram_tables(gen):
-    """Target and draft next-token tables [V, V]; the target never says token 5 after 0."""
-    target = torch.rand(VOCAB, VOCAB, generator=gen) + 0.05
-    target[0, 5] = 0.0
-    draft = torch.rand(VOCAB, VOCAB, generator=gen) + 0.05
-    return target / target.sum(1, keepdim=True), draft / draft.sum(1, keepdim=True)
-
-
-def top2_tree(root, draft):
-    """Depth-2 tree of the draft's deterministic top-2 children: 7 nodes."""
-    first = torch.sort(draft[root], descending=True, stable=True).indices[:2].tolist()
-    tokens = [root] + first
-    for child in first:
-        tokens += torch.sort(draft[child], descending=True, stable=True).indices[:2].tolist()
-    return tokens, [-1, 0, 0, 1, 1, 2, 2]
-
-
-def tree_cycle(roots, target, draft, gen, params):
-    """One speculative cycle per root with stochastic_accept_tree; returns the AcceptResult."""
-    out_tokens = torch.full((len(roots), 3), -1, dtype=torch.int64)
-    out_count = torch.zeros(len(roots), dtype=torch.int32)
-    for root in roots.unique().tolist():
-        rows = torch.nonzero(roots == root).flatten()
-        tree_tokens, parents = top2_tree(root, draft)
-        count = len(rows)
-        tokens = torch.tensor(tree_tokens).expand(count, -1).contiguous()
-        logits = torch.log(target[tokens])
-        result = ops.stochastic_accept_tree(
-            tokens, torch.tensor(parents, dtype=torch.int32).expand(count, -1).contiguous(),
-            logits, torch.rand(count, 7, generator=gen), torch.rand(count, generator=gen),
-            max_depth=2, **params)
-        out_tokens[rows], out_count[rows] = result.output_tokens, result.num_accepted
-    return out_tokens, out_count
-
-
-def chain_cycle(roots, target, draft, gen, params):
-    """One cycle with a 2-token chain sampled from the draft, then stochastic_accept_chain."""
-    count = len(roots)
-    first = torch.multinomial(draft[roots], 1, generator=gen).flatten()
-    second = torch.multinomial(draft[first], 1, generator=gen).flatten()
-    tokens = torch.stack([roots, first, second], 1)
-    result = ops.stochastic_accept_chain(
-        tokens, torch.stack([draft[roots], draft[first]], 1), torch.log(target[tokens]),
-        torch.rand(count, 3, generator=gen), torch.rand(count, generator=gen), **params)
-    return result.output_tokens, result.num_accepted
-
-
-def first_two_tokens(cycle, draws, target, draft, gen, params):
-    roots = torch.zeros(draws, dtype=torch.int64)
-    tokens, accepted = cycle(roots, target, draft, gen, params)
-    first, second = tokens[:, 0].clone(), tokens[:, 1].clone()
-    again = accepted == 0  # one token this cycle: the second comes from a new cycle
-    more, _ = cycle(first[again], target, draft, gen, params)
-    second[again] = more[:, 0]
-    return first, second
-
-
-def chi_square_p_value(observed, expected):
-    """Pearson chi-square p-value; cells with expected < 5 pooled. Zero-expected must be empty."""
-    assert int(observed[expected == 0].sum()) == 0, "a zero-probability token was emitted"
-    small = expected < 5
-    obs = torch.cat([observed[~small], observed[small].sum().view(1)]).double()
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)]).double()
-    keep = exp > 0
-    stat = (((obs - exp) ** 2)[keep] / exp[keep]).sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), stat / 2.0))
-
 
 @pytest.mark.parametrize("cycle", [tree_cycle, chain_cycle], ids=["tree", "chain"])
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.7}, {"top_p": 0.8},
@@ -255,18 +186,7 @@ def chi_square_p_value(observed, expected):
 def test_emitted_tokens_follow_the_target_distribution(gen, cycle, params):
     # Fresh seeds every run, so the test uses a small false-alarm rate (1e-6) and enough draws
     # that a sampler off by 0.01 in total variation fails by a wide margin.
-    draws = 12000
-    target, draft = bigram_tables(gen)
-    first, second = first_two_tokens(cycle, draws, target, draft, gen, params)
-    processed = ops.target_probs(torch.log(target), **params)  # row t: distribution after t
-    joint = processed[0].unsqueeze(1) * processed  # P(first = a, second = b)
-    observed_first = torch.bincount(first, minlength=VOCAB)
-    observed_joint = torch.bincount(first * VOCAB + second, minlength=VOCAB**2)
-    for observed, expected in ((observed_first, processed[0]), (observed_joint, joint.flatten())):
-        p_value = chi_square_p_value(observed, expected * draws)
-        total_variation = 0.5 * float((observed / draws - expected).abs().sum())
-        assert p_value > 1e-6, (p_value, total_variation)
-        assert total_variation < 0.04, total_variation
+    check_distribution(cycle, 12000, params, gen, max_tv=0.04, min_p_value=1e-6)
 
 
 def test_seeded_determinism():
@@ -319,3 +239,12 @@ def test_bad_inputs(gen):
     with pytest.raises(ValueError, match="draft_probs: expected non-negative"):
         ops.stochastic_accept_chain(chain_tokens, -torch.rand(1, 2, 128),
                                     logits[:, :3].contiguous(), torch.rand(1, 3), bonus)
+
+
+def test_top_p_one_disables_top_p_exactly():
+    # Three fp32 probabilities of 1/3 round up and sum to 1 + 3e-8 > 1: a plain "mass above
+    # < top_p" rule would drop the tail token although top_p = 1 means "keep everything".
+    logits = torch.tensor([[0.0, 0.0, 0.0, -20.0]])
+    probs = ops.target_probs(logits, top_p=1.0)
+    assert bool((probs > 0).all())
+    assert torch.equal(probs, ops.target_probs(logits))

@@ -182,12 +182,17 @@ def topk_log_softmax(
     Returns
     -------
     log_probs : torch.Tensor
-        [R, k] float32 log-softmax values (computed in fp32), descending; ties by lowest id.
+        [R, k] float32 log-softmax values (computed in fp32) of the k largest logits, in
+        descending logit order, equal logits by lowest id. Ranking by the logits themselves
+        (not by the rounded log-probs, which can merge two different logits into one value)
+        makes the order exact and reproducible by any kernel; log-softmax rounding is
+        monotone, so the values are non-increasing too.
     token_ids : torch.Tensor
         [R, k] int64 vocabulary ids (target ids when ``d2t`` is given).
     """
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    values, ids = _topk_lowest_index_first(log_probs, k)
+    _, ids = _topk_lowest_index_first(logits.float(), k)
+    values = log_probs.gather(-1, ids)
     if d2t is not None:
         ids = ids + d2t[ids]
     return values, ids
@@ -394,7 +399,9 @@ def target_probs(
     ascending = torch.flip(descending, dims=[-1]).contiguous()
     count_greater = vocab - torch.searchsorted(ascending, probs, right=True)
     mass_greater = mass_before.gather(1, count_greater.clamp(max=vocab - 1))
-    keep_p = mass_greater < top_p.unsqueeze(1)
+    # top_p >= 1 disables top-p exactly: summed fp32 probabilities can fall a hair short of 1,
+    # which would otherwise drop tokens far in the tail.
+    keep_p = (mass_greater < top_p.unsqueeze(1)) | (top_p >= 1).unsqueeze(1)
     probs = probs * keep_p
     return (probs / probs.sum(-1, keepdim=True)).float()
 
