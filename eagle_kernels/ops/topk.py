@@ -2,19 +2,35 @@
 
 Public ops with the contracts of the same-named functions in :mod:`eagle_kernels.ops.reference`:
 :func:`topk_log_softmax`, :func:`eagle2_expand`, :func:`eagle2_rerank`. All orders are
-deterministic: best first, equal values by lowest index. Backends: ``torch`` (reference);
-Triton and CUDA kernels to come.
+deterministic: best first, equal values by lowest index. Backends: ``torch`` (reference),
+``triton`` (below) and ``cuda`` (``csrc/topk.cu``, rerank in ``csrc/tree.cu``); the kernels are
+explicit only until they have been proven on a GPU.
+
+Ordering keys. Every kernel ranks an fp32 value v at index i by one int64 key,
+``ordered(v) << 32 | (2^31 - 1 - i)``: ``ordered`` maps the float bits to an int32 that sorts
+like the float (-0.0 folded into 0.0, every NaN above +inf as torch's sort does), the low word
+makes the lower index win ties. Keys are unique, so "top k" is k rounds of "take the max key"
+(or a rank count) with no tie logic, and every thread/lane order gives the same answer.
+
+Exactness of ``topk_log_softmax``. The reference and the kernels rank by the logit (exact in
+fp32 for all three dtypes), not by the rounded log-prob, which could merge two different
+logits into one value and so leave their order to accumulation details. Ids therefore match
+the reference exactly; log-prob values match to a few ulps (the sum is accumulated in another
+order), checked with the flash-attention rule in tests/test_topk_kernels.py.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from . import reference
-from ._backend import register, resolve
+from ._backend import cuda_extension, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, value_checks_enabled)
 from .reference import DraftTree
+from .tree import check_triton_nodes, tree_block_sizes, tree_body
 
 
 def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
@@ -25,11 +41,13 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     logits : [R, V] float16 / bfloat16 / float32, contiguous (-inf allowed, not NaN).
     k : int, 1 <= k <= V.
     d2t : [V] int64, optional; draft id i maps to target id ``i + d2t[i]`` (EAGLE-3).
-    backend : "auto", "cuda", "triton" or "torch".
+    backend : "auto", "cuda" (k <= 32), "triton" or "torch".
 
     Returns
     -------
     log_probs : [R, k] float32, descending.   token_ids : [R, k] int64.
+    The kernels rank by logit; see the module docstring for the one (documented) way their ids
+    can differ from the reference's: two different logits whose log-probs round to one value.
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (None, None))
     vocab = logits.shape[1]
@@ -51,6 +69,7 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
     ----------
     frontier_scores : [B, K] float32.   child_log_probs : [B, K, C] float32.
     top_k : int, 1 <= top_k <= K * C.
+    backend : "auto", "cuda" (K * C <= 6144), "triton" or "torch"; all bit-exact.
 
     Returns
     -------
@@ -79,6 +98,8 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
     candidate_scores : [B, M] float32 (non-increasing from parent to child).
     candidate_parents : [B, M] int32, ``-1 <= candidate_parents[b, i] < i``.
     num_nodes : int, 1 <= N <= M + 1.   max_depth : int, optional (default N - 1).
+    backend : "auto", "cuda" (M <= 2048), "triton" (N <= 1024) or "torch"; all exact. The
+        kernels build the whole tree (depth, mask, paths included) in one launch.
 
     Returns
     -------
@@ -103,12 +124,310 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
         raise ValueError("candidate_scores: expected no NaN")
     if max_depth is not None:
         check_int("max_depth", max_depth, 0)
-    _, implementation = resolve("eagle2_rerank", backend, device)
+    name, implementation = resolve("eagle2_rerank", backend, device)
     tree, selected = implementation(root_tokens, candidate_tokens, candidate_scores,
                                     candidate_parents, num_nodes, max_depth)
+    if name != "torch":
+        _check_kernel_tree(tree, num_nodes - 1 if max_depth is None else max_depth)
+    return tree, selected
+
+
+def _check_kernel_tree(tree: DraftTree, max_depth: int) -> None:
+    """The reference's two errors, read off a kernel's output (kernels never raise).
+
+    A kept candidate whose parent was not kept gets parent -1 from the kernels; a tree deeper
+    than ``max_depth`` gets its true depth (paths then drop the deep entries). One host sync,
+    only with value checks on.
+    """
+    if not value_checks_enabled() or tree.parents.shape[1] < 2:
+        return
+    if bool((tree.parents[:, 1:] < 0).any()):
+        raise ValueError("candidate_scores: a kept candidate's parent was not kept; scores must "
+                         "not increase from parent to child")
+    deepest = int(tree.depth.max())
+    if deepest > max_depth:
+        raise ValueError(f"max_depth: expected >= the tree depth {deepest}, got {max_depth}")
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+NO_KEY = tl.constexpr(-9223372036854775807)  # below every real key (constexpr: used in @jit)
+TOPK_BLOCK = 4096  # vocabulary entries per step of topk_log_softmax
+
+
+@triton.jit
+def order_key(values, index):
+    """int64 key: larger value first, then lower index (see the module docstring)."""
+    values = tl.where(values == 0.0, 0.0, values)  # -0.0 ties with 0.0, as in torch.sort
+    bits = values.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # sign-magnitude -> two's complement order
+    ordered = tl.where(values != values, 0x7FFFFFFF, ordered)  # NaN (any sign) above +inf
+    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+
+
+@triton.jit
+def key_index(keys):
+    """Index encoded in the low word of :func:`order_key` keys."""
+    return 0x7FFFFFFF - keys.to(tl.int32)
+
+
+@triton.jit
+def _merge_top(best, keys, K: tl.constexpr, KP: tl.constexpr):
+    """The K largest of two sets of unique keys (``best`` sorted, slots >= K unused)."""
+    slots = tl.arange(0, KP)
+    merged = tl.full([KP], NO_KEY, tl.int64)
+    for j in range(K):
+        top = tl.maximum(tl.max(keys, 0), tl.max(best, 0))
+        merged = tl.where(slots == j, top, merged)
+        keys = tl.where(keys == top, NO_KEY, keys)
+        best = tl.where(best == top, NO_KEY, best)
+    return merged
+
+
+@triton.jit
+def _topk_log_softmax_kernel(logits_ptr, d2t_ptr, values_ptr, ids_ptr, vocab,
+                             K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+                             HAS_D2T: tl.constexpr):
+    """One program per row: one pass over the row keeps an online log-sum-exp and the K best
+    keys; a chunk is merged only when its best key beats the current K-th (rare after the
+    first chunks), then the K winners' logits are re-read to form their log-probs."""
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * vocab
+    lanes = tl.arange(0, BLOCK)
+    slots = tl.arange(0, KP)
+    best = tl.full([KP], NO_KEY, tl.int64)
+    run_max = float("-inf")
+    run_sum = 0.0
+    for start in range(0, vocab, BLOCK):
+        index = start + lanes
+        inside = index < vocab
+        x = tl.load(row_ptr + index, mask=inside, other=float("-inf")).to(tl.float32)
+        new_max = tl.maximum(run_max, tl.max(x, 0))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # chunks of only -inf
+        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), 0)
+        run_max = new_max
+        keys = tl.where(inside, order_key(x, index), NO_KEY)
+        kth = tl.min(tl.where(slots < K, best, -NO_KEY), 0)
+        if tl.max(keys, 0) > kth:
+            best = _merge_top(best, keys, K, KP)
+    taken = slots < K
+    ids = tl.where(taken, key_index(best), 0)
+    x = tl.load(row_ptr + ids, mask=taken, other=0.0).to(tl.float32)
+    # torch's order of operations: (x - max) - log(sum)
+    log_probs = (x - run_max) - tl.log(run_sum)
+    out_ids = ids.to(tl.int64)
+    if HAS_D2T:
+        out_ids += tl.load(d2t_ptr + out_ids, mask=taken, other=0)
+    tl.store(values_ptr + row * K + slots, log_probs, mask=taken)
+    tl.store(ids_ptr + row * K + slots, out_ids, mask=taken)
+
+
+def _topk_log_softmax_triton(logits, k, d2t):
+    rows, vocab = logits.shape
+    values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
+    if rows > 0:
+        block = min(TOPK_BLOCK, triton.next_power_of_2(vocab))
+        _topk_log_softmax_kernel[(rows,)](
+            logits, d2t if d2t is not None else ids, values, ids, vocab, K=k,
+            KP=triton.next_power_of_2(k), BLOCK=block, HAS_D2T=d2t is not None,
+            num_warps=8 if block >= 2048 else 4)
+    return values, ids
+
+
+@triton.jit
+def _expand_kernel(frontier_ptr, child_ptr, candidate_ptr, next_index_ptr, next_scores_ptr,
+                   frontier, children, TOP: tl.constexpr, BLOCK: tl.constexpr,
+                   RB: tl.constexpr):
+    """One program per tree: all K*C keys in registers; each candidate counts the keys above
+    it ([RB, K*C] compare tiles) and, when that rank is < TOP, writes itself to that slot."""
+    tree = tl.program_id(0).to(tl.int64)
+    count = frontier * children
+    frontier_ptr += tree * frontier
+    child_ptr += tree * count
+    index = tl.arange(0, BLOCK)
+    inside = index < count
+    scores = (tl.load(frontier_ptr + index // children, mask=inside)
+              + tl.load(child_ptr + index, mask=inside))  # one fp32 add, as in the reference
+    tl.store(candidate_ptr + tree * count + index, scores, mask=inside)
+    all_keys = tl.where(inside, order_key(scores, index), NO_KEY)
+    for start in range(0, count, RB):
+        mine = start + tl.arange(0, RB)
+        mine_inside = mine < count
+        my_scores = (tl.load(frontier_ptr + mine // children, mask=mine_inside)
+                     + tl.load(child_ptr + mine, mask=mine_inside))
+        rank = tl.sum((all_keys[None, :] > order_key(my_scores, mine)[:, None]).to(tl.int32), 1)
+        wins = mine_inside & (rank < TOP)
+        tl.store(next_index_ptr + tree * TOP + rank, mine.to(tl.int64), mask=wins)
+        tl.store(next_scores_ptr + tree * TOP + rank, my_scores, mask=wins)
+
+
+def rank_rows(block: int) -> int:
+    """Rows of an [rows, block] rank-compare tile: about 16k compares per step."""
+    return max(1, min(block, 16384 // block))
+
+
+def _expand_outputs(batch: int, candidates: int, top_k: int, device):
+    """Uninitialised (candidate_scores, next_index, next_scores) that an expand kernel fills."""
+    return (torch.empty(batch, candidates, dtype=torch.float32, device=device),
+            torch.empty(batch, top_k, dtype=torch.int64, device=device),
+            torch.empty(batch, top_k, dtype=torch.float32, device=device))
+
+
+def _eagle2_expand_triton(frontier_scores, child_log_probs, top_k):
+    batch, frontier, children = child_log_probs.shape
+    candidate, next_index, next_scores = _expand_outputs(batch, frontier * children, top_k,
+                                                         frontier_scores.device)
+    if batch > 0:
+        block = triton.next_power_of_2(frontier * children)
+        _expand_kernel[(batch,)](frontier_scores, child_log_probs, candidate, next_index,
+                                 next_scores, frontier, children, TOP=top_k, BLOCK=block,
+                                 RB=rank_rows(block))
+    return candidate, next_index, next_scores
+
+
+@triton.jit
+def _rerank_kernel(root_ptr, cand_tokens_ptr, cand_scores_ptr, cand_parents_ptr,
+                   tokens_ptr, parents_ptr, depth_ptr, scores_ptr, mask_ptr, paths_ptr,
+                   selected_ptr, node_of_ptr, flags_ptr, candidates, num_nodes, words, width,
+                   MP: tl.constexpr, RB: tl.constexpr, NP: tl.constexpr, WP: tl.constexpr,
+                   JB: tl.constexpr):
+    """One program per tree, the whole rerank + tree construction:
+
+    1. rank every candidate by counting better keys ([RB, M] compare tiles); kept iff rank < N-1;
+    2. node number = inclusive cumsum of the kept flags (topological: candidate order);
+    3. kept candidates write token, score, selected and their parent's node number (0 for a
+       child of the root, -1 when the parent was not kept: the op raises on it);
+    4. :func:`tree_body` on the parents just written.
+    ``node_of_ptr`` ([B, M] int32) and ``flags_ptr`` ([B, N] int32) are workspaces.
+    """
+    tree = tl.program_id(0).to(tl.int64)
+    cand_scores_ptr += tree * candidates
+    node_of_ptr += tree * candidates
+    cand = tl.arange(0, MP)
+    inside = cand < candidates
+    all_keys = tl.where(inside, order_key(tl.load(cand_scores_ptr + cand, mask=inside), cand),
+                        NO_KEY)
+    keep = num_nodes - 1
+    for start in range(0, candidates, RB):
+        mine = start + tl.arange(0, RB)
+        mine_inside = mine < candidates
+        my_keys = order_key(tl.load(cand_scores_ptr + mine, mask=mine_inside), mine)
+        rank = tl.sum((all_keys[None, :] > my_keys[:, None]).to(tl.int32), 1)
+        tl.store(node_of_ptr + mine, (rank < keep).to(tl.int32), mask=mine_inside)
+    tl.debug_barrier()
+    kept = tl.load(node_of_ptr + cand, mask=inside, other=0)
+    node = tl.cumsum(kept, 0)
+    tl.debug_barrier()  # every flag is read before node numbers overwrite them
+    kept = inside & (kept != 0)
+    tl.store(node_of_ptr + cand, tl.where(kept, node, -1), mask=inside)
+    tl.debug_barrier()
+
+    parent = tl.load(cand_parents_ptr + tree * candidates + cand, mask=kept, other=-1)
+    valid = (parent >= 0) & (parent < cand)
+    parent_node = tl.load(node_of_ptr + tl.where(valid, parent, 0), mask=kept & valid, other=-1)
+    parent_node = tl.where(parent < 0, 0, parent_node)
+    out = tree * num_nodes + node
+    tl.store(tokens_ptr + out, tl.load(cand_tokens_ptr + tree * candidates + cand, mask=kept),
+             mask=kept)
+    tl.store(scores_ptr + out, tl.load(cand_scores_ptr + cand, mask=kept), mask=kept)
+    tl.store(parents_ptr + out, parent_node, mask=kept)
+    tl.store(selected_ptr + tree * keep + node - 1, cand.to(tl.int64), mask=kept)
+    tl.store(tokens_ptr + tree * num_nodes, tl.load(root_ptr + tree))
+    tl.store(parents_ptr + tree * num_nodes, -1)
+    tl.store(scores_ptr + tree * num_nodes, 0.0)
+    tl.debug_barrier()
+    tree_body(parents_ptr + tree * num_nodes, depth_ptr + tree * num_nodes,
+              mask_ptr + tree * num_nodes * words, paths_ptr + tree * num_nodes * width,
+              flags_ptr + tree * num_nodes, num_nodes, words, width, NP, WP, JB)
+
+
+def _rerank_outputs(batch, num_nodes, max_depth, device):
+    """Output tensors of eagle2_rerank: DraftTree fields and selected."""
+    def empty(*shape, dtype=torch.int32):
+        return torch.empty(*shape, dtype=dtype, device=device)
+    tree = DraftTree(empty(batch, num_nodes, dtype=torch.int64), empty(batch, num_nodes),
+                     empty(batch, num_nodes), empty(batch, num_nodes, dtype=torch.float32),
+                     empty(batch, num_nodes, reference.mask_words(num_nodes)),
+                     empty(batch, num_nodes, max_depth + 1))
+    return tree, empty(batch, num_nodes - 1, dtype=torch.int64)
+
+
+def _eagle2_rerank_triton(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
+                          num_nodes, max_depth):
+    batch, candidates = candidate_tokens.shape
+    check_triton_nodes(num_nodes)
+    max_depth = num_nodes - 1 if max_depth is None else max_depth
+    device = candidate_tokens.device
+    tree, selected = _rerank_outputs(batch, num_nodes, max_depth, device)
+    if batch > 0:
+        node_of = torch.empty(batch, candidates, dtype=torch.int32, device=device)
+        flags = torch.empty(batch, num_nodes, dtype=torch.int32, device=device)
+        _rerank_kernel[(batch,)](
+            root_tokens, candidate_tokens, candidate_scores, candidate_parents, tree.tokens,
+            tree.parents, tree.depth, tree.scores, tree.tree_mask, tree.paths, selected,
+            node_of, flags, candidates, num_nodes, reference.mask_words(num_nodes),
+            max_depth + 1, MP=triton.next_power_of_2(candidates),
+            RB=rank_rows(triton.next_power_of_2(candidates)),
+            **tree_block_sizes(num_nodes))
     return tree, selected
 
 
 register("topk_log_softmax", "torch", reference.topk_log_softmax)
 register("eagle2_expand", "torch", reference.eagle2_expand)
+# --------------------------------------------------------------------------------------------
+# CUDA kernels (csrc/topk.cu, csrc/tree.cu): raw pointers, sizes and the current stream
+# --------------------------------------------------------------------------------------------
+
+LOGIT_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+CUDA_MAX_K = 32  # per-thread list length of csrc/topk.cu
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _topk_log_softmax_cuda(logits, k, d2t):
+    rows, vocab = logits.shape
+    if k > CUDA_MAX_K:
+        raise ValueError(f"k: the cuda backend takes k <= {CUDA_MAX_K}, got {k}")
+    values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
+    cuda_extension().topk_log_softmax(
+        logits.data_ptr(), LOGIT_DTYPE_CODES[logits.dtype], 0 if d2t is None else d2t.data_ptr(),
+        values.data_ptr(), ids.data_ptr(), rows, vocab, k, _stream(logits.device))
+    return values, ids
+
+
+def _eagle2_expand_cuda(frontier_scores, child_log_probs, top_k):
+    batch, frontier, children = child_log_probs.shape
+    candidate, next_index, next_scores = _expand_outputs(batch, frontier * children, top_k,
+                                                         frontier_scores.device)
+    cuda_extension().eagle2_expand(
+        frontier_scores.data_ptr(), child_log_probs.data_ptr(), candidate.data_ptr(),
+        next_index.data_ptr(), next_scores.data_ptr(), batch, frontier, children, top_k,
+        _stream(frontier_scores.device))
+    return candidate, next_index, next_scores
+
+
+def _eagle2_rerank_cuda(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
+                        num_nodes, max_depth):
+    batch, candidates = candidate_tokens.shape
+    max_depth = num_nodes - 1 if max_depth is None else max_depth
+    tree, selected = _rerank_outputs(batch, num_nodes, max_depth, candidate_tokens.device)
+    cuda_extension().eagle2_rerank(
+        root_tokens.data_ptr(), candidate_tokens.data_ptr(), candidate_scores.data_ptr(),
+        candidate_parents.data_ptr(), *(t.data_ptr() for t in tree), selected.data_ptr(),
+        batch, candidates, num_nodes, max_depth, _stream(candidate_tokens.device))
+    return tree, selected
+
+
 register("eagle2_rerank", "torch", reference.eagle2_rerank)
+register("topk_log_softmax", "triton", _topk_log_softmax_triton, auto=False)
+register("eagle2_expand", "triton", _eagle2_expand_triton, auto=False)
+register("eagle2_rerank", "triton", _eagle2_rerank_triton, auto=False)
+register("topk_log_softmax", "cuda", _topk_log_softmax_cuda, auto=False)
+register("eagle2_expand", "cuda", _eagle2_expand_cuda, auto=False)
+register("eagle2_rerank", "cuda", _eagle2_rerank_cuda, auto=False)

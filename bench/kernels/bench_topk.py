@@ -1,0 +1,154 @@
+"""Benchmark the draft-tree kernels (issue #4) against their torch composites.
+
+Ops: ``topk_log_softmax`` (frontier rows = batch * top_k over the draft / target vocabulary),
+``eagle2_expand`` (K = C = top_k), ``eagle2_rerank`` (M = top_k + depth * top_k^2 candidates ->
+N = total_tokens nodes, whole tree) and ``build_tree``, at EAGLE-2 defaults (top_k 10, depth 6
+and 7, total_tokens 60) and EAGLE-3 vocabularies (draft 32000, target 128256), batch 1 to 64.
+
+Per row of ``$OUT/<op>.csv``: median / p20 / p80 microseconds, speedup over torch measured in
+the same run, bytes moved, achieved GB/s and its fraction of the measured copy bandwidth, and
+``floor_us`` = one graphed launch + bytes / copy bandwidth with ``x_floor`` = median / floor
+(the bar is x_floor <= 2 and speedup >= 10 at batch 1). Kernels are timed as CUDA-graph
+replays (how the runtime calls them); the torch composites cannot be captured (host syncs), so
+they are timed eagerly, which is how they would run.
+
+    python bench/kernels/bench_topk.py [--out DIR] [--smoke]
+
+``--smoke``: tiny sizes, every backend that runs here (the Triton interpreter on CPU), < 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before eagle_kernels imports triton kernels
+os.environ["EAGLE_KERNELS_CHECK_VALUES"] = "0"  # value checks sync the host; not the kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
+                    timing_columns)
+
+from eagle_kernels import ops  # noqa: E402
+from eagle_kernels.ops import reference  # noqa: E402
+from eagle_kernels.ops._backend import backend_status  # noqa: E402
+
+TOP_K, TOTAL_TOKENS = 10, 60
+
+
+def backends() -> list[str]:
+    return [name for name in ("torch", "triton", "cuda") if backend_status(name).available]
+
+
+def draft_candidates(batch, vocab, depth, device, gen):
+    """Candidates of one EAGLE-2 draft (random logits) through the torch ops, on ``device``."""
+    values, ids = reference.topk_log_softmax(torch.randn(batch, vocab, generator=gen), TOP_K)
+    tokens, scores, parents = [ids], [values], [torch.full((batch, TOP_K), -1)]
+    frontier_scores, frontier_ids, offset = values, torch.arange(TOP_K).expand(batch, -1), TOP_K
+    for _ in range(depth):
+        child_values, child_ids = reference.topk_log_softmax(
+            torch.randn(batch * TOP_K, vocab, generator=gen), TOP_K)
+        step, index, frontier_scores = reference.eagle2_expand(
+            frontier_scores, child_values.view(batch, TOP_K, TOP_K), TOP_K)
+        tokens.append(child_ids.view(batch, -1))
+        scores.append(step)
+        parents.append(frontier_ids.repeat_interleave(TOP_K, dim=1))
+        frontier_ids = offset + index
+        offset += TOP_K * TOP_K
+    cat = [torch.cat(x, 1).to(device) for x in (tokens, scores, parents)]
+    roots = torch.randint(0, vocab, (batch,), generator=gen).to(device)
+    return roots, cat[0], cat[1].float().contiguous(), cat[2].to(torch.int32)
+
+
+def cases(smoke: bool, device):
+    """(op, shape label, batch, bytes moved, {backend: callable})."""
+    gen = torch.Generator().manual_seed(0)
+    batches = (1, 2) if smoke else (1, 4, 16, 64)
+    vocabs = ((111, torch.float32),) if smoke else (
+        (32000, torch.bfloat16), (32000, torch.float32), (128256, torch.bfloat16))
+    depths = (2,) if smoke else (6, 7)
+    for batch in batches:
+        rows = batch * TOP_K
+        for vocab, dtype in vocabs:
+            logits = (torch.randn(rows, vocab, generator=gen) * 3).to(device, dtype)
+            moved = logits.numel() * logits.element_size() + rows * TOP_K * 12
+            yield ("topk_log_softmax", f"V={vocab} {str(dtype)[6:]}", batch, moved,
+                   {b: (lambda b=b, x=logits: ops.topk_log_softmax(x, TOP_K, backend=b))
+                    for b in backends()})
+        frontier = -torch.rand(batch, TOP_K, generator=gen).to(device)
+        children = -torch.rand(batch, TOP_K, TOP_K, generator=gen).to(device)
+        moved = batch * TOP_K * 4 + 2 * batch * TOP_K * TOP_K * 4 + batch * TOP_K * 12
+        yield ("eagle2_expand", f"K=C={TOP_K}", batch, moved,
+               {b: (lambda b=b: ops.eagle2_expand(frontier, children, TOP_K, backend=b))
+                for b in backends()})
+        for depth in depths:
+            num_nodes = min(TOTAL_TOKENS, 1 + TOP_K + depth * TOP_K * TOP_K)
+            args = draft_candidates(batch, 50 if smoke else 1000, depth, device, gen)
+            tree = reference.eagle2_rerank(*(a.cpu() for a in args), num_nodes, depth + 1)[0]
+            candidates = args[1].shape[1]
+            tree_bytes = sum(t.numel() * t.element_size() for t in tree)
+            moved = batch * candidates * 16 + tree_bytes + batch * (num_nodes - 1) * 8
+            yield ("eagle2_rerank", f"depth={depth} M={candidates} N={num_nodes}", batch, moved,
+                   {b: (lambda b=b: ops.eagle2_rerank(*args, num_nodes, depth + 1, backend=b))
+                    for b in backends()})
+            parents = tree.parents.to(device)
+            moved = parents.numel() * 4 + tree_bytes - tree.tokens.numel() * 8 \
+                - tree.scores.numel() * 4
+            yield ("build_tree", f"N={num_nodes} depth<={depth + 1}", batch, moved,
+                   {b: (lambda b=b: ops.build_tree(parents, depth + 1, backend=b))
+                    for b in backends()})
+
+
+def launch_us(device) -> float:
+    """One graphed launch of a trivial kernel: the fixed cost every kernel pays."""
+    if device.type != "cuda":
+        return 0.0
+    x = torch.zeros(1, device=device)
+    return time_fn(graphed(lambda: x.add_(1)), flush_l2=False).median_us
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench/results/local")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, < 60 s on a CPU")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    repeats = 3 if args.smoke else 30
+    bandwidth = copy_bandwidth(device, megabytes=16 if args.smoke else 1024)
+    launch = launch_us(device)
+    print(f"device {device}, copy bandwidth {bandwidth:.0f} GB/s, one launch {launch:.2f} us")
+    rows: dict[str, list[dict]] = {}
+    for op, shape, batch, moved, fns in cases(args.smoke, device):
+        timings = {}
+        for backend, fn in fns.items():
+            kernel = device.type == "cuda" and backend != "torch"
+            timings[backend] = time_fn(graphed(fn) if kernel else fn, repeats=repeats,
+                                       warmup=1 if args.smoke else 5, device=device)
+        floor_us = launch + moved / (bandwidth * 1e3)
+        for backend, timing in timings.items():
+            achieved = moved / (timing.median_us * 1e3)
+            rows.setdefault(op, []).append({
+                "op": op, "shape": shape, "batch": batch, "backend": backend,
+                "mode": "graph" if device.type == "cuda" and backend != "torch" else "eager",
+                **timing_columns(timing, timings["torch"], floor_us),
+                "bytes": moved, "gb_per_s": round(achieved, 2),
+                "roofline_fraction": round(achieved / bandwidth, 4), "smoke": args.smoke})
+            print(f"{op:<17} {shape:<28} B={batch:<3} {backend:<7} "
+                  f"{timing.median_us:10.1f} us  x{rows[op][-1]['speedup_vs_torch']:<7} "
+                  f"{achieved:8.1f} GB/s  {rows[op][-1]['x_floor']:6.2f}x floor")
+    out = Path(args.out)
+    for op, op_rows in rows.items():
+        append_rows(out / f"{op}.csv", op_rows)
+        for row in op_rows:
+            row["series"] = f"{row['backend']} {row['shape']}"
+        plot_rows(op_rows, "batch", "median_us", "series", out / f"{op}.png",
+                  f"{op}: median time vs batch ({'smoke' if args.smoke else 'GPU sweep'})")
+
+
+if __name__ == "__main__":
+    main()
