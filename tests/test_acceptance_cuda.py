@@ -192,3 +192,26 @@ def test_gpu_greedy_accept_in_cuda_graph(ext, gen):
         torch.cuda.synchronize()
         assert_same(captured, ops.greedy_accept_tree(tokens, paths, logits, backend="torch"),
                     seed_note(gen))
+
+
+def test_host_greedy_accept_chain_paths(ext, gen):
+    """The CUDA chain backend is the tree kernels with one path 0..N-1 (reference.chain_paths)."""
+    for num_nodes in (1, 2, 9, 40):
+        tokens = torch.randint(0, 3, (4, num_nodes), generator=gen)
+        logits = torch.randn(4, num_nodes, 3, generator=gen)
+        paths = reference.chain_paths(4, num_nodes, tokens.device).contiguous()
+        assert_same(host_greedy_accept(ext, tokens, paths, logits),
+                    reference.greedy_accept_chain(tokens, logits), seed_note(gen))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_greedy_accept_chain_matches_torch(ext, gen, dtype):
+    for num_nodes, vocab in ((1, 5), (6, 32000), (64, 1000)):
+        tokens = torch.randint(0, 4, (5, num_nodes), generator=gen).cuda()
+        logits = torch.randn(5, num_nodes, vocab, generator=gen)
+        logits[..., :4] += 3.0  # draft tokens often match the argmax
+        logits = logits.to(dtype).cuda()
+        assert_same(ops.greedy_accept_chain(tokens, logits, backend="cuda"),
+                    ops.greedy_accept_chain(tokens, logits, backend="torch"),
+                    f"{dtype}, vocab {vocab} {seed_note(gen)}")

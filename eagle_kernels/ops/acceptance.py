@@ -5,14 +5,30 @@ Public ops with the contracts of the same-named functions in :mod:`eagle_kernels
 :func:`stochastic_accept_chain` and the target sampling distribution :func:`target_probs`.
 Randomness always comes in as tensors of uniform samples, so results are reproducible and the
 ops are safe under CUDA-graph capture. Backends: ``torch`` (reference) everywhere; ``cuda``
-(``csrc/acceptance.cu``) for greedy tree acceptance, explicit only until proven on a GPU.
+(``csrc/acceptance.cu``) for greedy tree and chain acceptance; ``triton`` (this file and
+:mod:`eagle_kernels.ops.sampling`) for every op. Kernels are explicit only (``auto=False``)
+until proven against the reference on a GPU.
+
+Triton kernels (no host syncs, one program per row or per sequence):
+
+* greedy: ``_argmax_kernel`` (one program per node row: blockwise max, lowest index on ties),
+  then ``_greedy_paths_kernel`` (one program per sequence: every path row scored at once as a
+  [P, W] tile, first mismatch = accepted length, best row by argmax, outputs as vectors).
+* stochastic: ``sampling._row_stats_kernel`` (temperature / top-k / top-p statistics of every
+  node row, sort-free), then one program per sequence walks the tree (or chain) in ascending
+  node order with O(1) token probabilities, and draws the bonus token by a blockwise inverse
+  CDF of the residual (:func:`sampling.sample_row`).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from . import reference
+from .sampling import (row_stats_triton, sample_row, target_probs_triton, token_prob,
+                       vocab_block)
 from ._backend import cuda_extension, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, check_uniforms, value_checks_enabled)
@@ -131,6 +147,13 @@ def stochastic_accept_chain(tokens, draft_probs, target_logits, accept_uniforms,
 _LOGIT_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+def _empty_outputs(batch: int, width: int, device) -> AcceptResult:
+    """Uninitialised AcceptResult buffers of widths ``width`` that a kernel fills."""
+    return AcceptResult(torch.empty(batch, width, dtype=torch.int64, device=device),
+                        torch.empty(batch, dtype=torch.int32, device=device),
+                        torch.empty(batch, width, dtype=torch.int32, device=device))
+
+
 def _greedy_accept_tree_cuda(tokens, paths, target_logits) -> AcceptResult:
     batch, num_nodes, vocab = target_logits.shape
     _, num_paths, width = paths.shape
@@ -140,9 +163,7 @@ def _greedy_accept_tree_cuda(tokens, paths, target_logits) -> AcceptResult:
     target_ids = torch.empty(batch, num_nodes, dtype=torch.int64, device=device)
     extension.argmax_rows(target_logits.data_ptr(), target_ids.data_ptr(), batch * num_nodes,
                           vocab, _LOGIT_DTYPE_CODES[target_logits.dtype], stream)
-    result = AcceptResult(torch.empty(batch, width, dtype=torch.int64, device=device),
-                          torch.empty(batch, dtype=torch.int32, device=device),
-                          torch.empty(batch, width, dtype=torch.int32, device=device))
+    result = _empty_outputs(batch, width, device)
     extension.greedy_accept_paths(tokens.data_ptr(), paths.data_ptr(), target_ids.data_ptr(),
                                   result.output_tokens.data_ptr(), result.num_accepted.data_ptr(),
                                   result.accepted_nodes.data_ptr(), batch, num_nodes, num_paths,
@@ -150,9 +171,292 @@ def _greedy_accept_tree_cuda(tokens, paths, target_logits) -> AcceptResult:
     return result
 
 
+def _greedy_accept_chain_cuda(tokens, target_logits) -> AcceptResult:
+    """A chain is a tree with one path 0..N-1: the tree kernels with that paths tensor."""
+    batch, num_nodes = tokens.shape
+    paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
+    return _greedy_accept_tree_cuda(tokens, paths, target_logits)
+
+
+# --------------------------------------------------------------------------------------------
+# Triton: greedy acceptance
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _argmax_kernel(logits_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+    """out[row] = argmax of logits[row] (ties: lowest index; a block only replaces the running
+    best when strictly larger, and tl.argmax breaks ties to the left)."""
+    row = tl.program_id(0).to(tl.int64)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], 0, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + row * vocab + offs, mask=offs < vocab,
+                    other=float("-inf")).to(tl.float32)
+        block_best = tl.max(x, 0)
+        block_index = start + tl.argmax(x, 0, tie_break_left=True).to(tl.int64)
+        better = block_best > best
+        best_index = tl.where(better, block_index, best_index)
+        best = tl.where(better, block_best, best)
+    tl.store(out_ptr + row, best_index)
+
+
+@triton.jit
+def _greedy_paths_kernel(tokens_ptr, paths_ptr, target_ptr, out_tokens_ptr, num_acc_ptr,
+                         out_nodes_ptr, num_nodes, num_paths, width, BLOCK_P: tl.constexpr,
+                         BLOCK_W: tl.constexpr):
+    """One program per sequence: score all path rows as a [P, W] tile, keep the best."""
+    b = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_P)[:, None]
+    cols = tl.arange(0, BLOCK_W)[None, :]
+    base = paths_ptr + b * num_paths * width + rows * width
+    here = tl.load(base + cols, mask=(rows < num_paths) & (cols < width - 1), other=-1)
+    after = tl.load(base + cols + 1, mask=(rows < num_paths) & (cols < width - 1), other=-1)
+    seq_tokens = tokens_ptr + b * num_nodes
+    seq_targets = target_ptr + b * num_nodes
+    predicted = tl.load(seq_targets + tl.maximum(here, 0), mask=here >= 0, other=-1)
+    drafted = tl.load(seq_tokens + tl.maximum(after, 0), mask=after >= 0, other=-2)
+    match = (here >= 0) & (after >= 0) & (drafted == predicted)
+    # accepted length = first mismatching column (columns past width - 2 never match)
+    length = tl.min(tl.where(match, BLOCK_W, cols), 1)
+    first = tl.load(paths_ptr + b * num_paths * width + tl.arange(0, BLOCK_P) * width,
+                    mask=tl.arange(0, BLOCK_P) < num_paths, other=-1)
+    length = tl.where(first >= 0, length, -1)
+    length = tl.where(tl.arange(0, BLOCK_P) < num_paths, length, -2)
+    best = tl.argmax(length, 0, tie_break_left=True)
+    accepted = tl.maximum(tl.max(length, 0), 0)
+    j = tl.arange(0, BLOCK_W)
+    row_ok = tl.minimum(num_paths, 1) * tl.where(tl.max(length, 0) >= 0, 1, 0)
+    path = tl.load(paths_ptr + b * num_paths * width + best * width + j,
+                   mask=j < width * row_ok, other=-1)
+    path = tl.where(j == 0, 0, path)  # no valid row at all: "root only", like the CUDA kernel
+    nodes = tl.where(j <= accepted, path, -1)
+    next_node = tl.load(paths_ptr + b * num_paths * width + best * width + j + 1,
+                        mask=j < tl.minimum(accepted, width - 1), other=0)
+    drafted = tl.load(seq_tokens + tl.maximum(next_node, 0))
+    last = tl.sum(tl.where(j == accepted, nodes, 0), 0)
+    bonus = tl.load(seq_targets + last)
+    out = tl.where(j < accepted, drafted, tl.where(j == accepted, bonus, -1))
+    tl.store(out_tokens_ptr + b * width + j, out, mask=j < width)
+    tl.store(out_nodes_ptr + b * width + j, nodes, mask=j < width)
+    tl.store(num_acc_ptr + b, accepted)
+
+
+def _argmax_triton(target_logits) -> torch.Tensor:
+    batch, num_nodes, vocab = target_logits.shape
+    target_ids = torch.empty(batch, num_nodes, dtype=torch.int64, device=target_logits.device)
+    if target_ids.numel():
+        _argmax_kernel[(batch * num_nodes,)](target_logits, target_ids, vocab,
+                                             BLOCK=vocab_block(vocab))
+    return target_ids
+
+
+def _greedy_accept_tree_triton(tokens, paths, target_logits) -> AcceptResult:
+    batch, num_nodes, _ = target_logits.shape
+    _, num_paths, width = paths.shape
+    target_ids = _argmax_triton(target_logits)
+    result = _empty_outputs(batch, width, tokens.device)
+    if batch:
+        _greedy_paths_kernel[(batch,)](
+            tokens, paths, target_ids, *result, num_nodes, num_paths, width,
+            BLOCK_P=triton.next_power_of_2(max(num_paths, 1)),
+            BLOCK_W=triton.next_power_of_2(width + 1))
+    return result
+
+
+def _greedy_accept_chain_triton(tokens, target_logits) -> AcceptResult:
+    batch, num_nodes = tokens.shape
+    paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
+    return _greedy_accept_tree_triton(tokens, paths, target_logits)
+
+
+# --------------------------------------------------------------------------------------------
+# Triton: stochastic acceptance
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_stats(m_ptr, kkey_ptr, tau_ptr, z_ptr, row):
+    return (tl.load(m_ptr + row), tl.load(kkey_ptr + row), tl.load(tau_ptr + row),
+            tl.load(z_ptr + row))
+
+
+@triton.jit
+def _node_probs(tokens, rows, logits_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, t, vocab, valid):
+    """p(token of node i) under row rows[i], for all nodes at once: the walk below then runs on
+    registers instead of one dependent global load per node."""
+    m = tl.load(m_ptr + rows, mask=valid, other=0.0)
+    kkey = tl.load(kkey_ptr + rows, mask=valid, other=0)
+    tau = tl.load(tau_ptr + rows, mask=valid, other=0.0)
+    z = tl.load(z_ptr + rows, mask=valid, other=1.0)
+    return tl.where(valid, token_prob(logits_ptr + rows * vocab, tokens, vocab, t, m, kkey, tau,
+                                      z), 0.0)
+
+
+@triton.jit
+def _stochastic_tree_kernel(tokens_ptr, parents_ptr, logits_ptr, accept_u_ptr, bonus_u_ptr,
+                            m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp, out_tokens_ptr,
+                            num_acc_ptr, out_nodes_ptr, num_nodes, vocab, width,
+                            TEMP_PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_W: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per sequence. A child is only ever tried under its parent's distribution, so
+    every node's p(token) is gathered up front. Children have larger indices than their parent,
+    so one ascending scan visits, in order, exactly the children of the current node: child x
+    is accepted iff u * (1 - removed mass) < p(x) (the reference's renormalised residual), else
+    p(x) joins the removed set (a token already removed is rejected outright)."""
+    b = tl.program_id(0).to(tl.int64)
+    t = temp
+    if TEMP_PER_ROW:  # inline, not a jit helper: cheaper in the interpreter
+        t = tl.load(temp_ptr + b)
+    slot = tl.arange(0, BLOCK_N)
+    valid = slot < num_nodes
+    seq = b * num_nodes
+    tokens = tl.load(tokens_ptr + seq + slot, mask=valid, other=0)
+    parents = tl.load(parents_ptr + seq + slot, mask=valid, other=-1)
+    uniforms = tl.load(accept_u_ptr + seq + slot, mask=valid, other=1.0)
+    probs = _node_probs(tokens, seq + tl.maximum(parents, 0), logits_ptr, m_ptr, kkey_ptr,
+                        tau_ptr, z_ptr, t, vocab, valid & (slot > 0))
+    j = tl.arange(0, BLOCK_W)
+    out = tl.full([BLOCK_W], -1, tl.int64)
+    nodes = tl.where(j == 0, 0, -1)
+    removed = tl.full([BLOCK_N], -1, tl.int64)
+    num_removed = tl.full([], 0, tl.int32)
+    removed_mass = tl.full([], 0.0, tl.float32)
+    cur = tl.full([], 0, tl.int32)
+    accepted = tl.full([], 0, tl.int32)
+    for i in range(1, num_nodes):
+        # node i's values out of the register vectors (masked sums; inline rather than a jit
+        # helper, which the interpreter pays for per call)
+        token = tl.sum(tl.where(slot == i, tokens, 0), 0)
+        p = tl.sum(tl.where(slot == i, probs, 0), 0)
+        u = tl.sum(tl.where(slot == i, uniforms, 0), 0)
+        tried = tl.sum(tl.where(slot == i, parents, 0), 0) == cur
+        gone = tl.sum((removed == token).to(tl.int32), 0) > 0
+        accept = tried & (~gone) & (u * (1.0 - removed_mass) < p)
+        fresh = tried & (~accept) & (~gone)
+        removed = tl.where((slot == num_removed) & fresh, token, removed)
+        removed_mass = tl.where(fresh, removed_mass + p, removed_mass)
+        num_removed = tl.where(fresh, num_removed + 1, num_removed)
+        out = tl.where((j == accepted) & accept, token, out)
+        nodes = tl.where((j == accepted + 1) & accept, i, nodes)
+        accepted = tl.where(accept, accepted + 1, accepted)
+        cur = tl.where(accept, i, cur)
+        removed = tl.where(accept, -1, removed)
+        num_removed = tl.where(accept, 0, num_removed)
+        removed_mass = tl.where(accept, 0.0, removed_mass)
+    m, kkey, tau, z = _load_stats(m_ptr, kkey_ptr, tau_ptr, z_ptr, seq + cur)
+    bonus = sample_row(logits_ptr + (seq + cur) * vocab, logits_ptr, vocab, t, m, kkey, tau, z,
+                       0.0, removed, num_removed, tl.load(bonus_u_ptr + b), HAS_Q=False,
+                       HAS_REMOVED=True, BLOCK_N=BLOCK_N, BLOCK=BLOCK)
+    out = tl.where(j == accepted, bonus, out)
+    tl.store(out_tokens_ptr + b * width + j, out, mask=j < width)
+    tl.store(out_nodes_ptr + b * width + j, nodes, mask=j < width)
+    tl.store(num_acc_ptr + b, accepted)
+
+
+@triton.jit
+def _stochastic_chain_kernel(tokens_ptr, draft_ptr, logits_ptr, accept_u_ptr, bonus_u_ptr,
+                             m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp, out_tokens_ptr,
+                             num_acc_ptr, out_nodes_ptr, num_nodes, vocab,
+                             TEMP_PER_ROW: tl.constexpr, BLOCK_W: tl.constexpr,
+                             BLOCK: tl.constexpr):
+    """One program per sequence: node i accepted iff u * q(x) < p(x) with p the target at node
+    i - 1 (all p(x), q(x) gathered up front); the first rejection fixes the bonus row (residual
+    max(0, p - q)), else the bonus comes from the target at the last node."""
+    b = tl.program_id(0).to(tl.int64)
+    t = temp
+    if TEMP_PER_ROW:
+        t = tl.load(temp_ptr + b)
+    j = tl.arange(0, BLOCK_W)
+    drafted = (j > 0) & (j < num_nodes)
+    seq = b * num_nodes
+    tokens = tl.load(tokens_ptr + seq + j, mask=drafted, other=0)
+    uniforms = tl.load(accept_u_ptr + seq + j, mask=drafted, other=1.0)
+    probs = _node_probs(tokens, seq + tl.maximum(j - 1, 0), logits_ptr, m_ptr, kkey_ptr,
+                        tau_ptr, z_ptr, t, vocab, drafted)
+    q_rows = b * (num_nodes - 1) + tl.maximum(j - 1, 0)
+    draft = tl.load(draft_ptr + q_rows * vocab + tokens, mask=drafted, other=0.0)
+    out = tl.full([BLOCK_W], -1, tl.int64)
+    nodes = tl.where(j == 0, 0, -1)
+    accepted = tl.full([], 0, tl.int32)
+    done = tl.full([], 0, tl.int1)
+    bonus_row = tl.full([], 0, tl.int32) + num_nodes - 1
+    q_scale = tl.full([], 0.0, tl.float32)
+    for i in range(1, num_nodes):
+        token = tl.sum(tl.where(j == i, tokens, 0), 0)
+        u = tl.sum(tl.where(j == i, uniforms, 0), 0)
+        q = tl.sum(tl.where(j == i, draft, 0), 0)
+        accept = (~done) & (u * q < tl.sum(tl.where(j == i, probs, 0), 0))
+        reject = (~done) & (~accept)
+        out = tl.where((j == accepted) & accept, token, out)
+        nodes = tl.where((j == accepted + 1) & accept, i, nodes)
+        accepted = tl.where(accept, accepted + 1, accepted)
+        bonus_row = tl.where(reject, i - 1, bonus_row)
+        q_scale = tl.where(reject, 1.0, q_scale)
+        done = done | reject
+    m, kkey, tau, z = _load_stats(m_ptr, kkey_ptr, tau_ptr, z_ptr, seq + bonus_row)
+    q_row = draft_ptr + (b * (num_nodes - 1) + tl.minimum(bonus_row, num_nodes - 2)) * vocab
+    bonus = sample_row(logits_ptr + (seq + bonus_row) * vocab, q_row, vocab, t, m, kkey, tau, z,
+                       q_scale, out, 0, tl.load(bonus_u_ptr + b), HAS_Q=True,
+                       HAS_REMOVED=False, BLOCK_N=BLOCK_W, BLOCK=BLOCK)
+    out = tl.where(j == accepted, bonus, out)
+    tl.store(out_tokens_ptr + seq + j, out, mask=j < num_nodes)
+    tl.store(out_nodes_ptr + seq + j, nodes, mask=j < num_nodes)
+    tl.store(num_acc_ptr + b, accepted)
+
+
+def _temperature_args(temperature, dummy) -> dict:
+    if isinstance(temperature, torch.Tensor):
+        return dict(temp_ptr=temperature, temp=1.0, TEMP_PER_ROW=True)
+    return dict(temp_ptr=dummy, temp=float(temperature), TEMP_PER_ROW=False)
+
+
+def _stochastic_accept_tree_triton(tokens, parents, target_logits, accept_uniforms,
+                                   bonus_uniforms, max_depth, temperature, top_k,
+                                   top_p) -> AcceptResult:
+    batch, num_nodes, vocab = target_logits.shape
+    width = max_depth + 1
+    result = _empty_outputs(batch, width, tokens.device)
+    if batch == 0:
+        return result
+    stats = row_stats_triton(target_logits.view(batch * num_nodes, vocab), num_nodes,
+                             temperature, top_k, top_p)
+    _stochastic_tree_kernel[(batch,)](
+        tokens, parents, target_logits, accept_uniforms, bonus_uniforms, *stats,
+        out_tokens_ptr=result.output_tokens, num_acc_ptr=result.num_accepted,
+        out_nodes_ptr=result.accepted_nodes, num_nodes=num_nodes, vocab=vocab, width=width,
+        BLOCK_N=triton.next_power_of_2(num_nodes), BLOCK_W=triton.next_power_of_2(width),
+        BLOCK=vocab_block(vocab), **_temperature_args(temperature, target_logits))
+    return result
+
+
+def _stochastic_accept_chain_triton(tokens, draft_probs, target_logits, accept_uniforms,
+                                    bonus_uniforms, temperature, top_k, top_p) -> AcceptResult:
+    batch, num_nodes, vocab = target_logits.shape
+    result = _empty_outputs(batch, num_nodes, tokens.device)
+    if batch == 0:
+        return result
+    stats = row_stats_triton(target_logits.view(batch * num_nodes, vocab), num_nodes,
+                             temperature, top_k, top_p)
+    _stochastic_chain_kernel[(batch,)](
+        tokens, draft_probs, target_logits, accept_uniforms, bonus_uniforms, *stats,
+        out_tokens_ptr=result.output_tokens, num_acc_ptr=result.num_accepted,
+        out_nodes_ptr=result.accepted_nodes, num_nodes=num_nodes, vocab=vocab,
+        BLOCK_W=triton.next_power_of_2(num_nodes), BLOCK=vocab_block(vocab),
+        **_temperature_args(temperature, target_logits))
+    return result
+
+
 register("target_probs", "torch", reference.target_probs)
+register("target_probs", "triton", target_probs_triton, auto=False)
 register("greedy_accept_tree", "torch", reference.greedy_accept_tree)
 register("greedy_accept_tree", "cuda", _greedy_accept_tree_cuda, auto=False)
+register("greedy_accept_tree", "triton", _greedy_accept_tree_triton, auto=False)
 register("greedy_accept_chain", "torch", reference.greedy_accept_chain)
+register("greedy_accept_chain", "cuda", _greedy_accept_chain_cuda, auto=False)
+register("greedy_accept_chain", "triton", _greedy_accept_chain_triton, auto=False)
 register("stochastic_accept_tree", "torch", reference.stochastic_accept_tree)
+register("stochastic_accept_tree", "triton", _stochastic_accept_tree_triton, auto=False)
 register("stochastic_accept_chain", "torch", reference.stochastic_accept_chain)
+register("stochastic_accept_chain", "triton", _stochastic_accept_chain_triton, auto=False)

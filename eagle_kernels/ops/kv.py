@@ -1,18 +1,30 @@
 """KV compaction: move the accepted path's K/V entries next to the committed prefix.
 
 Public op :func:`compact_kv` with the contract of :func:`eagle_kernels.ops.reference.compact_kv`
-(in place, every layer's K and V cache in one call). Backends: ``torch`` (reference); Triton and
-CUDA kernels to come.
+(in place, every layer's K and V cache in one call). Backends: ``torch`` (reference), and
+``triton`` / ``cuda`` (``csrc/kv.cu``), explicit only until proven on a GPU.
+
+Both kernels copy raw words, so caches may differ in head count, head size and dtype: one
+launch, grid (cache, sequence, column chunk). A program walks its sequence's accepted path in
+ascending order j = 1..n-1, copying row ``L + node_j`` to ``L + j`` for its columns. Sequential j
+within a program keeps the in-place move safe: row ``L + j`` is only written after every row a
+smaller j reads (``node_j' >= j'``), and a later read ``L + node_j'`` (``node_j' > node_j >= j``)
+is never a row written before it. The word is the largest of 16 (CUDA) / 8 / 4 / 2 / 1 bytes
+dividing every row size and cache address. The per-cache table (addresses, row sizes) is built
+on the host once per set of caches and cached, so calls under CUDA-graph capture (after a
+warm-up call with the same caches) do no host-to-device copies.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
+import triton
+import triton.language as tl
 
 from . import reference
-from ._backend import register, resolve
+from ._backend import cuda_extension, register, resolve
 from ._validate import check_range, check_tensor, value_checks_enabled
 
 
@@ -59,4 +71,100 @@ def _check_accepted_path(cache_lens, accepted_nodes, num_accepted, max_len: int)
     check_range("cache_lens + accepted_nodes", source_end, 0, max_len, " (inside the cache)")
 
 
+class _Layout(NamedTuple):
+    """Device table of a set of caches: per cache its address (or byte offset from the first)
+    and its row size in words; the word size; the largest row."""
+
+    addresses: torch.Tensor
+    row_words: torch.Tensor
+    word_bytes: int
+    max_row_words: int
+
+
+_LAYOUTS: dict[tuple, _Layout] = {}
+
+
+def _word_bytes(caches: Sequence[torch.Tensor], largest: int) -> int:
+    row_bytes = [cache[0, 0].numel() * cache.element_size() for cache in caches]
+    for word in (16, 8, 4, 2, 1):
+        if word <= largest and all(size % word == 0 for size in row_bytes) and all(
+                cache.data_ptr() % word == 0 for cache in caches):
+            return word
+    return 1
+
+
+def _layout(caches: Sequence[torch.Tensor], relative: bool, largest_word: int) -> _Layout:
+    """The (cached) device table; ``relative``: byte offsets from caches[0] (Triton adds them
+    to its first pointer argument), else absolute addresses (CUDA)."""
+    key = (relative, caches[0].device) + tuple(
+        (cache.data_ptr(), tuple(cache.shape), cache.dtype) for cache in caches)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        word = _word_bytes(caches, largest_word)
+        base = caches[0].data_ptr() if relative else 0
+        row_words = [cache[0, 0].numel() * cache.element_size() // word for cache in caches]
+        device = caches[0].device
+        layout = _Layout(
+            torch.tensor([cache.data_ptr() - base for cache in caches], dtype=torch.int64,
+                         device=device),
+            torch.tensor(row_words, dtype=torch.int64, device=device), word, max(row_words))
+        if len(_LAYOUTS) > 64:  # a runtime uses one set of caches: keep the table small
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layout
+    return layout
+
+
+@triton.jit
+def _compact_kv_kernel(base_ptr, offsets_ptr, row_words_ptr, cache_lens_ptr, nodes_ptr,
+                       num_accepted_ptr, max_len, width, WORD_BYTES: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Program (cache c, sequence b, chunk): move this chunk of columns along b's path."""
+    c = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row_words = tl.load(row_words_ptr + c)
+    raw = base_ptr.to(tl.pointer_type(tl.int8)) + tl.load(offsets_ptr + c)
+    if WORD_BYTES == 8:
+        cache = raw.to(tl.pointer_type(tl.int64))
+    elif WORD_BYTES == 4:
+        cache = raw.to(tl.pointer_type(tl.int32))
+    elif WORD_BYTES == 2:
+        cache = raw.to(tl.pointer_type(tl.int16))
+    else:
+        cache = raw
+    seq = cache + b * max_len * row_words
+    prefix = tl.load(cache_lens_ptr + b).to(tl.int64)
+    count = tl.minimum(tl.load(num_accepted_ptr + b) + 1, width)
+    for j in range(1, count):
+        node = tl.load(nodes_ptr + b * width + j).to(tl.int64)
+        # a node already in place needs no copy (a scalar folded into the bound: the
+        # interpreter rejects masks that combine a vector and a scalar condition)
+        mask = cols < tl.where(node != j, row_words, 0)
+        words = tl.load(seq + (prefix + node) * row_words + cols, mask=mask)
+        tl.store(seq + (prefix + j) * row_words + cols, words, mask=mask)
+
+
+def _compact_kv_triton(caches, cache_lens, accepted_nodes, num_accepted) -> None:
+    batch, max_len = caches[0].shape[:2]
+    layout = _layout(caches, relative=True, largest_word=8)
+    block = min(1024, triton.next_power_of_2(max(layout.max_row_words, 1)))
+    grid = (len(caches), batch, triton.cdiv(layout.max_row_words, block))
+    if batch and layout.max_row_words:
+        _compact_kv_kernel[grid](caches[0], layout.addresses, layout.row_words, cache_lens,
+                                 accepted_nodes, num_accepted, max_len, accepted_nodes.shape[1],
+                                 WORD_BYTES=layout.word_bytes, BLOCK=block)
+
+
+def _compact_kv_cuda(caches, cache_lens, accepted_nodes, num_accepted) -> None:
+    batch, max_len = caches[0].shape[:2]
+    layout = _layout(caches, relative=False, largest_word=16)
+    stream = torch.cuda.current_stream(caches[0].device).cuda_stream
+    cuda_extension().compact_kv(layout.addresses.data_ptr(), layout.row_words.data_ptr(),
+                                len(caches), cache_lens.data_ptr(), accepted_nodes.data_ptr(),
+                                num_accepted.data_ptr(), batch, max_len, accepted_nodes.shape[1],
+                                layout.word_bytes, layout.max_row_words, stream)
+
+
 register("compact_kv", "torch", reference.compact_kv)
+register("compact_kv", "triton", _compact_kv_triton, auto=False)
+register("compact_kv", "cuda", _compact_kv_cuda, auto=False)

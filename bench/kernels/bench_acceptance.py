@@ -1,0 +1,134 @@
+"""Acceptance ops: Triton / CUDA kernels vs the torch reference, with the memory floor.
+
+    python bench/kernels/bench_acceptance.py [--out DIR] [--smoke]
+
+For each op (greedy / stochastic, tree / chain), batch, node count N and vocabulary: the median
+time of every backend that runs here, its speedup over the torch reference measured in the
+same run, and the fraction of the memory floor it reaches (floor = bytes of target logits the op
+must read / measured copy bandwidth; a kernel at the floor scores 1.0). Kernels are timed as
+CUDA-graph replays (what the runtime sees; see common.graphed). The torch reference loops over
+sequences in Python with host syncs, so it is timed eagerly and only where batch <= 16 and
+vocab == 32000 (speedup is blank elsewhere). The FlashInfer comparison point (batch 16, vocab
+32000, chain of 5 draft tokens: 27 us on B200, published) is printed at the end.
+``--smoke`` runs tiny sizes (torch + the Triton interpreter on CPU) to prove the script works.
+Results: ``<out>/bench_acceptance.csv`` and PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
+os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")  # no host syncs inside timed calls
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
+                    timing_columns)
+
+from eagle_kernels import ops  # noqa: E402
+from eagle_kernels.ops import reference  # noqa: E402
+from eagle_kernels.ops._backend import backend_status, op_backends  # noqa: E402
+
+FLASHINFER = dict(batch=16, nodes=6, vocab=32000, us=27.0)  # chain of 5 draft tokens, B200
+
+
+def make_inputs(op, batch, nodes, vocab, dtype, device):
+    """Inputs of one op, drawn on the device (GBs at the largest sizes): chain-shaped trees, so
+    every op sees the same nodes."""
+    logits = torch.randn(batch, nodes, vocab, device=device).to(dtype)
+    tokens = torch.randint(0, vocab, (batch, nodes), device=device)
+    uniforms = torch.rand(batch, nodes, device=device)
+    bonus = torch.rand(batch, device=device)
+    parents = torch.arange(-1, nodes - 1, dtype=torch.int32).expand(batch, -1).contiguous()
+    if op == "greedy_accept_tree":
+        return (tokens, reference.build_tree(parents)[2].to(device), logits)
+    if op == "greedy_accept_chain":
+        return (tokens, logits)
+    if op == "stochastic_accept_tree":
+        return (tokens, parents.to(device), logits, uniforms, bonus)
+    draft = torch.softmax(torch.randn(batch, nodes - 1, vocab, device=device), -1)
+    return (tokens, draft, logits, uniforms, bonus)
+
+
+def runnable_backends(op, device):
+    names = []
+    for name in op_backends()[op]:
+        if not backend_status(name).available:
+            continue
+        if name == "cuda" and device.type != "cuda":
+            continue
+        names.append(name)
+    return names
+
+
+def time_backend(op, backend, args, device, repeats):
+    fn = getattr(ops, op)
+
+    def call():
+        return fn(*args, backend=backend)
+
+    if device.type == "cuda" and backend != "torch":
+        return time_fn(graphed(call), repeats=repeats)
+    return time_fn(call, repeats=repeats, warmup=1 if device.type == "cpu" else 3)
+
+
+def configs(smoke):
+    if smoke:
+        return [(2, 4, 64)], torch.float32, 3
+    grid = [(b, n, v) for v in (32000, 128256, 151936) for b in (1, 16, 64) for n in (8, 64)]
+    grid.append((FLASHINFER["batch"], FLASHINFER["nodes"], FLASHINFER["vocab"]))
+    return grid, torch.bfloat16, 20
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench/results/local")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    grid, dtype, repeats = configs(args.smoke)
+    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    print(f"device {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, logits {dtype}")
+    rows = []
+    for op in ("greedy_accept_chain", "greedy_accept_tree", "stochastic_accept_chain",
+               "stochastic_accept_tree"):
+        for batch, nodes, vocab in grid:
+            inputs = make_inputs(op, batch, nodes, vocab, dtype, device)
+            floor_us = batch * nodes * vocab * dtype.itemsize / bandwidth * 1e6
+            timings = {}
+            for backend in runnable_backends(op, device):
+                if backend == "torch" and not args.smoke and (batch > 16 or vocab != 32000):
+                    continue  # Python loop over sequences: see the module docstring
+                timings[backend] = time_backend(op, backend, inputs, device, repeats)
+            base = timings.get("torch")
+            for backend, timing in timings.items():
+                row = dict(op=op, backend=backend, batch=batch, nodes=nodes, vocab=vocab,
+                           dtype=str(dtype).replace("torch.", ""),
+                           **timing_columns(timing, base, floor_us))
+                rows.append(row)
+                print(" ".join(f"{k}={v}" for k, v in row.items()))
+    out = Path(args.out)
+    append_rows(out / "bench_acceptance.csv", rows)
+    for op in {row["op"] for row in rows}:
+        subset = [dict(row, series=f"{row['backend']} N={row['nodes']} V={row['vocab']}")
+                  for row in rows if row["op"] == op and row["vocab"] in (32000, 64)]
+        plot_rows(subset, "batch", "median_us", "series", out / f"bench_{op}.png",
+                  f"{op} ({dtype}, {device.type})")
+    point = [r for r in rows if (r["batch"], r["nodes"], r["vocab"]) == (
+        FLASHINFER["batch"], FLASHINFER["nodes"], FLASHINFER["vocab"])
+        and r["op"] == "stochastic_accept_chain"]
+    for row in point:
+        print(f"FlashInfer point (B=16, V=32000, chain of 5; FlashInfer 27 us on B200): "
+              f"{row['backend']} {row['median_us']} us, floor {row['floor_us']} us "
+              f"({row['floor_fraction']} of floor)")
+
+
+if __name__ == "__main__":
+    main()

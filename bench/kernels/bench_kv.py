@@ -1,0 +1,92 @@
+"""compact_kv: Triton / CUDA kernels vs the torch reference, with the memory floor.
+
+    python bench/kernels/bench_kv.py [--out DIR] [--smoke]
+
+Caches shaped like Llama-3.1-8B (32 layers x K and V, 8 KV heads x 128, bf16) and Vicuna-7B
+(32 x 2, 32 x 128); accepted paths of n = 1..N nodes. Floor: the accepted rows read and written
+once (2 x B x (n - 1) x row bytes x caches) over the measured copy bandwidth. Kernels are timed
+as CUDA-graph replays; the torch reference (a Python loop over sequences and caches) eagerly,
+only for batch <= 16. ``--smoke``: tiny caches, torch + Triton interpreter on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
+                    timing_columns)
+
+from eagle_kernels import ops  # noqa: E402
+from eagle_kernels.ops._backend import backend_status  # noqa: E402
+
+MODELS = {"llama3-8b": (32, 8, 128), "vicuna-7b": (32, 32, 128), "smoke": (2, 2, 8)}
+
+
+def make_case(model, batch, accepted, max_len, device, gen):
+    layers, heads, dim = MODELS[model]
+    caches = [torch.empty(batch, max_len, heads, dim, dtype=torch.bfloat16, device=device)
+              for _ in range(2 * layers)]
+    lens = torch.randint(0, max_len // 2, (batch,), generator=gen).to(torch.int32).to(device)
+    nodes = torch.arange(0, 2 * accepted, 2, dtype=torch.int32).expand(batch, -1).contiguous()
+    count = torch.full((batch,), accepted - 1, dtype=torch.int32)
+    return caches, lens, nodes.to(device), count.to(device)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench/results/local")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator().manual_seed(0)
+    if args.smoke:
+        grid, max_len, repeats = [("smoke", 2, 3)], 32, 3
+    else:
+        grid = [(m, b, n) for m in ("llama3-8b", "vicuna-7b") for b in (1, 16, 64)
+                for n in (2, 8)]
+        max_len, repeats = 512, 20
+    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    rows = []
+    for model, batch, accepted in grid:
+        caches, lens, nodes, count = make_case(model, batch, accepted, max_len, device, gen)
+        row_bytes = caches[0][0, 0].numel() * 2
+        floor_us = 2 * batch * (accepted - 1) * row_bytes * len(caches) / bandwidth * 1e6
+        timings = {}
+        for backend in ("torch", "triton", "cuda"):
+            if not backend_status(backend).available or (backend == "cuda" and
+                                                         device.type != "cuda"):
+                continue
+            if backend == "torch" and batch > 16:
+                continue
+
+            def call(backend=backend):
+                ops.compact_kv(caches, lens, nodes, count, backend=backend)
+
+            graph_it = device.type == "cuda" and backend != "torch"
+            timings[backend] = time_fn(graphed(call) if graph_it else call, repeats=repeats,
+                                       warmup=1 if device.type == "cpu" else 3)
+        base = timings.get("torch")
+        for backend, timing in timings.items():
+            row = dict(op="compact_kv", model=model, backend=backend, batch=batch,
+                       accepted=accepted, caches=len(caches),
+                       **timing_columns(timing, base, floor_us))
+            rows.append(row)
+            print(" ".join(f"{k}={v}" for k, v in row.items()))
+    out = Path(args.out)
+    append_rows(out / "bench_kv.csv", rows)
+    plot_rows([dict(r, series=f"{r['backend']} {r['model']} n={r['accepted']}") for r in rows],
+              "batch", "median_us", "series", out / "bench_kv.png", "compact_kv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""Sort-free target sampling distribution and inverse-CDF sampling: Triton building blocks.
+
+The Triton backend of :func:`eagle_kernels.ops.target_probs` and the per-row helpers the
+stochastic acceptance kernels (:mod:`eagle_kernels.ops.acceptance`) share. The contract is
+:func:`eagle_kernels.ops.reference.target_probs` / :func:`~.reference.sample_from_probs`.
+
+Row statistics (one program per row of logits, no full-vocabulary sort):
+
+* ``m``    the row maximum of ``s = logits / temperature`` (IEEE division, like the reference);
+* ``kkey`` the order key of the k-th largest ``s``: a 32-step binary search over the 32-bit
+  order keys of fp32 values, each step counting ``s >= mid`` with block reductions. Keeping
+  ``key(s) >= kkey`` is the reference's tie-inclusive top-k exactly;
+* ``tau``  the smallest ``e = exp(s - m)`` (top-k kept) with ``sum(e' > tau) < top_p * Z_k``: a
+  30-step binary search over the bit patterns of non-negative fp32 values (monotone as
+  integers). ``e >= tau`` is the reference's keep rule "mass of strictly more probable tokens
+  < top_p" (ties kept), evaluated in fp32 instead of fp64;
+* ``z``    the sum of ``e`` over the kept set, so ``p(x) = e(x) / z`` on the kept set.
+
+Top-k and top-p passes only run when the parameters ask for them (Python scalars 0 / 1.0 skip
+them at compile time); without them ``m`` and ``z`` come from one online-softmax pass. Any
+token's probability is then recomputed from its logit in O(1) (:func:`token_prob`), which is
+what the acceptance walks need; :func:`sample_row` draws the bonus token by a two-pass
+blockwise inverse CDF (total, then a block scan with ``tl.cumsum``). fp32 arithmetic differs from the reference's fp64 only by rounding: results differ only when a
+uniform or a top-p mass falls within rounding of a boundary (the tests check exactly that).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ONE_BITS = 0x3F800000  # bit pattern of 1.0f: the largest e = exp(s - m)
+
+
+@triton.jit
+def order_key(x):
+    """fp32 -> int32 key with the same order (-0.0 and +0.0 equal, like float comparison)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = tl.where(x == 0.0, 0, bits)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def scaled_logits(row_ptr, offs, vocab, temperature):
+    """s = logit / temperature in fp32 with IEEE rounding (-inf outside the row)."""
+    x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+    return tl.math.div_rn(x, temperature)
+
+
+@triton.jit
+def _kth_key(row_ptr, vocab, temperature, k, BLOCK: tl.constexpr):
+    """Order key of the k-th largest s (1 <= k <= vocab): the largest t with #(key >= t) >= k."""
+    lo = tl.full([], -2147483648, tl.int64)
+    hi = tl.full([], 2147483647, tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        count = tl.zeros([], tl.int64)
+        for start in range(0, vocab, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            key = order_key(scaled_logits(row_ptr, offs, vocab, temperature)).to(tl.int64)
+            count += tl.sum(((key >= mid) & (offs < vocab)).to(tl.int64), 0)
+        lo = tl.where(count >= k, mid, lo)
+        hi = tl.where(count >= k, hi, mid - 1)
+    return lo.to(tl.int32)
+
+
+@triton.jit
+def _mass_above(row_ptr, vocab, temperature, m, kkey, t, BLOCK: tl.constexpr):
+    """Sum of e over top-k-kept tokens with e > t, and over all top-k-kept tokens."""
+    above = tl.zeros([], tl.float32)
+    total = tl.zeros([], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        s = scaled_logits(row_ptr, offs, vocab, temperature)
+        e = tl.where(order_key(s) >= kkey, tl.exp(s - m), 0.0)
+        above += tl.sum(tl.where(e > t, e, 0.0), 0)
+        total += tl.sum(e, 0)
+    return above, total
+
+
+@triton.jit
+def _top_p_tau(row_ptr, vocab, temperature, m, kkey, top_p, BLOCK: tl.constexpr):
+    """Smallest e value tau with mass(e > tau) < top_p * Z_k (searched over fp32 bit patterns)."""
+    _, total = _mass_above(row_ptr, vocab, temperature, m, kkey, 2.0, BLOCK)
+    budget = top_p * total
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0x3F800000, tl.int32)  # mass(e > 1.0) = 0 < budget
+    for _ in range(30):
+        mid = (lo + hi) // 2
+        above, _ = _mass_above(row_ptr, vocab, temperature, m, kkey,
+                               mid.to(tl.float32, bitcast=True), BLOCK)
+        hi = tl.where(above < budget, mid, hi)
+        lo = tl.where(above < budget, lo, mid + 1)
+    return lo.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _online_max_sum(row_ptr, vocab, temperature, BLOCK: tl.constexpr):
+    """Row max of s and sum of exp(s - max) in ONE pass (running per-lane max and rescaled
+    sums, as in online softmax): plain temperature sampling reads each logit once here."""
+    lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    lane_sum = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        s = tl.math.div_rn(x, temperature)
+        new_max = tl.maximum(lane_max, s)
+        # -inf - -inf would be NaN: lanes that have seen only -inf subtract 0 (and sum 0)
+        pivot = tl.where(new_max == float("-inf"), 0.0, new_max)
+        lane_sum = lane_sum * tl.exp(lane_max - pivot) + tl.exp(s - pivot)
+        lane_max = new_max
+    m = tl.max(lane_max, 0)  # finite: every row has a finite logit (checked by the op)
+    z = tl.sum(lane_sum * tl.exp(lane_max - m), 0)
+    return m, z
+
+
+@triton.jit
+def row_stats(row_ptr, vocab, temperature, top_k, top_p, HAS_TOP_K: tl.constexpr,
+              HAS_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
+    """(m, kkey, tau, z) of one row (see the module docstring)."""
+    if not HAS_TOP_K and not HAS_TOP_P:
+        m, z = _online_max_sum(row_ptr, vocab, temperature, BLOCK)
+        return m, tl.full([], -2147483648, tl.int32), tl.full([], 0.0, tl.float32), z
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        best = tl.maximum(best, tl.math.div_rn(x, temperature))
+    m = tl.max(best, 0)
+    kkey = tl.full([], -2147483648, tl.int32)
+    if HAS_TOP_K:
+        if top_k > 0:
+            kkey = _kth_key(row_ptr, vocab, temperature, tl.minimum(top_k, vocab), BLOCK)
+    tau = tl.full([], 0.0, tl.float32)
+    if HAS_TOP_P:
+        if top_p < 1.0:
+            tau = _top_p_tau(row_ptr, vocab, temperature, m, kkey, top_p, BLOCK)
+    z = tl.zeros([], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        z += tl.sum(kept_e(row_ptr, offs, vocab, temperature, m, kkey, tau), 0)
+    return m, kkey, tau, z
+
+
+@triton.jit
+def kept_e(row_ptr, offs, vocab, temperature, m, kkey, tau):
+    """e = exp(s - m) on the kept set, 0 elsewhere: p = kept_e / z.
+
+    scaled_logits and order_key are written out inline: every nested jit call costs the
+    Triton interpreter milliseconds per program, and this is the hottest helper."""
+    s = tl.math.div_rn(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
+                       .to(tl.float32), temperature)
+    bits = tl.where(s == 0.0, 0, s.to(tl.int32, bitcast=True))
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    e = tl.exp(s - m)
+    return tl.where((key >= kkey) & (e >= tau) & (offs < vocab), e, 0.0)
+
+
+@triton.jit
+def token_prob(row_ptr, token, vocab, temperature, m, kkey, tau, z):
+    """p(token) of one row in O(1) from its stats."""
+    return kept_e(row_ptr, token, vocab, temperature, m, kkey, tau) / z
+
+
+@triton.jit
+def _residual(row_ptr, q_ptr, offs, vocab, temperature, m, kkey, tau, z, q_scale, removed,
+              num_removed, HAS_Q: tl.constexpr, HAS_REMOVED: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """Unnormalised residual on a block: p, minus q_scale * q clamped at 0, removed tokens 0."""
+    r = kept_e(row_ptr, offs, vocab, temperature, m, kkey, tau) / z
+    if HAS_Q:
+        q = tl.load(q_ptr + offs, mask=offs < tl.where(q_scale > 0, vocab, 0), other=0.0)
+        r = tl.where(q_scale > 0, tl.maximum(r - q, 0.0), r)
+    if HAS_REMOVED:
+        # one [BLOCK] compare per removed token (few: the tried siblings), not a
+        # [BLOCK, BLOCK_N] tile that would spill registers on the GPU
+        slot = tl.arange(0, BLOCK_N)
+        for index in range(0, num_removed):
+            token = tl.sum(tl.where(slot == index, removed, 0), 0)
+            r = tl.where(offs == token, 0.0, r)
+    return r
+
+
+@triton.jit
+def sample_row(row_ptr, q_ptr, vocab, temperature, m, kkey, tau, z, q_scale, removed,
+               num_removed, u, HAS_Q: tl.constexpr, HAS_REMOVED: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK: tl.constexpr):
+    """Inverse-CDF draw from the residual (see :func:`_residual`) with uniform u; ``removed``
+    [BLOCK_N] holds ``num_removed`` token ids whose probability is zeroed.
+
+    The first token whose running sum exceeds ``u * total`` (strict: zero-probability tokens
+    are never chosen); past-the-end round-off falls back to the last positive token. With q
+    given and ``max(0, p - q)`` summing to 0, it samples p itself (the reference's rule). A
+    residual of total 0 (only reachable through round-off) also falls back to p."""
+    total_r = tl.zeros([], tl.float32)
+    total_p = tl.zeros([], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        total_r += tl.sum(_residual(row_ptr, q_ptr, offs, vocab, temperature, m, kkey, tau, z,
+                                    q_scale, removed, num_removed, HAS_Q, HAS_REMOVED,
+                                    BLOCK_N), 0)
+        total_p += tl.sum(kept_e(row_ptr, offs, vocab, temperature, m, kkey, tau) / z, 0)
+    use_r = total_r > 0.0
+    total = tl.where(use_r, total_r, total_p)
+    threshold = u * total
+    running = tl.zeros([], tl.float32)
+    first = tl.full([], 2147483647, tl.int32)
+    last = tl.full([], 0, tl.int32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        r = _residual(row_ptr, q_ptr, offs, vocab, temperature, m, kkey, tau, z, q_scale,
+                      removed, num_removed, HAS_Q, HAS_REMOVED, BLOCK_N)
+        r = tl.where(use_r, r, kept_e(row_ptr, offs, vocab, temperature, m, kkey, tau) / z)
+        cdf = running + tl.cumsum(r, 0)
+        first = tl.minimum(first, tl.min(tl.where((cdf > threshold) & (r > 0), offs,
+                                                  2147483647), 0))
+        last = tl.maximum(last, tl.max(tl.where(r > 0, offs, 0), 0))
+        running += tl.sum(r, 0)
+    return tl.minimum(first, last).to(tl.int64)
+
+
+@triton.jit
+def _target_probs_kernel(logits_ptr, out_ptr, temp_ptr, temp, top_k_ptr, top_k, top_p_ptr,
+                         top_p, vocab, TEMP_PER_ROW: tl.constexpr, TOP_K_PER_ROW: tl.constexpr,
+                         TOP_P_PER_ROW: tl.constexpr, HAS_TOP_K: tl.constexpr,
+                         HAS_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * vocab
+    t = temp
+    if TEMP_PER_ROW:
+        t = tl.load(temp_ptr + row)
+    k = top_k
+    if TOP_K_PER_ROW:
+        k = tl.load(top_k_ptr + row)
+    p = top_p
+    if TOP_P_PER_ROW:
+        p = tl.load(top_p_ptr + row)
+    m, kkey, tau, z = row_stats(row_ptr, vocab, t, k, p, HAS_TOP_K, HAS_TOP_P, BLOCK)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        e = kept_e(row_ptr, offs, vocab, t, m, kkey, tau)
+        tl.store(out_ptr + row * vocab + offs, e / z, mask=offs < vocab)
+
+
+def vocab_block(vocab: int) -> int:
+    """Elements per block of the vocabulary loops."""
+    return min(2048, triton.next_power_of_2(vocab))
+
+
+def sampling_args(temperature, top_k, top_p, dummy: torch.Tensor) -> dict:
+    """Kernel arguments for the three sampling parameters (scalar or per-sequence tensor).
+
+    A scalar top_k of 0 / top_p of 1.0 compiles the top-k / top-p searches out."""
+    def split(value, cast):
+        if isinstance(value, torch.Tensor):
+            return value, cast(0), True
+        return dummy, cast(value), False
+
+    temp_ptr, temp, temp_rows = split(temperature, float)
+    k_ptr, k, k_rows = split(top_k, int)
+    p_ptr, p, p_rows = split(top_p, float)
+    return dict(temp_ptr=temp_ptr, temp=temp, top_k_ptr=k_ptr, top_k=k, top_p_ptr=p_ptr,
+                top_p=p, TEMP_PER_ROW=temp_rows, TOP_K_PER_ROW=k_rows, TOP_P_PER_ROW=p_rows,
+                HAS_TOP_K=k_rows or k > 0, HAS_TOP_P=p_rows or p < 1.0)
+
+
+def target_probs_triton(logits, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
+    """Triton backend of ``target_probs``: [R, V] float32 (see the module docstring)."""
+    rows, vocab = logits.shape
+    out = torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
+    if rows:
+        _target_probs_kernel[(rows,)](logits, out, vocab=vocab, BLOCK=vocab_block(vocab),
+                                      **sampling_args(temperature, top_k, top_p, logits))
+    return out
+
+
+@triton.jit
+def _row_stats_kernel(logits_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp, top_k_ptr,
+                      top_k, top_p_ptr, top_p, vocab, rows_per_param,
+                      TEMP_PER_ROW: tl.constexpr, TOP_K_PER_ROW: tl.constexpr,
+                      TOP_P_PER_ROW: tl.constexpr, HAS_TOP_K: tl.constexpr,
+                      HAS_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    index = row // rows_per_param  # per-sequence parameters shared by its N node rows
+    t = temp
+    if TEMP_PER_ROW:
+        t = tl.load(temp_ptr + index)
+    k = top_k
+    if TOP_K_PER_ROW:
+        k = tl.load(top_k_ptr + index)
+    p = top_p
+    if TOP_P_PER_ROW:
+        p = tl.load(top_p_ptr + index)
+    m, kkey, tau, z = row_stats(logits_ptr + row * vocab, vocab, t, k, p, HAS_TOP_K, HAS_TOP_P,
+                                BLOCK)
+    tl.store(m_ptr + row, m)
+    tl.store(kkey_ptr + row, kkey)
+    tl.store(tau_ptr + row, tau)
+    tl.store(z_ptr + row, z)
+
+
+def row_stats_triton(logits: torch.Tensor, rows_per_param: int, temperature, top_k, top_p):
+    """Stats (m, kkey, tau, z) of every row of [R, V] logits; parameter i covers rows
+    [i * rows_per_param, (i + 1) * rows_per_param)."""
+    rows, vocab = logits.shape
+    device = logits.device
+    stats = (torch.empty(rows, dtype=torch.float32, device=device),
+             torch.empty(rows, dtype=torch.int32, device=device),
+             torch.empty(rows, dtype=torch.float32, device=device),
+             torch.empty(rows, dtype=torch.float32, device=device))
+    if rows:
+        _row_stats_kernel[(rows,)](logits, *stats, vocab=vocab, rows_per_param=rows_per_param,
+                                   BLOCK=vocab_block(vocab),
+                                   **sampling_args(temperature, top_k, top_p, logits))
+    return stats
