@@ -1,0 +1,79 @@
+"""Compile every Triton kernel of eagle_kernels.ops for sm_90 without a GPU: catches what the interpreter
+accepts but the compiler rejects (non-constexpr globals, loop-carried type changes, ...).
+
+Run as a script with TRITON_INTERPRET unset (tests/test_triton_compile.py does, in a subprocess):
+under the interpreter @triton.jit returns interpreted functions that cannot be compiled.
+"""
+import os
+import time
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run without TRITON_INTERPRET=1"
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from eagle_kernels.ops import acceptance, kv, sampling, topk, tree  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
+
+
+def build(fn, signature, constexprs):
+    start = time.time()
+    signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(name),): value
+                                                  for name, value in constexprs.items()})
+    kernel = triton.compile(source, target=TARGET, options={"num_warps": 4})
+    print(f"{fn.__name__}: compiled for sm_90 in {time.time() - start:.1f} s "
+          f"(shared {kernel.metadata.shared} B)")
+
+
+build(topk._topk_log_softmax_kernel,
+      {"logits_ptr": "*bf16", "d2t_ptr": "*i64", "values_ptr": "*fp32", "ids_ptr": "*i64",
+       "vocab": "i32"},
+      {"K": 10, "KP": 16, "BLOCK": 4096, "HAS_D2T": True})
+build(topk._expand_kernel,
+      {"frontier_ptr": "*fp32", "child_ptr": "*fp32", "candidate_ptr": "*fp32",
+       "next_index_ptr": "*i64", "next_scores_ptr": "*fp32", "frontier": "i32", "children": "i32"},
+      {"TOP": 10, "BLOCK": 128, "RB": 128})
+build(tree._build_tree_kernel,
+      {"parents_ptr": "*i32", "depth_ptr": "*i32", "mask_ptr": "*i32", "paths_ptr": "*i32",
+       "flags_ptr": "*i32", "num_nodes": "i32", "words": "i32", "width": "i32"},
+      {"NP": 64, "WP": 2, "JB": 32})
+RERANK_ARGS = {
+    "root_ptr": "*i64", "cand_tokens_ptr": "*i64", "cand_scores_ptr": "*fp32",
+    "cand_parents_ptr": "*i32", "tokens_ptr": "*i64", "parents_ptr": "*i32", "depth_ptr": "*i32",
+    "scores_ptr": "*fp32", "mask_ptr": "*i32", "paths_ptr": "*i32", "selected_ptr": "*i64",
+    "node_of_ptr": "*i32", "flags_ptr": "*i32", "candidates": "i32", "num_nodes": "i32",
+    "words": "i32", "width": "i32"}
+build(topk._rerank_kernel, RERANK_ARGS, {"MP": 1024, "RB": 16, "NP": 64, "WP": 2, "JB": 32})
+
+OUTPUTS = {"out_tokens_ptr": "*i64", "num_acc_ptr": "*i32", "out_nodes_ptr": "*i32"}
+STATS = {"m_ptr": "*fp32", "kkey_ptr": "*i32", "tau_ptr": "*fp32", "z_ptr": "*fp32"}
+build(acceptance._argmax_kernel, {"logits_ptr": "*bf16", "out_ptr": "*i64", "vocab": "i32"},
+      {"BLOCK": 2048})
+build(acceptance._greedy_paths_kernel,
+      {"tokens_ptr": "*i64", "paths_ptr": "*i32", "target_ptr": "*i64", **OUTPUTS,
+       "num_nodes": "i32", "num_paths": "i32", "width": "i32"}, {"BLOCK_P": 64, "BLOCK_W": 8})
+SAMPLING_PARAMS = {"temp_ptr": "*fp32", "temp": "fp32", "top_k_ptr": "*i64", "top_k": "i32",
+                   "top_p_ptr": "*fp32", "top_p": "fp32"}
+SAMPLING_FLAGS = {"TEMP_PER_ROW": True, "TOP_K_PER_ROW": True, "TOP_P_PER_ROW": True,
+                  "HAS_TOP_K": True, "HAS_TOP_P": True, "BLOCK": 2048}
+build(sampling._target_probs_kernel,
+      {"logits_ptr": "*bf16", "out_ptr": "*fp32", **SAMPLING_PARAMS, "vocab": "i32"},
+      SAMPLING_FLAGS)
+build(sampling._row_stats_kernel,
+      {"logits_ptr": "*bf16", **STATS, **SAMPLING_PARAMS, "vocab": "i32",
+       "rows_per_param": "i32"}, SAMPLING_FLAGS)
+ACCEPT_INPUTS = {"logits_ptr": "*bf16", "accept_u_ptr": "*fp32", "bonus_u_ptr": "*fp32",
+                 **STATS, "temp_ptr": "*fp32", "temp": "fp32", **OUTPUTS, "num_nodes": "i32",
+                 "vocab": "i32"}
+build(acceptance._stochastic_tree_kernel,
+      {"tokens_ptr": "*i64", "parents_ptr": "*i32", **ACCEPT_INPUTS, "width": "i32"},
+      {"TEMP_PER_ROW": True, "BLOCK_N": 64, "BLOCK_W": 8, "BLOCK": 2048})
+build(acceptance._stochastic_chain_kernel,
+      {"tokens_ptr": "*i64", "draft_ptr": "*fp32", **ACCEPT_INPUTS},
+      {"TEMP_PER_ROW": True, "BLOCK_W": 8, "BLOCK": 2048})
+build(kv._compact_kv_kernel,
+      {"base_ptr": "*bf16", "offsets_ptr": "*i64", "row_words_ptr": "*i64",
+       "cache_lens_ptr": "*i32", "nodes_ptr": "*i32", "num_accepted_ptr": "*i32",
+       "max_len": "i32", "width": "i32"}, {"WORD_BYTES": 8, "BLOCK": 1024})
