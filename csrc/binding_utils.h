@@ -81,5 +81,6 @@ void register_tree(pybind11::module_& module);
 void register_acceptance(pybind11::module_& module);
 void register_topk(pybind11::module_& module);
 void register_kv(pybind11::module_& module);
+void register_sampling(pybind11::module_& module);
 
 }  // namespace eagle_kernels

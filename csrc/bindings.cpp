@@ -17,4 +17,5 @@ PYBIND11_MODULE(_C, module) {
   eagle_kernels::register_acceptance(module);
   eagle_kernels::register_topk(module);
   eagle_kernels::register_kv(module);
+  eagle_kernels::register_sampling(module);
 }

@@ -5,9 +5,9 @@ Public ops with the contracts of the same-named functions in :mod:`eagle_kernels
 :func:`stochastic_accept_chain` and the target sampling distribution :func:`target_probs`.
 Randomness always comes in as tensors of uniform samples, so results are reproducible and the
 ops are safe under CUDA-graph capture. Backends: ``torch`` (reference) everywhere; ``cuda``
-(``csrc/acceptance.cu``) for greedy tree and chain acceptance; ``triton`` (this file and
-:mod:`eagle_kernels.ops.sampling`) for every op. Kernels are explicit only (``auto=False``)
-until proven against the reference on a GPU.
+(``csrc/acceptance.cu`` greedy, ``csrc/sampling.cu`` stochastic and target_probs) and
+``triton`` (this file and :mod:`eagle_kernels.ops.sampling`) for every op. Kernels are
+explicit only (``auto=False``) until proven against the reference on a GPU.
 
 Triton kernels (no host syncs, one program per row or per sequence):
 
@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from . import reference
-from .sampling import (row_stats_triton, sample_row, target_probs_triton, token_prob,
+from .sampling import (LOGIT_DTYPE_CODES, _target_probs_cuda, row_stats_cuda,
+                       row_stats_triton, sample_row, target_probs_triton, token_prob,
                        vocab_block)
 from ._backend import cuda_extension, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
@@ -144,9 +145,6 @@ def stochastic_accept_chain(tokens, draft_probs, target_logits, accept_uniforms,
                           temperature, top_k, top_p)
 
 
-_LOGIT_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-
 def _empty_outputs(batch: int, width: int, device) -> AcceptResult:
     """Uninitialised AcceptResult buffers of widths ``width`` that a kernel fills."""
     return AcceptResult(torch.empty(batch, width, dtype=torch.int64, device=device),
@@ -162,7 +160,7 @@ def _greedy_accept_tree_cuda(tokens, paths, target_logits) -> AcceptResult:
     extension = cuda_extension()
     target_ids = torch.empty(batch, num_nodes, dtype=torch.int64, device=device)
     extension.argmax_rows(target_logits.data_ptr(), target_ids.data_ptr(), batch * num_nodes,
-                          vocab, _LOGIT_DTYPE_CODES[target_logits.dtype], stream)
+                          vocab, LOGIT_DTYPE_CODES[target_logits.dtype], stream)
     result = _empty_outputs(batch, width, device)
     extension.greedy_accept_paths(tokens.data_ptr(), paths.data_ptr(), target_ids.data_ptr(),
                                   result.output_tokens.data_ptr(), result.num_accepted.data_ptr(),
@@ -176,6 +174,40 @@ def _greedy_accept_chain_cuda(tokens, target_logits) -> AcceptResult:
     batch, num_nodes = tokens.shape
     paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
     return _greedy_accept_tree_cuda(tokens, paths, target_logits)
+
+
+def _stochastic_accept_tree_cuda(tokens, parents, target_logits, accept_uniforms,
+                                 bonus_uniforms, max_depth, temperature, top_k,
+                                 top_p) -> AcceptResult:
+    """Row stats of every node row, then one block per sequence (csrc/sampling.cu)."""
+    batch, num_nodes, vocab = target_logits.shape
+    result = _empty_outputs(batch, max_depth + 1, tokens.device)
+    if batch:
+        temperature, stats = row_stats_cuda(target_logits, temperature, top_k, top_p)
+        cuda_extension().stochastic_accept_tree(
+            tokens.data_ptr(), parents.data_ptr(), target_logits.data_ptr(),
+            accept_uniforms.data_ptr(), bonus_uniforms.data_ptr(),
+            *(s.data_ptr() for s in stats), temperature.data_ptr(),
+            *(r.data_ptr() for r in result), batch, num_nodes, vocab, max_depth + 1,
+            LOGIT_DTYPE_CODES[target_logits.dtype],
+            torch.cuda.current_stream(tokens.device).cuda_stream)
+    return result
+
+
+def _stochastic_accept_chain_cuda(tokens, draft_probs, target_logits, accept_uniforms,
+                                  bonus_uniforms, temperature, top_k, top_p) -> AcceptResult:
+    batch, num_nodes, vocab = target_logits.shape
+    result = _empty_outputs(batch, num_nodes, tokens.device)
+    if batch:
+        temperature, stats = row_stats_cuda(target_logits, temperature, top_k, top_p)
+        cuda_extension().stochastic_accept_chain(
+            tokens.data_ptr(), draft_probs.data_ptr(), target_logits.data_ptr(),
+            accept_uniforms.data_ptr(), bonus_uniforms.data_ptr(),
+            *(s.data_ptr() for s in stats), temperature.data_ptr(),
+            *(r.data_ptr() for r in result), batch, num_nodes, vocab,
+            LOGIT_DTYPE_CODES[target_logits.dtype],
+            torch.cuda.current_stream(tokens.device).cuda_stream)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,6 +481,7 @@ def _stochastic_accept_chain_triton(tokens, draft_probs, target_logits, accept_u
 
 
 register("target_probs", "torch", reference.target_probs)
+register("target_probs", "cuda", _target_probs_cuda, auto=False)
 register("target_probs", "triton", target_probs_triton, auto=False)
 register("greedy_accept_tree", "torch", reference.greedy_accept_tree)
 register("greedy_accept_tree", "cuda", _greedy_accept_tree_cuda, auto=False)
@@ -457,6 +490,8 @@ register("greedy_accept_chain", "torch", reference.greedy_accept_chain)
 register("greedy_accept_chain", "cuda", _greedy_accept_chain_cuda, auto=False)
 register("greedy_accept_chain", "triton", _greedy_accept_chain_triton, auto=False)
 register("stochastic_accept_tree", "torch", reference.stochastic_accept_tree)
+register("stochastic_accept_tree", "cuda", _stochastic_accept_tree_cuda, auto=False)
 register("stochastic_accept_tree", "triton", _stochastic_accept_tree_triton, auto=False)
 register("stochastic_accept_chain", "torch", reference.stochastic_accept_chain)
+register("stochastic_accept_chain", "cuda", _stochastic_accept_chain_cuda, auto=False)
 register("stochastic_accept_chain", "triton", _stochastic_accept_chain_triton, auto=False)

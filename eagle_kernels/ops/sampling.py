@@ -1,4 +1,5 @@
-"""Sort-free target sampling distribution and inverse-CDF sampling: Triton building blocks.
+"""Sort-free target sampling distribution and inverse-CDF sampling: Triton building blocks
+(and the CUDA launchers of ``csrc/sampling.cu``, which implement the same algorithm).
 
 The Triton backend of :func:`eagle_kernels.ops.target_probs` and the per-row helpers the
 stochastic acceptance kernels (:mod:`eagle_kernels.ops.acceptance`) share. The contract is
@@ -20,8 +21,9 @@ Top-k and top-p passes only run when the parameters ask for them (Python scalars
 them at compile time); without them ``m`` and ``z`` come from one online-softmax pass. Any
 token's probability is then recomputed from its logit in O(1) (:func:`token_prob`), which is
 what the acceptance walks need; :func:`sample_row` draws the bonus token by a two-pass
-blockwise inverse CDF (total, then a block scan with ``tl.cumsum``). fp32 arithmetic differs from the reference's fp64 only by rounding: results differ only when a
-uniform or a top-p mass falls within rounding of a boundary (the tests check exactly that).
+blockwise inverse CDF (total, then a block scan with ``tl.cumsum``). fp32 arithmetic differs
+from the reference's fp64 only by rounding: results differ only when a uniform or a top-p mass
+falls within rounding of a boundary (the tests check exactly that).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ._backend import cuda_extension
 
 ONE_BITS = 0x3F800000  # bit pattern of 1.0f: the largest e = exp(s - m)
 
@@ -314,3 +318,51 @@ def row_stats_triton(logits: torch.Tensor, rows_per_param: int, temperature, top
                                    BLOCK=vocab_block(vocab),
                                    **sampling_args(temperature, top_k, top_p, logits))
     return stats
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA (csrc/sampling.cu): the same statistics, kernels fed per-row parameter arrays
+# --------------------------------------------------------------------------------------------
+
+LOGIT_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def sampling_arrays(temperature, top_k, top_p, count: int, vocab: int, device) -> tuple:
+    """[count] float32 / int32 / float32 parameter arrays for the CUDA kernels (top_k clamped
+    to the vocabulary, so it fits int32)."""
+    def per_row(value, dtype):
+        if isinstance(value, torch.Tensor):
+            return value.to(device=device, dtype=dtype).contiguous()
+        return torch.full((count,), value, dtype=dtype, device=device)
+
+    top_k = top_k.clamp(max=vocab) if isinstance(top_k, torch.Tensor) else min(int(top_k), vocab)
+    return (per_row(temperature, torch.float32), per_row(top_k, torch.int32),
+            per_row(top_p, torch.float32))
+
+
+def _target_probs_cuda(logits, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
+    """CUDA backend of ``target_probs``: [R, V] float32 (one block per row)."""
+    rows, vocab = logits.shape
+    out = torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
+    if rows:
+        params = sampling_arrays(temperature, top_k, top_p, rows, vocab, logits.device)
+        cuda_extension().target_probs(
+            logits.data_ptr(), out.data_ptr(), *(a.data_ptr() for a in params), rows, vocab,
+            LOGIT_DTYPE_CODES[logits.dtype], torch.cuda.current_stream(logits.device).cuda_stream)
+    return out
+
+
+def row_stats_cuda(target_logits, temperature, top_k, top_p) -> tuple:
+    """Row stats of every node row of [B, N, V] logits (per-sequence parameters), by the CUDA
+    kernel: (temperature [B] float32, [m, kkey, tau, z] each [B * N])."""
+    batch, num_nodes, vocab = target_logits.shape
+    device = target_logits.device
+    params = sampling_arrays(temperature, top_k, top_p, batch, vocab, device)
+    rows = batch * num_nodes
+    stats = [torch.empty(rows, dtype=dtype, device=device)
+             for dtype in (torch.float32, torch.int32, torch.float32, torch.float32)]
+    cuda_extension().row_stats(
+        target_logits.data_ptr(), *(s.data_ptr() for s in stats),
+        *(a.data_ptr() for a in params), rows, vocab, num_nodes,
+        LOGIT_DTYPE_CODES[target_logits.dtype], torch.cuda.current_stream(device).cuda_stream)
+    return params[0], stats
