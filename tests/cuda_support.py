@@ -1,7 +1,8 @@
 """Shared helpers of the csrc/ (eagle_kernels._C) kernel tests.
 
-* ``load_extension_or_skip`` (the ``ext`` fixture of conftest.py): the extension module. Under ``CI=true`` with nvcc on PATH a missing extension fails
-  the run (the build silently fell back to pure Python); elsewhere it skips.
+* ``load_extension_or_skip`` (the ``ext`` fixture of conftest.py): the extension module. Under
+  ``CI=true`` with nvcc on PATH a missing extension fails the run (the build silently fell back
+  to pure Python); elsewhere it skips.
 * Outputs are prefilled with ``SENTINEL`` so an entry a kernel forgot to write shows up, and
   ``guarded`` buffers carry ``GUARD`` sentinel entries each side to catch out-of-bounds writes.
 """

@@ -1,4 +1,4 @@
-"""topk_log_softmax, eagle2_expand, eagle2_rerank: golden cases, ties, random drafting, bad input."""
+"""topk_log_softmax, eagle2_expand, eagle2_rerank: goldens, ties, random drafting, bad input."""
 
 import math
 

@@ -12,8 +12,9 @@ What "matches" means for topk_log_softmax (see the docstring of eagle_kernels/op
   different logits whose log-probs round to one value have one exact order
   (``test_topk_collapsed_tie_follows_the_logit``).
 * values: error against an fp64 log-softmax at most twice the reference's own fp32 error (the
-  flash-attention rule) plus atol 1e-6 and rtol 1e-6 (a few ulps of the log-prob). At V = 152k the reference's fp32 sum is off by ~5e-6 while the
-  kernels' are ~2e-7, so a plain rtol/atol of 1e-6 against the reference would test torch.
+  flash-attention rule) plus atol 1e-6 and rtol 1e-6 (a few ulps of the log-prob). At V = 152k
+  the reference's fp32 sum is off by ~5e-6 while the kernels' are ~2e-7, so a plain rtol/atol
+  of 1e-6 against the reference would test torch.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Compile every Triton kernel of eagle_kernels.ops for sm_90 without a GPU: catches what the interpreter
-accepts but the compiler rejects (non-constexpr globals, loop-carried type changes, ...).
+"""Compile every Triton kernel of eagle_kernels.ops for sm_90 without a GPU: catches what the
+interpreter accepts but the compiler rejects (non-constexpr globals, loop-carried type
+changes, ...).
 
 Run as a script with TRITON_INTERPRET unset (tests/test_triton_compile.py does, in a subprocess):
 under the interpreter @triton.jit returns interpreted functions that cannot be compiled.

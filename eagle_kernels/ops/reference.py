@@ -570,7 +570,8 @@ def stochastic_accept_tree(
             accepted += 1
             result.accepted_nodes[b, accepted] = child
             node, residual = child, probs[b, child].clone()
-        result.output_tokens[b, accepted] = sample_from_probs(residual[None], bonus_uniforms[b:b + 1])[0]
+        bonus = sample_from_probs(residual[None], bonus_uniforms[b:b + 1])
+        result.output_tokens[b, accepted] = bonus[0]
         result.num_accepted[b] = accepted
     return result
 
@@ -631,7 +632,8 @@ def stochastic_accept_chain(
             residual = (p - q).clamp(min=0.0)
             bonus_dist = residual if float(residual.sum()) > 0 else p
             break
-        result.output_tokens[b, accepted] = sample_from_probs(bonus_dist[None], bonus_uniforms[b:b + 1])[0]
+        bonus = sample_from_probs(bonus_dist[None], bonus_uniforms[b:b + 1])
+        result.output_tokens[b, accepted] = bonus[0]
         result.num_accepted[b] = accepted
     return result
 
