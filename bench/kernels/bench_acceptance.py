@@ -16,7 +16,6 @@ Results: ``<out>/bench_acceptance.csv`` and PNGs.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")  # no host syncs inside
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
-                    timing_columns)
+                    bench_arguments, timing_columns)
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
@@ -87,11 +86,7 @@ def configs(smoke):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="bench/results/local")
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args, device = bench_arguments(__doc__.split("\n")[0])
     torch.manual_seed(0)
     grid, dtype, repeats = configs(args.smoke)
     bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9

@@ -11,7 +11,6 @@ only for batch <= 16. ``--smoke``: tiny caches, torch + Triton interpreter on CP
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
-                    timing_columns)
+                    bench_arguments, timing_columns)
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops._backend import backend_status  # noqa: E402
@@ -43,11 +42,7 @@ def make_case(model, batch, accepted, max_len, device, gen):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="bench/results/local")
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args, device = bench_arguments(__doc__.split("\n")[0])
     gen = torch.Generator().manual_seed(0)
     if args.smoke:
         grid, max_len, repeats = [("smoke", 2, 3)], 32, 3

@@ -19,7 +19,6 @@ they are timed eagerly, which is how they would run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ os.environ["EAGLE_KERNELS_CHECK_VALUES"] = "0"  # value checks sync the host; no
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
-                    timing_columns)
+                    bench_arguments, timing_columns)
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
@@ -113,11 +112,7 @@ def launch_us(device) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="bench/results/local")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, < 60 s on a CPU")
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args, device = bench_arguments(__doc__.split("\n")[0])
     repeats = 3 if args.smoke else 30
     bandwidth = copy_bandwidth(device, megabytes=16 if args.smoke else 1024)
     launch = launch_us(device)

@@ -172,3 +172,15 @@ def timing_columns(timing: Timing, baseline: Timing | None, floor_us: float) -> 
             "speedup_vs_torch": round(baseline.median_us / timing.median_us, 2)
             if baseline else "",
             "floor_us": round(floor_us, 3), "x_floor": round(timing.median_us / floor_us, 2)}
+
+
+def bench_arguments(description: str):
+    """(args, device) of every kernel benchmark: ``--out DIR`` for the CSV/PNG files and
+    ``--smoke`` for tiny sizes that run anywhere (CPU numbers mean nothing)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default="bench/results/local", help="CSV / PNG directory")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, < 60 s on a CPU")
+    args = parser.parse_args()
+    return args, torch.device("cuda" if torch.cuda.is_available() else "cpu")
