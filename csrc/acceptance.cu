@@ -15,17 +15,9 @@
 namespace eagle_kernels {
 namespace {
 
-using acceptance::DtypeCode;
-
 // --------------------------------------------------------------------------------------------
 // Row argmax
 // --------------------------------------------------------------------------------------------
-
-// Widening to float is exact for all three dtypes, so comparing floats orders the logits
-// exactly as torch.argmax does in the original dtype.
-EK_HOST_DEVICE float to_float(float value) { return value; }
-EK_HOST_DEVICE float to_float(__half value) { return __half2float(value); }
-EK_HOST_DEVICE float to_float(__nv_bfloat16 value) { return __bfloat162float(value); }
 
 /// A candidate that loses to every element (even a -inf one, by index).
 EK_HOST_DEVICE Candidate<float> no_candidate() { return {-INFINITY, INT64_MAX}; }
@@ -163,11 +155,9 @@ cudaError_t launch_argmax_rows(const void* logits, int64_t* out, int64_t rows, i
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
-  switch (dtype_code) {
-    case DtypeCode::kFloat32: launch_argmax_typed<float>(logits, out, rows, vocab, stream); break;
-    case DtypeCode::kFloat16: launch_argmax_typed<__half>(logits, out, rows, vocab, stream); break;
-    default: launch_argmax_typed<__nv_bfloat16>(logits, out, rows, vocab, stream); break;
-  }
+  dispatch_dtype(dtype_code, [&](auto tag) {
+    launch_argmax_typed<decltype(tag)>(logits, out, rows, vocab, stream);
+  });
   return cudaGetLastError();
 }
 
@@ -190,11 +180,9 @@ cudaError_t launch_greedy_accept_paths(const int64_t* tokens, const int32_t* pat
 void argmax_rows_host(const void* logits, int64_t* out, int64_t rows, int64_t vocab,
                       int dtype_code) {
   if (acceptance::argmax_size_error(rows, vocab, dtype_code) != nullptr) return;
-  switch (dtype_code) {
-    case DtypeCode::kFloat32: argmax_rows_host_typed<float>(logits, out, rows, vocab); break;
-    case DtypeCode::kFloat16: argmax_rows_host_typed<__half>(logits, out, rows, vocab); break;
-    default: argmax_rows_host_typed<__nv_bfloat16>(logits, out, rows, vocab); break;
-  }
+  dispatch_dtype(dtype_code, [&](auto tag) {
+    argmax_rows_host_typed<decltype(tag)>(logits, out, rows, vocab);
+  });
 }
 
 void greedy_accept_paths_host(const int64_t* tokens, const int32_t* paths,

@@ -32,8 +32,6 @@
 namespace eagle_kernels {
 namespace acceptance {
 
-/// dtype codes of argmax_rows (the Python wrapper maps torch dtypes to these).
-enum DtypeCode : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 /// Whether `node` indexes one of the N tree nodes.
 EK_HOST_DEVICE bool is_node(int node, int num_nodes) { return node >= 0 && node < num_nodes; }

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #if defined(__CUDACC__)
@@ -25,6 +27,62 @@ EK_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; 
 
 /// Bits per packed tree-mask word: node j is bit (j % 32) of word (j / 32).
 constexpr int kMaskWordBits = 32;
+
+/// Logit dtypes the kernels read, as the codes Python passes (ops/sampling.py LOGIT_DTYPE_CODES).
+enum DtypeCode : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+/// Widening to float: exact for all three dtypes, so comparing the floats orders the logits
+/// exactly as comparing them in their own dtype would.
+EK_HOST_DEVICE float to_float(float value) { return value; }
+EK_HOST_DEVICE float to_float(__half value) { return __half2float(value); }
+EK_HOST_DEVICE float to_float(__nv_bfloat16 value) { return __bfloat162float(value); }
+
+/**
+ * @brief Call `fn(tag)` with a value of the C++ type of `dtype_code` (float, __half or
+ *        __nv_bfloat16), so one generic lambda covers the three instantiations. Callers have
+ *        validated the code already; anything past kFloat16 is treated as bfloat16.
+ */
+template <typename Fn>
+inline void dispatch_dtype(int dtype_code, Fn fn) {
+  switch (dtype_code) {
+    case kFloat32: fn(float{}); break;
+    case kFloat16: fn(__half{}); break;
+    default: fn(__nv_bfloat16{}); break;
+  }
+}
+
+/// The bit pattern of an fp32 value, and back.
+EK_HOST_DEVICE int32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_int(x);
+#else
+  int32_t bits;
+  __builtin_memcpy(&bits, &x, sizeof(bits));
+  return bits;
+#endif
+}
+
+EK_HOST_DEVICE float bits_float(int32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(bits);
+#else
+  float x;
+  __builtin_memcpy(&x, &bits, sizeof(x));
+  return x;
+#endif
+}
+
+/**
+ * @brief fp32 -> int32 that orders like the float: sign-magnitude bits turned into two's
+ *        complement order, -0.0 equal to +0.0, every NaN above +inf (as torch's sort puts it).
+ *        Integer comparison of these keys is float comparison, so searches and top-k can work
+ *        on exact integer keys.
+ */
+EK_HOST_DEVICE int32_t ordered_bits(float x) {
+  if (x != x) return INT32_MAX;
+  const int32_t bits = x == 0.0f ? 0 : float_bits(x);
+  return bits ^ ((bits >> 31) & 0x7fffffff);
+}
 
 /**
  * @brief A (key, index) pair competing in a "best of" reduction.

@@ -199,16 +199,6 @@ int sampling_threads(int64_t vocab) {
 /// Host "block": one thread, no scratch needed.
 constexpr Block kHostBlock{0, 1, nullptr};
 
-/// Call fn.template operator()<T>() with T the logits type of dtype_code.
-template <typename Fn>
-void dispatch(int dtype_code, Fn fn) {
-  switch (dtype_code) {
-    case 0: fn(float{}); break;
-    case 1: fn(__half{}); break;
-    default: fn(__nv_bfloat16{}); break;
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_row_stats(const void* logits, float* m, int32_t* kkey, float* tau, float* z,
@@ -219,7 +209,7 @@ cudaError_t launch_row_stats(const void* logits, float* m, int32_t* kkey, float*
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     row_stats_kernel<T><<<static_cast<unsigned>(rows), sampling_threads(vocab), 0, stream>>>(
         static_cast<const T*>(logits), m, kkey, tau, z, temperature, top_k, top_p, vocab,
@@ -233,7 +223,7 @@ cudaError_t launch_target_probs(const void* logits, float* out, const float* tem
                                 int64_t vocab, int dtype_code, cudaStream_t stream) {
   if (sampling::size_error(rows, vocab, dtype_code) != nullptr) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     target_probs_kernel<T><<<static_cast<unsigned>(rows), sampling_threads(vocab), 0, stream>>>(
         static_cast<const T*>(logits), out, temperature, top_k, top_p, vocab);
@@ -252,7 +242,7 @@ cudaError_t launch_stochastic_accept_tree(
   }
   if (batch == 0) return cudaSuccess;
   const size_t shared = static_cast<size_t>(num_nodes) * (sizeof(int64_t) + sizeof(float));
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     accept_tree_kernel<T><<<static_cast<unsigned>(batch), sampling_threads(vocab), shared,
                             stream>>>(
@@ -274,7 +264,7 @@ cudaError_t launch_stochastic_accept_chain(
   }
   if (batch == 0) return cudaSuccess;
   const size_t shared = static_cast<size_t>(num_nodes) * 2 * sizeof(float);
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     accept_chain_kernel<T><<<static_cast<unsigned>(batch), sampling_threads(vocab), shared,
                              stream>>>(
@@ -289,7 +279,7 @@ void row_stats_host(const void* logits, float* m, int32_t* kkey, float* tau, flo
                     const float* temperature, const int32_t* top_k, const float* top_p,
                     int64_t rows, int64_t vocab, int64_t rows_per_param, int dtype_code) {
   if (sampling::size_error(rows, vocab, dtype_code) != nullptr || rows_per_param < 1) return;
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     for (int64_t row = 0; row < rows; ++row) {
       row_stats_at(kHostBlock, static_cast<const T*>(logits), m, kkey, tau, z, temperature,
@@ -302,7 +292,7 @@ void target_probs_host(const void* logits, float* out, const float* temperature,
                        const int32_t* top_k, const float* top_p, int64_t rows, int64_t vocab,
                        int dtype_code) {
   if (sampling::size_error(rows, vocab, dtype_code) != nullptr) return;
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     for (int64_t row = 0; row < rows; ++row) {
       target_probs_at(kHostBlock, static_cast<const T*>(logits), out, temperature, top_k, top_p,
@@ -321,7 +311,7 @@ void stochastic_accept_tree_host(
   float probs[sampling::kMaxNodes];
   int64_t removed[sampling::kMaxNodes];
   int state[3];
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     for (int64_t b = 0; b < batch; ++b) {
       accept_tree_at(kHostBlock, tokens, parents, static_cast<const T*>(logits), accept_u,
@@ -343,7 +333,7 @@ void stochastic_accept_chain_host(
   float probs[sampling::kMaxNodes];
   float draft[sampling::kMaxNodes];
   int state[3];
-  dispatch(dtype_code, [&](auto tag) {
+  dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     for (int64_t b = 0; b < batch; ++b) {
       accept_chain_at(kHostBlock, tokens, draft_probs, static_cast<const T*>(logits), accept_u,

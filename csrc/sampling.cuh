@@ -45,40 +45,10 @@ struct RowStats {
   float z;
 };
 
-EK_HOST_DEVICE float to_float(float value) { return value; }
-EK_HOST_DEVICE float to_float(__half value) { return __half2float(value); }
-EK_HOST_DEVICE float to_float(__nv_bfloat16 value) { return __bfloat162float(value); }
-
-EK_HOST_DEVICE int32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_int(x);
-#else
-  int32_t bits;
-  __builtin_memcpy(&bits, &x, sizeof(bits));
-  return bits;
-#endif
-}
-
-EK_HOST_DEVICE float bits_float(int32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __int_as_float(bits);
-#else
-  float x;
-  __builtin_memcpy(&x, &bits, sizeof(x));
-  return x;
-#endif
-}
-
-/// fp32 -> int32 key with the same order (-0.0 and +0.0 equal, like float comparison).
-EK_HOST_DEVICE int32_t order_key(float x) {
-  const int32_t bits = x == 0.0f ? 0 : float_bits(x);
-  return bits < 0 ? (bits ^ 0x7FFFFFFF) : bits;
-}
-
 /// e = exp(s - m) on the kept set of the row, 0 elsewhere.
 EK_HOST_DEVICE float kept_e(float s, const RowStats& st) {
   const float e = expf(s - st.m);
-  return (order_key(s) >= st.kkey && e >= st.tau) ? e : 0.0f;
+  return (ordered_bits(s) >= st.kkey && e >= st.tau) ? e : 0.0f;
 }
 
 /**
@@ -202,7 +172,7 @@ EK_HOST_DEVICE RowStats row_stats(const Block& block, const T* row, int64_t voca
       const int64_t mid = lo + (hi - lo + 1) / 2;
       int64_t count = 0;
       for (int64_t i = block.tid; i < vocab; i += block.threads) {
-        count += order_key(to_float(row[i]) / t) >= mid;
+        count += ordered_bits(to_float(row[i]) / t) >= mid;
       }
       count = block.count(count);
       if (count >= top_k) lo = mid; else hi = mid - 1;
@@ -351,7 +321,7 @@ constexpr int64_t kMaxNodes = 2048;
 inline const char* size_error(int64_t rows, int64_t vocab, int dtype_code) {
   if (rows < 0 || rows > INT32_MAX) return "sampling: rows must be in [0, 2^31)";
   if (vocab < 1 || vocab > INT32_MAX) return "sampling: vocab must be in [1, 2^31)";
-  if (dtype_code < 0 || dtype_code > 2) {
+  if (dtype_code < kFloat32 || dtype_code > kBFloat16) {
     return "sampling: dtype_code must be 0 (float32), 1 (float16) or 2 (bfloat16)";
   }
   return nullptr;

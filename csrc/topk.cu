@@ -25,13 +25,6 @@ namespace {
 using topk::LogSumExp;
 using topk::kNoKey;
 
-/// Widening to float: exact for all three dtypes.
-struct ToFloat {
-  EK_HOST_DEVICE float operator()(float value) const { return value; }
-  EK_HOST_DEVICE float operator()(__half value) const { return __half2float(value); }
-  EK_HOST_DEVICE float operator()(__nv_bfloat16 value) const { return __bfloat162float(value); }
-};
-
 /// Largest key of the block, returned to every thread. scratch: >= 32 entries.
 __device__ int64_t block_max_key(int64_t mine, int64_t* scratch) {
   const int lane = threadIdx.x & 31;
@@ -89,7 +82,7 @@ __global__ void topk_log_softmax_kernel(const T* __restrict__ logits,
   int64_t list[topk::kMaxK];
   for (int j = 0; j < k; ++j) list[j] = kNoKey;
   LogSumExp state = topk::lse_empty();
-  topk::scan_slice(row, vocab, threadIdx.x, blockDim.x, k, ToFloat(), list, state);
+  topk::scan_slice(row, vocab, threadIdx.x, blockDim.x, k, list, state);
   state = block_lse(state, lse_scratch);
 
   float* row_values = values + static_cast<int64_t>(blockIdx.x) * k;
@@ -100,7 +93,7 @@ __global__ void topk_log_softmax_kernel(const T* __restrict__ logits,
     const int64_t best = block_max_key(mine, key_scratch);
     if (mine == best) ++head;  // unique keys: only the owner (vocab >= k real keys exist)
     if (threadIdx.x == 0) {
-      topk::write_winner(row, d2t, state, best, j, ToFloat(), row_values, row_ids);
+      topk::write_winner(row, d2t, state, best, j, row_values, row_ids);
     }
   }
 }
@@ -115,7 +108,7 @@ void topk_row_host(const T* row, const int64_t* d2t, int64_t vocab, int k, float
   LogSumExp state = topk::lse_empty();
   for (int t = 0; t < kThreads; ++t) {
     LogSumExp mine = topk::lse_empty();
-    topk::scan_slice(row, vocab, t, kThreads, k, ToFloat(), &lists[size_t(t) * k], mine);
+    topk::scan_slice(row, vocab, t, kThreads, k, &lists[size_t(t) * k], mine);
     state = topk::lse_merge(state, mine);
   }
   for (int j = 0; j < k; ++j) {
@@ -126,7 +119,7 @@ void topk_row_host(const T* row, const int64_t* d2t, int64_t vocab, int k, float
       if (mine > best) best = mine, owner = t;
     }
     ++heads[owner];
-    topk::write_winner(row, d2t, state, best, j, ToFloat(), values, ids);
+    topk::write_winner(row, d2t, state, best, j, values, ids);
   }
 }
 
@@ -189,13 +182,9 @@ cudaError_t launch_topk_log_softmax(const void* logits, int dtype_code, const in
   if (topk::topk_size_error(rows, vocab, k, dtype_code) != nullptr) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   const int kk = static_cast<int>(k);
-  if (dtype_code == topk::kFloat32) {
-    launch_topk_typed<float>(logits, d2t, values, ids, rows, vocab, kk, stream);
-  } else if (dtype_code == topk::kFloat16) {
-    launch_topk_typed<__half>(logits, d2t, values, ids, rows, vocab, kk, stream);
-  } else {
-    launch_topk_typed<__nv_bfloat16>(logits, d2t, values, ids, rows, vocab, kk, stream);
-  }
+  dispatch_dtype(dtype_code, [&](auto tag) {
+    launch_topk_typed<decltype(tag)>(logits, d2t, values, ids, rows, vocab, kk, stream);
+  });
   return cudaGetLastError();
 }
 
@@ -203,11 +192,9 @@ void topk_log_softmax_host(const void* logits, int dtype_code, const int64_t* d2
                            int64_t* ids, int64_t rows, int64_t vocab, int64_t k) {
   if (topk::topk_size_error(rows, vocab, k, dtype_code) != nullptr) return;  // bindings raise
   const int kk = static_cast<int>(k);
-  switch (dtype_code) {
-    case topk::kFloat32: topk_host_typed<float>(logits, d2t, values, ids, rows, vocab, kk); break;
-    case topk::kFloat16: topk_host_typed<__half>(logits, d2t, values, ids, rows, vocab, kk); break;
-    default: topk_host_typed<__nv_bfloat16>(logits, d2t, values, ids, rows, vocab, kk);
-  }
+  dispatch_dtype(dtype_code, [&](auto tag) {
+    topk_host_typed<decltype(tag)>(logits, d2t, values, ids, rows, vocab, kk);
+  });
 }
 
 cudaError_t launch_eagle2_expand(const float* frontier, const float* children, float* candidates,

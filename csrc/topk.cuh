@@ -22,7 +22,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "common.cuh"
 
@@ -34,16 +33,9 @@ constexpr int kTopkThreads = 256;     ///< threads per row of topk_log_softmax
 constexpr int64_t kMaxExpand = 6144;  ///< largest K * C of eagle2_expand (int64 keys, 48 KiB)
 constexpr int64_t kNoKey = INT64_MIN + 1;  ///< below every real key
 
-enum DtypeCode : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };  // as in acceptance.cuh
-
 /// Unique ordering key of value `value` at `index` (0 <= index < 2^31); see the file comment.
 EK_HOST_DEVICE int64_t order_key(float value, int64_t index) {
-  if (value == 0.0f) value = 0.0f;  // -0.0 ties with 0.0
-  int32_t bits;
-  memcpy(&bits, &value, sizeof(bits));
-  int32_t ordered = bits ^ ((bits >> 31) & 0x7fffffff);  // sign-magnitude -> two's complement
-  if (value != value) ordered = INT32_MAX;  // every NaN above +inf
-  const uint64_t high = static_cast<uint64_t>(static_cast<int64_t>(ordered)) << 32;
+  const uint64_t high = static_cast<uint64_t>(static_cast<int64_t>(ordered_bits(value))) << 32;
   return static_cast<int64_t>(high | static_cast<uint64_t>(0x7fffffff - index));
 }
 
@@ -96,9 +88,9 @@ EK_HOST_DEVICE LogSumExp lse_merge(LogSumExp a, LogSumExp b) {
 }
 
 /// One thread's share of a row: elements first, first + stride, ... into its list and state.
-template <typename T, typename ToFloat>
+template <typename T>
 EK_HOST_DEVICE void scan_slice(const T* row, int64_t vocab, int64_t first, int64_t stride,
-                               int k, ToFloat to_float, int64_t* list, LogSumExp& state) {
+                               int k, int64_t* list, LogSumExp& state) {
   int64_t floor = list[k - 1];  // in a register: most elements lose to it
   for (int64_t i = first; i < vocab; i += stride) {
     const float x = to_float(row[i]);
@@ -113,9 +105,9 @@ EK_HOST_DEVICE void scan_slice(const T* row, int64_t vocab, int64_t first, int64
 
 /// Output slot j of a row from the winning key: the log-prob in torch's order of operations,
 /// (x - max) - log(sum), and the (d2t-mapped) id.
-template <typename T, typename ToFloat>
+template <typename T>
 EK_HOST_DEVICE void write_winner(const T* row, const int64_t* d2t, LogSumExp state, int64_t key,
-                                 int j, ToFloat to_float, float* values, int64_t* ids) {
+                                 int j, float* values, int64_t* ids) {
   const int64_t id = key_index(key);
   values[j] = (to_float(row[id]) - state.max) - logf(state.sum);
   ids[j] = d2t != nullptr ? id + d2t[id] : id;
