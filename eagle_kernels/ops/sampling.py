@@ -38,11 +38,13 @@ ONE_BITS = 0x3F800000  # bit pattern of 1.0f: the largest e = exp(s - m)
 
 
 @triton.jit
-def order_key(x):
-    """fp32 -> int32 key with the same order (-0.0 and +0.0 equal, like float comparison)."""
-    bits = x.to(tl.int32, bitcast=True)
-    bits = tl.where(x == 0.0, 0, bits)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+def ordered_bits(x):
+    """fp32 -> int32 that orders like the float: -0.0 equal to +0.0, every NaN above +inf (the
+    key of ``ordered_bits`` in csrc/common.cuh). Integer comparison of keys is float comparison,
+    which the top-k search here and the keys of ``topk.order_key`` rely on."""
+    bits = tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True))
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # sign-magnitude -> two's complement order
+    return tl.where(x != x, 0x7FFFFFFF, ordered)
 
 
 @triton.jit
@@ -62,7 +64,7 @@ def _kth_key(row_ptr, vocab, temperature, k, BLOCK: tl.constexpr):
         count = tl.zeros([], tl.int64)
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            key = order_key(scaled_logits(row_ptr, offs, vocab, temperature)).to(tl.int64)
+            key = ordered_bits(scaled_logits(row_ptr, offs, vocab, temperature)).to(tl.int64)
             count += tl.sum(((key >= mid) & (offs < vocab)).to(tl.int64), 0)
         lo = tl.where(count >= k, mid, lo)
         hi = tl.where(count >= k, hi, mid - 1)
@@ -77,7 +79,7 @@ def _mass_above(row_ptr, vocab, temperature, m, kkey, t, BLOCK: tl.constexpr):
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         s = scaled_logits(row_ptr, offs, vocab, temperature)
-        e = tl.where(order_key(s) >= kkey, tl.exp(s - m), 0.0)
+        e = tl.where(ordered_bits(s) >= kkey, tl.exp(s - m), 0.0)
         above += tl.sum(tl.where(e > t, e, 0.0), 0)
         total += tl.sum(e, 0)
     return above, total
@@ -151,8 +153,9 @@ def row_stats(row_ptr, vocab, temperature, top_k, top_p, HAS_TOP_K: tl.constexpr
 def kept_e(row_ptr, offs, vocab, temperature, m, kkey, tau):
     """e = exp(s - m) on the kept set, 0 elsewhere: p = kept_e / z.
 
-    scaled_logits and order_key are written out inline: every nested jit call costs the
-    Triton interpreter milliseconds per program, and this is the hottest helper."""
+    scaled_logits and ordered_bits are written out inline (without the NaN rule: logits are
+    checked for NaN): every nested jit call costs the Triton interpreter milliseconds per
+    program, and this is the hottest helper."""
     s = tl.math.div_rn(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
                        .to(tl.float32), temperature)
     bits = tl.where(s == 0.0, 0, s.to(tl.int32, bitcast=True))

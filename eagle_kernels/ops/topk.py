@@ -30,6 +30,7 @@ from ._backend import cuda_extension, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, value_checks_enabled)
 from .reference import DraftTree
+from .sampling import LOGIT_DTYPE_CODES, ordered_bits
 from .tree import check_triton_nodes, tree_block_sizes, tree_body
 
 
@@ -160,11 +161,7 @@ TOPK_BLOCK = 4096  # vocabulary entries per step of topk_log_softmax
 @triton.jit
 def order_key(values, index):
     """int64 key: larger value first, then lower index (see the module docstring)."""
-    values = tl.where(values == 0.0, 0.0, values)  # -0.0 ties with 0.0, as in torch.sort
-    bits = values.to(tl.int32, bitcast=True)
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # sign-magnitude -> two's complement order
-    ordered = tl.where(values != values, 0x7FFFFFFF, ordered)  # NaN (any sign) above +inf
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+    return (ordered_bits(values).to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
 
 
 @triton.jit
@@ -381,7 +378,6 @@ register("eagle2_expand", "torch", reference.eagle2_expand)
 # CUDA kernels (csrc/topk.cu, csrc/tree.cu): raw pointers, sizes and the current stream
 # --------------------------------------------------------------------------------------------
 
-LOGIT_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 CUDA_MAX_K = 32  # per-thread list length of csrc/topk.cu
 
 
