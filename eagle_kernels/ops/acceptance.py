@@ -28,8 +28,8 @@ import triton.language as tl
 
 from . import reference
 from .sampling import (LOGIT_DTYPE_CODES, _target_probs_cuda, row_stats_cuda,
-                       row_stats_triton, sample_row, target_probs_triton, token_prob,
-                       vocab_block)
+                       row_stats_triton, sample_row, target_probs_triton, temperature_args,
+                       token_prob, vocab_block)
 from ._backend import cuda_extension, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, check_uniforms, value_checks_enabled)
@@ -438,12 +438,6 @@ def _stochastic_chain_kernel(tokens_ptr, draft_ptr, logits_ptr, accept_u_ptr, bo
     tl.store(num_acc_ptr + b, accepted)
 
 
-def _temperature_args(temperature, dummy) -> dict:
-    if isinstance(temperature, torch.Tensor):
-        return dict(temp_ptr=temperature, temp=1.0, TEMP_PER_ROW=True)
-    return dict(temp_ptr=dummy, temp=float(temperature), TEMP_PER_ROW=False)
-
-
 def _stochastic_accept_tree_triton(tokens, parents, target_logits, accept_uniforms,
                                    bonus_uniforms, max_depth, temperature, top_k,
                                    top_p) -> AcceptResult:
@@ -459,7 +453,7 @@ def _stochastic_accept_tree_triton(tokens, parents, target_logits, accept_unifor
         out_tokens_ptr=result.output_tokens, num_acc_ptr=result.num_accepted,
         out_nodes_ptr=result.accepted_nodes, num_nodes=num_nodes, vocab=vocab, width=width,
         BLOCK_N=triton.next_power_of_2(num_nodes), BLOCK_W=triton.next_power_of_2(width),
-        BLOCK=vocab_block(vocab), **_temperature_args(temperature, target_logits))
+        BLOCK=vocab_block(vocab), **temperature_args(temperature, target_logits))
     return result
 
 
@@ -476,7 +470,7 @@ def _stochastic_accept_chain_triton(tokens, draft_probs, target_logits, accept_u
         out_tokens_ptr=result.output_tokens, num_acc_ptr=result.num_accepted,
         out_nodes_ptr=result.accepted_nodes, num_nodes=num_nodes, vocab=vocab,
         BLOCK_W=triton.next_power_of_2(num_nodes), BLOCK=vocab_block(vocab),
-        **_temperature_args(temperature, target_logits))
+        **temperature_args(temperature, target_logits))
     return result
 
 

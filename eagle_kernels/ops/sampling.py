@@ -228,21 +228,32 @@ def sample_row(row_ptr, q_ptr, vocab, temperature, m, kkey, tau, z, q_scale, rem
 
 
 @triton.jit
+def _row_params(temp_ptr, temp, top_k_ptr, top_k, top_p_ptr, top_p, index,
+                TEMP_PER_ROW: tl.constexpr, TOP_K_PER_ROW: tl.constexpr,
+                TOP_P_PER_ROW: tl.constexpr):
+    """(temperature, top_k, top_p) of parameter row ``index``: loaded where the parameter is a
+    per-row tensor, the scalar otherwise (see :func:`sampling_args`)."""
+    t = temp
+    if TEMP_PER_ROW:
+        t = tl.load(temp_ptr + index)
+    k = top_k
+    if TOP_K_PER_ROW:
+        k = tl.load(top_k_ptr + index)
+    p = top_p
+    if TOP_P_PER_ROW:
+        p = tl.load(top_p_ptr + index)
+    return t, k, p
+
+
+@triton.jit
 def _target_probs_kernel(logits_ptr, out_ptr, temp_ptr, temp, top_k_ptr, top_k, top_p_ptr,
                          top_p, vocab, TEMP_PER_ROW: tl.constexpr, TOP_K_PER_ROW: tl.constexpr,
                          TOP_P_PER_ROW: tl.constexpr, HAS_TOP_K: tl.constexpr,
                          HAS_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * vocab
-    t = temp
-    if TEMP_PER_ROW:
-        t = tl.load(temp_ptr + row)
-    k = top_k
-    if TOP_K_PER_ROW:
-        k = tl.load(top_k_ptr + row)
-    p = top_p
-    if TOP_P_PER_ROW:
-        p = tl.load(top_p_ptr + row)
+    t, k, p = _row_params(temp_ptr, temp, top_k_ptr, top_k, top_p_ptr, top_p, row,
+                          TEMP_PER_ROW, TOP_K_PER_ROW, TOP_P_PER_ROW)
     m, kkey, tau, z = row_stats(row_ptr, vocab, t, k, p, HAS_TOP_K, HAS_TOP_P, BLOCK)
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -255,20 +266,28 @@ def vocab_block(vocab: int) -> int:
     return min(2048, triton.next_power_of_2(vocab))
 
 
+def _split(value, cast, dummy: torch.Tensor):
+    """(pointer, scalar, per_row) of one parameter: a per-sequence tensor, or a scalar (the
+    pointer argument then gets ``dummy``, which the kernel never reads)."""
+    if isinstance(value, torch.Tensor):
+        return value, cast(0), True
+    return dummy, cast(value), False
+
+
+def temperature_args(temperature, dummy: torch.Tensor) -> dict:
+    """Kernel arguments ``temp_ptr``, ``temp``, ``TEMP_PER_ROW`` of the temperature."""
+    temp_ptr, temp, temp_rows = _split(temperature, float, dummy)
+    return dict(temp_ptr=temp_ptr, temp=temp, TEMP_PER_ROW=temp_rows)
+
+
 def sampling_args(temperature, top_k, top_p, dummy: torch.Tensor) -> dict:
     """Kernel arguments for the three sampling parameters (scalar or per-sequence tensor).
 
     A scalar top_k of 0 / top_p of 1.0 compiles the top-k / top-p searches out."""
-    def split(value, cast):
-        if isinstance(value, torch.Tensor):
-            return value, cast(0), True
-        return dummy, cast(value), False
-
-    temp_ptr, temp, temp_rows = split(temperature, float)
-    k_ptr, k, k_rows = split(top_k, int)
-    p_ptr, p, p_rows = split(top_p, float)
-    return dict(temp_ptr=temp_ptr, temp=temp, top_k_ptr=k_ptr, top_k=k, top_p_ptr=p_ptr,
-                top_p=p, TEMP_PER_ROW=temp_rows, TOP_K_PER_ROW=k_rows, TOP_P_PER_ROW=p_rows,
+    k_ptr, k, k_rows = _split(top_k, int, dummy)
+    p_ptr, p, p_rows = _split(top_p, float, dummy)
+    return dict(**temperature_args(temperature, dummy), top_k_ptr=k_ptr, top_k=k,
+                top_p_ptr=p_ptr, top_p=p, TOP_K_PER_ROW=k_rows, TOP_P_PER_ROW=p_rows,
                 HAS_TOP_K=k_rows or k > 0, HAS_TOP_P=p_rows or p < 1.0)
 
 
@@ -290,15 +309,8 @@ def _row_stats_kernel(logits_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, tem
                       HAS_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     index = row // rows_per_param  # per-sequence parameters shared by its N node rows
-    t = temp
-    if TEMP_PER_ROW:
-        t = tl.load(temp_ptr + index)
-    k = top_k
-    if TOP_K_PER_ROW:
-        k = tl.load(top_k_ptr + index)
-    p = top_p
-    if TOP_P_PER_ROW:
-        p = tl.load(top_p_ptr + index)
+    t, k, p = _row_params(temp_ptr, temp, top_k_ptr, top_k, top_p_ptr, top_p, index,
+                          TEMP_PER_ROW, TOP_K_PER_ROW, TOP_P_PER_ROW)
     m, kkey, tau, z = row_stats(logits_ptr + row * vocab, vocab, t, k, p, HAS_TOP_K, HAS_TOP_P,
                                 BLOCK)
     tl.store(m_ptr + row, m)
