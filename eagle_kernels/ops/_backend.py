@@ -65,6 +65,11 @@ def cuda_extension():
     return importlib.import_module("eagle_kernels._C")
 
 
+def cuda_stream(device: torch.device) -> int:
+    """Raw handle of torch's current stream on ``device``: what the ``_C`` launchers take."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def backend_status(backend: str) -> BackendStatus:
     """Whether ``backend`` can run on this machine, and why (not)."""
     if backend == "torch":

@@ -30,7 +30,7 @@ from . import reference
 from .sampling import (LOGIT_DTYPE_CODES, _target_probs_cuda, row_stats_cuda,
                        row_stats_triton, sample_row, target_probs_triton, temperature_args,
                        token_prob, vocab_block)
-from ._backend import cuda_extension, register, resolve
+from ._backend import cuda_extension, cuda_stream, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, check_uniforms, value_checks_enabled)
 from .reference import AcceptResult
@@ -156,7 +156,7 @@ def _greedy_accept_tree_cuda(tokens, paths, target_logits) -> AcceptResult:
     batch, num_nodes, vocab = target_logits.shape
     _, num_paths, width = paths.shape
     device = tokens.device
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = cuda_stream(device)
     extension = cuda_extension()
     target_ids = torch.empty(batch, num_nodes, dtype=torch.int64, device=device)
     extension.argmax_rows(target_logits.data_ptr(), target_ids.data_ptr(), batch * num_nodes,
@@ -190,7 +190,7 @@ def _stochastic_accept_tree_cuda(tokens, parents, target_logits, accept_uniforms
             *(s.data_ptr() for s in stats), temperature.data_ptr(),
             *(r.data_ptr() for r in result), batch, num_nodes, vocab, max_depth + 1,
             LOGIT_DTYPE_CODES[target_logits.dtype],
-            torch.cuda.current_stream(tokens.device).cuda_stream)
+            cuda_stream(tokens.device))
     return result
 
 
@@ -206,7 +206,7 @@ def _stochastic_accept_chain_cuda(tokens, draft_probs, target_logits, accept_uni
             *(s.data_ptr() for s in stats), temperature.data_ptr(),
             *(r.data_ptr() for r in result), batch, num_nodes, vocab,
             LOGIT_DTYPE_CODES[target_logits.dtype],
-            torch.cuda.current_stream(tokens.device).cuda_stream)
+            cuda_stream(tokens.device))
     return result
 
 

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from . import reference
-from ._backend import cuda_extension, register, resolve
+from ._backend import cuda_extension, cuda_stream, register, resolve
 from ._validate import check_range, check_tensor, value_checks_enabled
 
 
@@ -158,7 +158,7 @@ def _compact_kv_triton(caches, cache_lens, accepted_nodes, num_accepted) -> None
 def _compact_kv_cuda(caches, cache_lens, accepted_nodes, num_accepted) -> None:
     batch, max_len = caches[0].shape[:2]
     layout = _layout(caches, relative=False, largest_word=16)
-    stream = torch.cuda.current_stream(caches[0].device).cuda_stream
+    stream = cuda_stream(caches[0].device)
     cuda_extension().compact_kv(layout.addresses.data_ptr(), layout.row_words.data_ptr(),
                                 len(caches), cache_lens.data_ptr(), accepted_nodes.data_ptr(),
                                 num_accepted.data_ptr(), batch, max_len, accepted_nodes.shape[1],

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._backend import cuda_extension
+from ._backend import cuda_extension, cuda_stream
 
 ONE_BITS = 0x3F800000  # bit pattern of 1.0f: the largest e = exp(s - m)
 
@@ -363,7 +363,7 @@ def _target_probs_cuda(logits, temperature=1.0, top_k=0, top_p=1.0) -> torch.Ten
         params = sampling_arrays(temperature, top_k, top_p, rows, vocab, logits.device)
         cuda_extension().target_probs(
             logits.data_ptr(), out.data_ptr(), *(a.data_ptr() for a in params), rows, vocab,
-            LOGIT_DTYPE_CODES[logits.dtype], torch.cuda.current_stream(logits.device).cuda_stream)
+            LOGIT_DTYPE_CODES[logits.dtype], cuda_stream(logits.device))
     return out
 
 
@@ -379,5 +379,5 @@ def row_stats_cuda(target_logits, temperature, top_k, top_p) -> tuple:
     cuda_extension().row_stats(
         target_logits.data_ptr(), *(s.data_ptr() for s in stats),
         *(a.data_ptr() for a in params), rows, vocab, num_nodes,
-        LOGIT_DTYPE_CODES[target_logits.dtype], torch.cuda.current_stream(device).cuda_stream)
+        LOGIT_DTYPE_CODES[target_logits.dtype], cuda_stream(device))
     return params[0], stats

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from . import reference
-from ._backend import cuda_extension, register, resolve
+from ._backend import cuda_extension, cuda_stream, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, value_checks_enabled)
 from .reference import DraftTree
@@ -123,13 +123,12 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
     check_parents("candidate_parents (as tree with the root prepended)", with_root)
     if value_checks_enabled() and bool(torch.isnan(candidate_scores).any()):
         raise ValueError("candidate_scores: expected no NaN")
-    if max_depth is not None:
-        check_int("max_depth", max_depth, 0)
+    max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0)
     name, implementation = resolve("eagle2_rerank", backend, device)
     tree, selected = implementation(root_tokens, candidate_tokens, candidate_scores,
                                     candidate_parents, num_nodes, max_depth)
     if name != "torch":
-        _check_kernel_tree(tree, num_nodes - 1 if max_depth is None else max_depth)
+        _check_kernel_tree(tree, max_depth)
     return tree, selected
 
 
@@ -356,7 +355,6 @@ def _eagle2_rerank_triton(root_tokens, candidate_tokens, candidate_scores, candi
                           num_nodes, max_depth):
     batch, candidates = candidate_tokens.shape
     check_triton_nodes(num_nodes)
-    max_depth = num_nodes - 1 if max_depth is None else max_depth
     device = candidate_tokens.device
     tree, selected = _rerank_outputs(batch, num_nodes, max_depth, device)
     if batch > 0:
@@ -381,10 +379,6 @@ register("eagle2_expand", "torch", reference.eagle2_expand)
 CUDA_MAX_K = 32  # per-thread list length of csrc/topk.cu
 
 
-def _stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
-
-
 def _topk_log_softmax_cuda(logits, k, d2t):
     rows, vocab = logits.shape
     if k > CUDA_MAX_K:
@@ -393,7 +387,7 @@ def _topk_log_softmax_cuda(logits, k, d2t):
     ids = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
     cuda_extension().topk_log_softmax(
         logits.data_ptr(), LOGIT_DTYPE_CODES[logits.dtype], 0 if d2t is None else d2t.data_ptr(),
-        values.data_ptr(), ids.data_ptr(), rows, vocab, k, _stream(logits.device))
+        values.data_ptr(), ids.data_ptr(), rows, vocab, k, cuda_stream(logits.device))
     return values, ids
 
 
@@ -404,19 +398,18 @@ def _eagle2_expand_cuda(frontier_scores, child_log_probs, top_k):
     cuda_extension().eagle2_expand(
         frontier_scores.data_ptr(), child_log_probs.data_ptr(), candidate.data_ptr(),
         next_index.data_ptr(), next_scores.data_ptr(), batch, frontier, children, top_k,
-        _stream(frontier_scores.device))
+        cuda_stream(frontier_scores.device))
     return candidate, next_index, next_scores
 
 
 def _eagle2_rerank_cuda(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
                         num_nodes, max_depth):
     batch, candidates = candidate_tokens.shape
-    max_depth = num_nodes - 1 if max_depth is None else max_depth
     tree, selected = _rerank_outputs(batch, num_nodes, max_depth, candidate_tokens.device)
     cuda_extension().eagle2_rerank(
         root_tokens.data_ptr(), candidate_tokens.data_ptr(), candidate_scores.data_ptr(),
         candidate_parents.data_ptr(), *(t.data_ptr() for t in tree), selected.data_ptr(),
-        batch, candidates, num_nodes, max_depth, _stream(candidate_tokens.device))
+        batch, candidates, num_nodes, max_depth, cuda_stream(candidate_tokens.device))
     return tree, selected
 
 

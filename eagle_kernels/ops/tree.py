@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from . import reference
-from ._backend import cuda_extension, register, resolve
+from ._backend import cuda_extension, cuda_stream, register, resolve
 from ._validate import check_int, check_parents, check_tensor, value_checks_enabled
 
 
@@ -79,7 +79,7 @@ def _build_tree_cuda(parents: torch.Tensor, max_depth: int):
     tree_mask = torch.empty(batch, num_nodes, reference.mask_words(num_nodes),
                             dtype=torch.int32, device=parents.device)
     paths = torch.empty(batch, num_nodes, max_depth + 1, dtype=torch.int32, device=parents.device)
-    stream = torch.cuda.current_stream(parents.device).cuda_stream
+    stream = cuda_stream(parents.device)
     cuda_extension().build_tree(parents.data_ptr(), depth.data_ptr(), tree_mask.data_ptr(),
                                 paths.data_ptr(), batch, num_nodes, max_depth, stream)
     return depth, tree_mask, paths
