@@ -42,19 +42,28 @@ def gen(request) -> torch.Generator:
     return generator
 
 
+SHAPES = ("uniform", "deep", "bushy", "chain", "star")
+
+
 def random_parents(batch: int, num_nodes: int, gen: torch.Generator,
-                   max_depth: int | None = None) -> torch.Tensor:
-    """[B, N] int32 random topologically ordered trees (parents[b, i] < i), depth <= max_depth."""
+                   shape: str = "uniform") -> torch.Tensor:
+    """[B, N] int32 random topologically ordered trees (parents[b, i] < i) of one shape:
+    uniform parent; "deep" (one of the last three nodes: long EAGLE-like paths); "bushy" (the
+    first quarter: wide and shallow); "chain"; "star" (every node a child of the root)."""
     parents = torch.full((batch, num_nodes), -1, dtype=torch.int32)
-    depth = torch.zeros(batch, num_nodes, dtype=torch.int64)
     for node in range(1, num_nodes):
-        for b in range(batch):
-            while True:
-                parent = int(torch.randint(0, node, (1,), generator=gen))
-                if max_depth is None or depth[b, parent] < max_depth:
-                    break
-            parents[b, node] = parent
-            depth[b, node] = depth[b, parent] + 1
+        u = torch.rand(batch, generator=gen)
+        if shape == "uniform":
+            parent = (u * node).long()
+        elif shape == "deep":
+            parent = node - 1 - (u * min(node, 3)).long()
+        elif shape == "bushy":
+            parent = (u * max(1, node // 4)).long()
+        elif shape == "chain":
+            parent = torch.full((batch,), node - 1)
+        else:
+            parent = torch.zeros(batch, dtype=torch.long)
+        parents[:, node] = parent.to(torch.int32)
     return parents
 
 

@@ -55,28 +55,6 @@ def seed_note(gen: torch.Generator) -> str:
     return f"(test seed {gen.initial_seed()}; replay with EAGLE_TEST_SEED={BASE_SEED})"
 
 
-SHAPES = ("uniform", "deep", "bushy", "chain", "star")
-
-
-def random_tree(batch: int, num_nodes: int, shape: str, gen: torch.Generator) -> torch.Tensor:
-    """[B, N] int32 topologically ordered parents of one of several shapes."""
-    parents = torch.full((batch, num_nodes), -1, dtype=torch.int32)
-    for node in range(1, num_nodes):
-        u = torch.rand(batch, generator=gen)
-        if shape == "uniform":
-            parent = (u * node).long()
-        elif shape == "deep":  # one of the last three nodes: long paths (EAGLE chains)
-            parent = node - 1 - (u * min(node, 3)).long()
-        elif shape == "bushy":  # the first quarter: wide, shallow
-            parent = (u * max(1, node // 4)).long()
-        elif shape == "chain":
-            parent = torch.full((batch,), node - 1)
-        else:
-            parent = torch.zeros(batch, dtype=torch.long)
-        parents[:, node] = parent.to(torch.int32)
-    return parents
-
-
 def assert_same(actual, expected, note: str) -> None:
     for name, a, e in zip(("first", "second", "third"), actual, expected):
         assert a.dtype == e.dtype, f"{name} output dtype {a.dtype} != {e.dtype} {note}"

@@ -13,8 +13,9 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
-from cuda_support import (DTYPE_CODES, SENTINEL, SHAPES, assert_guards, assert_same,
-                          guarded, needs_gpu, random_tree, seed_note)
+from conftest import SHAPES, random_parents
+from cuda_support import (DTYPE_CODES, SENTINEL, assert_guards, assert_same, guarded, needs_gpu,
+                          seed_note)
 
 
 def host_greedy_accept(ext, tokens, paths, logits) -> reference.AcceptResult:
@@ -69,7 +70,7 @@ def test_host_greedy_accept_golden(ext):
 def test_host_greedy_accept_planted(ext, gen, num_nodes):
     for shape in SHAPES:
         for batch in (1, 3, 1, 3):
-            parents = random_tree(batch, num_nodes, shape, gen)
+            parents = random_parents(batch, num_nodes, gen, shape)
             deepest = int(ops.tree.tree_depth(parents).max())
             max_depth = deepest + int(torch.randint(0, 3, (1,), generator=gen))
             vocab = int(torch.randint(2, 9, (1,), generator=gen))
@@ -135,7 +136,7 @@ def test_host_greedy_accept_invalid_paths_stay_in_bounds(ext, gen):
                                              (8, 50257), (4, 151936)])
 def test_gpu_greedy_accept_matches_torch(ext, gen, dtype, num_nodes, vocab):
     for shape in ("uniform", "deep", "bushy"):
-        parents = random_tree(3, num_nodes, shape, gen)
+        parents = random_parents(3, num_nodes, gen, shape)
         tokens, paths, logits = planted_acceptance(parents, min(vocab, 8), gen)
         logits = torch.cat([logits, torch.randn(*logits.shape[:2], vocab - logits.shape[2],
                                                 generator=gen) - 10.0], dim=-1)
@@ -175,7 +176,7 @@ def test_gpu_invalid_input_stays_in_bounds(ext, gen):
 @needs_gpu
 def test_gpu_greedy_accept_in_cuda_graph(ext, gen):
     """The runtime captures acceptance in a CUDA graph: capture, replay on new inputs."""
-    parents = random_tree(2, 40, "uniform", gen)
+    parents = random_parents(2, 40, gen, "uniform")
     tokens, paths, logits = planted_acceptance(parents, 6, gen)
     tokens, paths, logits = tokens.cuda(), paths.cuda(), logits.cuda()
     ops.greedy_accept_tree(tokens, paths, logits, backend="cuda")  # warm up: load the kernels

@@ -13,8 +13,8 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
-from cuda_support import (SENTINEL, SHAPES, assert_guards, assert_same, guarded,
-                          needs_gpu, random_tree, seed_note)
+from conftest import SHAPES, random_parents
+from cuda_support import (SENTINEL, assert_guards, assert_same, guarded, needs_gpu, seed_note)
 
 
 def host_build_tree(ext, parents: torch.Tensor, max_depth: int):
@@ -50,7 +50,7 @@ def test_host_build_tree_golden(ext, rows):
 def test_host_build_tree_random(ext, gen, batch, num_nodes):
     for shape in SHAPES:
         for _ in range(3):
-            parents = random_tree(batch, num_nodes, shape, gen)
+            parents = random_parents(batch, num_nodes, gen, shape)
             deepest = int(ops.tree.tree_depth(parents).max())
             extra = int(torch.randint(1, 4, (1,), generator=gen))
             for max_depth in (deepest, deepest + extra):
@@ -77,7 +77,7 @@ def test_host_build_tree_invalid_parents_stay_in_bounds(ext, gen):
 @pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 64, 65, 100, 300])
 def test_gpu_build_tree_matches_torch(ext, gen, num_nodes):
     for shape in SHAPES:
-        parents = random_tree(3, num_nodes, shape, gen).cuda()
+        parents = random_parents(3, num_nodes, gen, shape).cuda()
         deepest = int(ops.tree.tree_depth(parents).max())
         for max_depth in (deepest, deepest + 3):
             assert_same(ops.build_tree(parents, max_depth, backend="cuda"),
@@ -89,7 +89,7 @@ def test_gpu_build_tree_matches_torch(ext, gen, num_nodes):
 def test_gpu_build_tree_large_matches_host(ext, gen):
     """N up to the kernel's limit, against the host twin (the reference is too slow there)."""
     for num_nodes, shape in ((1000, "uniform"), (4096, "deep"), (8192, "bushy")):
-        parents = random_tree(2, num_nodes, shape, gen)
+        parents = random_parents(2, num_nodes, gen, shape)
         max_depth = int(ops.tree.tree_depth(parents).max())
         expected = host_build_tree(ext, parents, max_depth)
         actual = ops.build_tree(parents.cuda(), max_depth, backend="cuda")

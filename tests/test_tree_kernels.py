@@ -15,8 +15,8 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
-from cuda_support import (SENTINEL, SHAPES, assert_guards, assert_same, guarded, needs_gpu,
-                          random_tree, seed_note)
+from conftest import SHAPES, random_parents
+from cuda_support import (SENTINEL, assert_guards, assert_same, guarded, needs_gpu, seed_note)
 from test_topk import golden_candidates
 
 
@@ -187,7 +187,7 @@ def test_triton_build_tree_golden(rows):
 @pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 60, 65, 100])
 def test_triton_build_tree_random(gen, num_nodes):
     for shape in SHAPES:
-        parents = random_tree(2, num_nodes, shape, gen)
+        parents = random_parents(2, num_nodes, gen, shape)
         deepest = int(ops.tree.tree_depth(parents).max())
         for max_depth in (deepest, deepest + 3)[:2 if num_nodes <= 33 else 1]:
             assert_same(ops.build_tree(parents, max_depth, backend="triton"),
@@ -222,7 +222,7 @@ def test_gpu_rerank_matches_torch(ext, gen, backend, batch):
 @pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 64, 65, 100, 300, 1024])
 def test_gpu_triton_build_tree_matches_torch(gen, num_nodes):
     for shape in SHAPES:
-        parents = random_tree(3, num_nodes, shape, gen).cuda()
+        parents = random_parents(3, num_nodes, gen, shape).cuda()
         deepest = int(ops.tree.tree_depth(parents).max())
         assert_same(ops.build_tree(parents, deepest, backend="triton"),
                     ops.build_tree(parents, deepest, backend="torch"), f"{shape} {seed_note(gen)}")
