@@ -24,24 +24,30 @@ def test_golden_compaction():
     assert k[1, :, 0, 0].tolist() == list(range(10))
 
 
-def test_random_paths_every_layer(gen):
-    batch, num_nodes, max_len = 4, 20, 64
+def random_case(gen, layers, batch=4, num_nodes=20, max_len=64):
+    """Caches [B, max_len, heads, dim] of the given (heads, dim, dtype) layers, random committed
+    lengths, and a random accepted prefix of a random root-to-leaf path per sequence."""
     parents = random_parents(batch, num_nodes, gen)
     _, _, paths = ops.build_tree(parents)
-    caches = [torch.randn(batch, max_len, heads, 8, generator=gen).to(dtype)
-              for heads, dtype in ((3, torch.float32), (3, torch.float16), (1, torch.bfloat16))]
-    before = [cache.clone() for cache in caches]
+    caches = [(torch.randn(batch, max_len, heads, dim, generator=gen) * 50).to(dtype)
+              for heads, dim, dtype in layers]
     lens = torch.randint(0, max_len - num_nodes, (batch,), generator=gen).to(torch.int32)
     leaves = (paths[:, :, 0] >= 0).sum(1)
     rows = (torch.rand(batch, generator=gen) * leaves).long()
-    accepted_nodes = paths[torch.arange(batch), rows].contiguous()
-    depth = (accepted_nodes >= 0).sum(1) - 1
-    num_accepted = (torch.rand(batch, generator=gen) * (depth + 1)).to(torch.int32)
-    column = torch.arange(accepted_nodes.shape[1])
-    accepted_nodes = torch.where(column <= num_accepted[:, None], accepted_nodes, -1).contiguous()
+    nodes = paths[torch.arange(batch), rows]
+    depth = (nodes >= 0).sum(1) - 1
+    accepted = (torch.rand(batch, generator=gen) * (depth + 1)).to(torch.int32)
+    nodes = torch.where(torch.arange(nodes.shape[1]) <= accepted[:, None], nodes, -1)
+    return caches, lens, nodes.to(torch.int32).contiguous(), accepted
+
+
+def test_random_paths_every_layer(gen):
+    caches, lens, accepted_nodes, num_accepted = random_case(
+        gen, [(3, 8, torch.float32), (3, 8, torch.float16), (1, 8, torch.bfloat16)])
+    before = [cache.clone() for cache in caches]
     ops.compact_kv(caches, lens, accepted_nodes, num_accepted)
     for cache, old in zip(caches, before):
-        for b in range(batch):
+        for b in range(cache.shape[0]):
             start, count = int(lens[b]), int(num_accepted[b]) + 1
             source = start + accepted_nodes[b, :count].long()
             assert torch.equal(cache[b, start:start + count], old[b, source])

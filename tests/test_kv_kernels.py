@@ -13,9 +13,8 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import kv, reference
 
-from conftest import random_parents
 from cuda_support import needs_gpu, seed_note
-from test_kv import position_cache
+from test_kv import position_cache, random_case
 
 GOLDEN = dict(lens=[2, 0], nodes=[[0, 2, 3, -1], [0, -1, -1, -1]], accepted=[2, 0])
 
@@ -27,22 +26,6 @@ LAYERS = [(3, 8, torch.float32), (3, 8, torch.float16), (1, 4, torch.bfloat16),
 def golden_args(device="cpu"):
     return [torch.tensor(GOLDEN[key], dtype=torch.int32, device=device)
             for key in ("lens", "nodes", "accepted")]
-
-
-def random_case(gen, batch=4, num_nodes=20, max_len=64, layers=LAYERS):
-    """Caches of several shapes and dtypes, and a random accepted prefix of a random path."""
-    parents = random_parents(batch, num_nodes, gen)
-    _, _, paths = reference.build_tree(parents)
-    caches = [(torch.randn(batch, max_len, heads, dim, generator=gen) * 50).to(dtype)
-              for heads, dim, dtype in layers]
-    lens = torch.randint(0, max_len - num_nodes, (batch,), generator=gen).to(torch.int32)
-    leaves = (paths[:, :, 0] >= 0).sum(1)
-    rows = (torch.rand(batch, generator=gen) * leaves).long()
-    nodes = paths[torch.arange(batch), rows]
-    depth = (nodes >= 0).sum(1) - 1
-    accepted = (torch.rand(batch, generator=gen) * (depth + 1)).to(torch.int32)
-    nodes = torch.where(torch.arange(nodes.shape[1]) <= accepted[:, None], nodes, -1)
-    return caches, lens, nodes.to(torch.int32).contiguous(), accepted
 
 
 def expected_after(caches, lens, nodes, accepted):
@@ -118,7 +101,7 @@ def test_gpu_matches_reference(gen, backend):
     if backend == "cuda":
         pytest.importorskip("eagle_kernels._C")
     for batch, num_nodes in ((1, 8), (16, 60), (64, 64)):
-        caches, lens, nodes, accepted = random_case(gen, batch, num_nodes, 128)
+        caches, lens, nodes, accepted = random_case(gen, LAYERS, batch, num_nodes, 128)
         caches = [cache.cuda() for cache in caches]
         want = expected_after(caches, lens.cuda(), nodes.cuda(), accepted.cuda())
         ops.compact_kv(caches, lens.cuda(), nodes.cuda(), accepted.cuda(), backend=backend)
@@ -131,7 +114,7 @@ def test_gpu_matches_reference(gen, backend):
 def test_gpu_in_cuda_graph(gen, backend):
     if backend == "cuda":
         pytest.importorskip("eagle_kernels._C")
-    caches, lens, nodes, accepted = random_case(gen, 8, 30, 96)
+    caches, lens, nodes, accepted = random_case(gen, LAYERS, 8, 30, 96)
     caches, lens, nodes, accepted = ([c.cuda() for c in caches], lens.cuda(), nodes.cuda(),
                                      accepted.cuda())
     originals = [c.clone() for c in caches]
