@@ -2,16 +2,45 @@
 
 Public op :func:`tree_attention` with the contract of
 :func:`eagle_kernels.ops.reference.tree_attention`. It serves the target's verify pass (every
-tree node is a query and a key) and the draft head's drafting steps (a frontier of queries over
-all nodes drafted so far). Backends: ``torch`` (reference); Triton and CUDA kernels to come.
+tree node is a query and a key), the draft head's drafting steps (a frontier of queries over
+all nodes drafted so far) and prefill (a chain mask over T prompt keys). Backends: ``torch``
+(reference), ``triton`` (below) and ``cuda`` (``csrc/attention.cu``, fp16 / bf16), the kernels
+explicit only until proven on a GPU.
+
+Kernel design (both kernels). FlashAttention-style online softmax in fp32 over key blocks that
+are read once from the NHD cache in place. GQA: the ``group = Hq / Hkv`` query heads that share
+a KV head are stacked as rows, so a tile of rows ``r -> (query r // group, head r % group)``
+reads each K/V block once for the whole group (decode-like shapes have few queries but many
+heads per KV head). A program owns one row tile of one KV head of one sequence; it walks the
+prefix keys ``[0, L)`` with no mask but the length, then the tree keys ``[L, L + T)`` with the
+packed ancestor bits (key j visible to query i iff bit ``j % 32`` of ``tree_mask[b, i, j // 32]``).
+
+Split-KV (flash-decoding). When the row tiles of a batch cannot fill the GPU (batch 1 verify:
+``ceil(N * group / BLOCK_M) * Hkv`` programs against 132 SMs), each sequence's key range
+``[0, L + T)`` is cut into ``num_splits`` equal chunks (a multiple of BLOCK_N, computed in the
+kernel from the device-side ``cache_lens``: no host sync, graph-capturable); each split writes
+its normalised partial output and log-sum-exp to an fp32 workspace and a small second kernel
+merges them. The split count is chosen on the host from shapes only (``max_len`` standing in
+for the unknown prefix lengths).
+
+A row that sees no key (possible only with an empty prefix and a row of zero bits) keeps
+``m = -inf, l = 0`` and returns zeros, like the reference; the ``-inf`` guards below exist for
+that row and for empty splits.
 """
+
 
 from __future__ import annotations
 
+import functools
+import math
+from typing import NamedTuple
+
 import torch
+import triton
+import triton.language as tl
 
 from . import reference
-from ._backend import register, resolve
+from ._backend import cuda_extension, cuda_stream, register, resolve
 from ._validate import (FLOAT_DTYPES, check_int, check_range, check_same_device, check_tensor,
                         value_checks_enabled)
 
@@ -62,4 +91,265 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale: float |
     return implementation(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys)
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# Launch geometry shared by the Triton and CUDA kernels
+# --------------------------------------------------------------------------------------------
+
+MIN_SPLIT_KEYS = 256  # a split shorter than this costs more in the merge than it saves
+MAX_SPLITS = 32
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # an H100's count: the interpreter then takes the splits a GPU would
+
+
+def choose_num_splits(programs: int, max_keys: int, device: torch.device) -> int:
+    """Key-range splits per (row tile, KV head, sequence) so that about two waves of programs
+    fill the GPU, with at least MIN_SPLIT_KEYS keys per split. ``programs`` is the unsplit
+    program count; ``max_keys`` bounds L + T (``max_len``: the true lengths live on the device)."""
+    if programs <= 0:
+        return 1
+    wanted = math.ceil(2 * _sm_count(device) / programs)
+    return max(1, min(wanted, MAX_SPLITS, max_keys // MIN_SPLIT_KEYS))
+
+
+def _workspace(q: torch.Tensor, num_splits: int):
+    """fp32 partial outputs [B, S, Nq, Hq, D] and base-2 log-sum-exps [B, S, Nq, Hq] of the
+    splits (never read when num_splits == 1)."""
+    batch, num_queries, q_heads, head_dim = q.shape
+    if num_splits == 1:
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        return empty, empty
+    return (torch.empty(batch, num_splits, num_queries, q_heads, head_dim, dtype=torch.float32,
+                        device=q.device),
+            torch.empty(batch, num_splits, num_queries, q_heads, dtype=torch.float32,
+                        device=q.device))
+
+
+# --------------------------------------------------------------------------------------------
+# Triton
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mma(a, b, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` with fp32 accumulation. UPCAST (bf16 under the interpreter only, whose dot
+    multiplies bf16's raw uint16 storage as integers) widens the operands first: bf16 x bf16
+    products are exact in fp32, so the numbers are those of the bf16 MMA."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr,
+                         UPCAST: tl.constexpr):
+    """Fold one block of base-2 logits ``s`` [BM, BN] (``-inf`` where masked) and its values
+    ``v`` [BN, BD] into the running max ``m_i``, sum ``l_i`` and unnormalised output ``acc``."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row with no visible key so far keeps m = -inf: subtract 0 instead (exp2(-inf) = 0)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _tree_attention_kernel(
+        q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+        num_queries, q_heads, tree_keys, words, num_splits, scale_log2,
+        stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Program (row tile x KV head, sequence b, split s).
+
+    Rows ``r`` of the tile are (query ``r // GROUP``, query head ``kv_head * GROUP + r %
+    GROUP``). Writes ``out[b, i, h, :]`` ([B, Nq, Hq, D], strides of q) when not SPLIT, else the
+    split's normalised output and base-2 log-sum-exp into the fp32 workspaces.
+    """
+    row_tiles = tl.cdiv(num_queries * GROUP, BLOCK_M)
+    kv_head = tl.program_id(0) // row_tiles  # neighbouring programs share a KV head (L2 reuse)
+    tile = tl.program_id(0) % row_tiles
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_queries * GROUP
+    query = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
+    q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+
+    prefix = tl.load(lens_ptr + b)
+    total = prefix + tree_keys
+    chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, total)
+
+    k_seq = k_ptr + b.to(tl.int64) * stride_kb + kv_head * stride_kh
+    v_seq = v_ptr + b.to(tl.int64) * stride_kb + kv_head * stride_kh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    keys = tl.arange(0, BLOCK_N)
+
+    # prefix keys: every row sees them, only the chunk end masks
+    prefix_end = tl.minimum(end, prefix)
+    for block in range(start, prefix_end, BLOCK_N):
+        pos = block + keys
+        key_ok = pos < prefix_end
+        kv_mask = key_ok[:, None] & dim_ok[None, :]
+        offsets = pos[:, None].to(tl.int64) * stride_kn + dims[None, :]
+        k = tl.load(k_seq + offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_seq + offsets, mask=kv_mask, other=0.0)
+        s = _mma(q, tl.trans(k), DOT_PRECISION, UPCAST) * scale_log2
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION, UPCAST)
+
+    # tree keys: node j = pos - prefix, visible iff bit j % 32 of the row's word j // 32
+    mask_rows = mask_ptr + (b.to(tl.int64) * num_queries + query) * words
+    for block in range(tl.maximum(start, prefix), end, BLOCK_N):
+        pos = block + keys
+        key_ok = pos < end
+        node = pos - prefix
+        kv_mask = key_ok[:, None] & dim_ok[None, :]
+        offsets = pos[:, None].to(tl.int64) * stride_kn + dims[None, :]
+        k = tl.load(k_seq + offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_seq + offsets, mask=kv_mask, other=0.0)
+        bits = tl.load(mask_rows[:, None] + node[None, :] // 32,
+                       mask=row_ok[:, None] & key_ok[None, :], other=0)
+        visible = ((bits >> (node[None, :] % 32)) & 1) != 0
+        s = _mma(q, tl.trans(k), DOT_PRECISION, UPCAST) * scale_log2
+        s = tl.where(visible, s, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION, UPCAST)
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no visible key: acc is 0 -> zeros
+    out_mask = row_ok[:, None] & dim_ok[None, :]
+    if SPLIT:
+        # workspace rows (b, split, query, head) of [B, S, Nq, Hq]
+        part = ((b.to(tl.int64) * num_splits + split) * num_queries + query) * q_heads + head
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :], out, mask=out_mask)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i))
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+    else:
+        out_rows = out_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
+        tl.store(out_rows[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=out_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_splits, rows_per_batch,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program per output row x = (b, query, head) of the contiguous [B, Nq, Hq, D] output:
+    the splits' outputs weighted by ``2^(lse_s - max lse)``; zeros when no split saw a key."""
+    x = tl.program_id(0).to(tl.int64)
+    b = x // rows_per_batch
+    splits = tl.arange(0, BLOCK_S)
+    split_ok = splits < num_splits
+    part = (b * num_splits + splits) * rows_per_batch + x % rows_per_batch
+    lse = tl.load(part_lse_ptr + part, mask=split_ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
+    dims = tl.arange(0, BLOCK_D)
+    parts = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                    mask=split_ok[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+    total = tl.sum(weight, 0)
+    out = tl.sum(parts * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + x * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty),
+             mask=dims < HEAD_DIM)
+
+
+class TritonConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+def triton_config(rows: int, head_dim: int) -> TritonConfig:
+    """Tile sizes: rows = Nq * group stacked query rows of one KV head. Small tiles for
+    decode-like shapes (no wasted MMA rows), FA2-like 64 x 64 otherwise; a 256-wide head halves
+    the key block to stay in registers. To be tuned on a GPU."""
+    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    block_n = 32 if head_dim > 128 else 64
+    return TritonConfig(block_m, block_n, 4)
+
+
+def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys,
+                           num_splits: int | None = None):
+    """Triton backend (any head_dim up to 256; fp16 / bf16 / fp32 with fp32 accumulation).
+    ``num_splits`` (tests) overrides :func:`choose_num_splits`."""
+    batch, num_queries, q_heads, head_dim = q.shape
+    kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
+    group = q_heads // kv_heads
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    config = triton_config(num_queries * group, head_dim)
+    row_tiles = triton.cdiv(num_queries * group, config.block_m)
+    if num_splits is None:
+        num_splits = choose_num_splits(row_tiles * kv_heads * batch, max_len, q.device)
+    out = torch.empty_like(q)
+    part_o, part_lse = _workspace(q, num_splits)
+    grid = (row_tiles * kv_heads, batch, num_splits)
+    _tree_attention_kernel[grid](
+        q, k_cache, v_cache, cache_lens, tree_mask, out, part_o, part_lse,
+        num_queries, q_heads, tree_keys, tree_mask.shape[2], num_splits, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, SPLIT=num_splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST=q.dtype == torch.bfloat16 and q.device.type == "cpu",
+        num_warps=config.num_warps)
+    if num_splits > 1:
+        _merge_splits_kernel[(batch * num_queries * q_heads,)](
+            part_o, part_lse, out, num_splits, num_queries * q_heads, HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=triton.next_power_of_2(num_splits))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA (csrc/attention.cu)
+# --------------------------------------------------------------------------------------------
+
+CUDA_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}  # common.cuh DtypeCode
+CUDA_HEAD_DIMS = (64, 128)
+CUDA_BLOCK_M = 64  # rows per CTA of the CUDA kernel (attention.cuh kBlockM)
+
+
+def _tree_attention_cuda(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys,
+                         num_splits: int | None = None):
+    """CUDA backend: fp16 / bf16, head_dim 64 or 128 (tensor-core tiles of 16)."""
+    batch, num_queries, q_heads, head_dim = q.shape
+    if q.dtype not in CUDA_DTYPE_CODES:
+        raise ValueError(f"q: the cuda backend takes float16 or bfloat16, got {q.dtype}")
+    if head_dim not in CUDA_HEAD_DIMS:
+        raise ValueError(f"q: the cuda backend takes head_dim in {CUDA_HEAD_DIMS}, got {head_dim}")
+    kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
+    group = q_heads // kv_heads
+    row_tiles = triton.cdiv(num_queries * group, CUDA_BLOCK_M)
+    if num_splits is None:
+        num_splits = choose_num_splits(row_tiles * kv_heads * batch, max_len, q.device)
+    out = torch.empty_like(q)
+    part_o, part_lse = _workspace(q, num_splits)
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    cuda_extension().tree_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_lens.data_ptr(),
+        tree_mask.data_ptr(), out.data_ptr(), part_o.data_ptr(), part_lse.data_ptr(),
+        batch, num_queries, q_heads, kv_heads, head_dim, tree_keys, tree_mask.shape[2],
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), num_splits, scale, CUDA_DTYPE_CODES[q.dtype], cuda_stream(q.device))
+    return out
+
+
 register("tree_attention", "torch", reference.tree_attention)
+register("tree_attention", "triton", _tree_attention_triton, auto=False)
+register("tree_attention", "cuda", _tree_attention_cuda, auto=False)
