@@ -143,3 +143,17 @@ def test_bad_inputs():
         ops.eagle2_rerank(torch.tensor([1]), -tokens, scores, parents, 4)
     with pytest.raises(ValueError, match="max_depth"):
         ops.eagle2_rerank(torch.tensor([1]), tokens, scores, parents, 6, max_depth=2)
+
+
+@pytest.mark.parametrize("shape,k", [((7, 50), 5), ((3, 4, 33), 33), ((2, 1000), 1), ((5, 9), 0)])
+def test_topk_helper_equals_its_definition(gen, shape, k):
+    """The reference's fast top-k equals a stable descending sort cut after k, ties included."""
+    from eagle_kernels.ops.reference import _topk_lowest_index_first
+
+    values = torch.randint(-3, 3, shape, generator=gen).float()  # many ties
+    values[..., :2] = -0.0
+    values.view(-1)[::7] = float("-inf")
+    want_values, want_index = torch.sort(values, dim=-1, descending=True, stable=True)
+    got_values, got_index = _topk_lowest_index_first(values, k)
+    assert torch.equal(got_index, want_index[..., :k])
+    assert torch.equal(got_values, want_values[..., :k])

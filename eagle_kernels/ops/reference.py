@@ -160,9 +160,24 @@ def tree_attention(
 
 
 def _topk_lowest_index_first(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim, descending; equal values ordered by lowest index first."""
-    sorted_values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-    return sorted_values[..., :k].contiguous(), order[..., :k].contiguous()
+    """Top-k along the last dim, descending; equal values ordered by lowest index first.
+
+    Definition: a stable descending sort, cut after k. Computed without sorting the whole row
+    (the runtime's CPU path calls this on vocabulary rows every drafting step): the k-th
+    largest value from torch.topk, every value above it, then the lowest-index ties at it,
+    then a stable sort of just those k. NaN rows fall back to the full sort.
+    """
+    if k == 0 or bool(torch.isnan(values).any()):
+        sorted_values, order = torch.sort(values, dim=-1, descending=True, stable=True)
+        return sorted_values[..., :k].contiguous(), order[..., :k].contiguous()
+    kth = torch.topk(values, k, dim=-1).values[..., -1:]
+    above, tied = values > kth, values == kth
+    room = k - above.sum(-1, keepdim=True)
+    keep = above | (tied & (torch.cumsum(tied, dim=-1) <= room))
+    index = torch.nonzero(keep)[:, -1].view(*values.shape[:-1], k)  # ascending per row
+    kept = values.gather(-1, index)
+    order = torch.sort(kept, dim=-1, descending=True, stable=True).indices
+    return kept.gather(-1, order), index.gather(-1, order)
 
 
 def topk_log_softmax(
