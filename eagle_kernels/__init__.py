@@ -10,4 +10,14 @@ from .ops import available_backends, backend_report
 
 __version__ = "0.1.0"
 
-__all__ = ["ops", "available_backends", "backend_report", "__version__"]
+__all__ = ["ops", "available_backends", "backend_report", "from_pretrained", "__version__"]
+
+
+def from_pretrained(*args, **kwargs):
+    """Load a target model and an EAGLE draft head: :func:`eagle_kernels.runtime.api.from_pretrained`.
+
+    Imported lazily, so ``import eagle_kernels`` for the ops alone does not load transformers.
+    """
+    from .runtime.api import from_pretrained as load
+
+    return load(*args, **kwargs)

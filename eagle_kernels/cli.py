@@ -1,0 +1,119 @@
+"""Command line: ``python -m eagle_kernels generate ...`` (the README's main command).
+
+    python -m eagle_kernels generate --prompt "Why is the sky blue?" --compare
+
+Generates with EAGLE speculative decoding (default target SmolLM2-135M-Instruct and its head),
+prints the reply and the statistics; ``--compare`` also runs the autoregressive baseline of the
+same runtime on the same prompts, reports the speedup and, for greedy decoding, checks that the
+two outputs are identical token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_PROMPT = "What is speculative decoding, and why does it make language models faster?"
+
+
+def _tree(text: str):
+    from .runtime.drafting import TreeConfig
+
+    if text == "auto":
+        return "auto"
+    try:
+        top_k, depth, total = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or TOP_K,DEPTH,TOTAL_TOKENS, got {text!r}")
+    try:
+        return TreeConfig(top_k=top_k, depth=depth, total_tokens=total)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="python -m eagle_kernels", description=__doc__.split("\n")[0])
+    commands = root.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate replies with EAGLE speculative decoding")
+    gen.add_argument("--prompt", action="append", help="a user message (repeat for a batch)")
+    gen.add_argument("--target", help="HF checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    gen.add_argument("--draft", help="EAGLE head dir, random-eagle3, random-eagle1 or none "
+                                     "(default: the bundled head of the default model)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--tree", type=_tree, default="auto",
+                     help="'auto' (measure this device, default) or TOP_K,DEPTH,TOTAL_TOKENS")
+    gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    gen.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    gen.add_argument("--no-chat", action="store_true", help="raw text, no chat template")
+    gen.add_argument("--compare", action="store_true",
+                     help="also run the autoregressive baseline and report the speedup")
+    gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
+    gen.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    return root
+
+
+def _check(args, parse: argparse.ArgumentParser) -> None:
+    if args.max_new_tokens < 1:
+        parse.error("--max-new-tokens must be at least 1")
+    if args.stream and (args.compare or len(args.prompt) > 1):
+        parse.error("--stream takes one prompt and no --compare")
+
+
+def generate(args) -> int:
+    from . import backend_report
+    from .runtime.api import from_pretrained
+
+    generator = from_pretrained(args.target, args.draft, DTYPES[args.dtype], args.device,
+                                args.tree)
+    if hasattr(generator, "budget"):
+        print(generator.budget.report())
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=not args.no_chat)
+    if args.stream:
+        for piece in generator.stream(args.prompt[0], **options):
+            print(piece, end="", flush=True)
+        print()
+        print(json.dumps(generator.engine.last_output.stats.summary()))
+        return 0
+    spec = generator.generate(args.prompt, speculative=generator.engine.head is not None,
+                              **options)
+    for prompt, text in zip(args.prompt, spec.texts):
+        print(f"prompt: {prompt}\nreply:  {text.strip()}\n")
+    stats = spec.stats
+    print(f"{stats.mode}: {sum(stats.new_tokens)} new tokens in "
+          f"{stats.prefill_seconds + stats.decode_seconds:.2f} s = {stats.tokens_per_second:.1f} "
+          f"tokens/s, tau {stats.tau:.2f} tokens/cycle, {stats.cycles} cycles, "
+          f"accepted-length histogram {stats.accepted_histogram}")
+    report = {"speculative": stats.summary()}
+    if args.compare:
+        base = generator.generate(args.prompt, speculative=False, **options)
+        speedup = stats.tokens_per_second / base.stats.tokens_per_second
+        same = base.tokens == spec.tokens
+        print(f"autoregressive: {base.stats.tokens_per_second:.1f} tokens/s; speedup "
+              f"{speedup:.2f}x; outputs identical: {'yes' if same else 'NO'}"
+              f"{'' if args.temperature == 0 else ' (sampling: not expected)'}")
+        report.update(autoregressive=base.stats.summary(), speedup=speedup, identical=same)
+    if args.json:
+        print(json.dumps(report))
+    print(backend_report())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parse = parser()
+    args = parse.parse_args(argv)
+    args.prompt = args.prompt or [DEFAULT_PROMPT]
+    _check(args, parse)
+    return generate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""User-facing API: load a target and a draft head, generate text, stream it.
+
+    import eagle_kernels
+    gen = eagle_kernels.from_pretrained()                 # SmolLM2-135M-Instruct + its head
+    out = gen.generate("Why is the sky blue?", max_new_tokens=64)
+    print(out.texts[0], out.stats.tau)
+
+``target`` is a HF checkpoint directory, a ``.gguf`` file, or None for the default model;
+``draft`` is an official EAGLE-1/2/3 head directory, ``"random-eagle3"`` / ``"random-eagle1"``
+(a randomly initialised head: lossless, but it accepts almost nothing), ``None`` (the project's
+bundled head for the default model when present) or ``"none"`` (autoregressive only).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from .draft_heads import EAGLE1, EAGLE3, DraftHead, load_draft_head, new_draft_head
+from .drafting import TreeConfig
+from .generation import Engine, GenerationStats, SamplingConfig
+from .model import TargetModel, load_target
+from .tree_budget import choose_tree
+
+BUNDLED_HEADS = Path(__file__).resolve().parent.parent / "heads"
+DEFAULT_HEAD = BUNDLED_HEADS / "smollm2-135m-instruct-eagle3"
+
+
+@dataclass
+class TextOutput:
+    texts: list[str]
+    tokens: list[list[int]]
+    stop_reasons: list[str]
+    stats: GenerationStats
+
+
+def _load_target_and_tokenizer(target, dtype, device):
+    from transformers import AutoTokenizer
+
+    if target is None:
+        from .default_model import default_model_dir
+
+        target = default_model_dir()
+    path = Path(target)
+    tokenizer_dir = path.parent if path.suffix == ".gguf" else path
+    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, **kwargs)
+    return load_target(path, dtype=dtype, device=device), tokenizer, target is None
+
+
+def _load_head(draft, model: TargetModel, default_target: bool) -> DraftHead | None:
+    if draft == "none":
+        return None
+    if draft in ("random-eagle3", "random-eagle1"):
+        return new_draft_head(EAGLE3 if draft.endswith("3") else EAGLE1, model)
+    if draft is None:
+        if default_target and (DEFAULT_HEAD / "config.json").is_file():
+            return load_draft_head(DEFAULT_HEAD, model)
+        warnings.warn("no trained draft head for this target: using a randomly initialised "
+                      "EAGLE-3 head (output stays exact, but it accepts almost nothing)")
+        return new_draft_head(EAGLE3, model)
+    return load_draft_head(draft, model)
+
+
+class EagleGenerator:
+    """Tokenizer + :class:`~.generation.Engine`, with text in and text out."""
+
+    def __init__(self, engine: Engine, tokenizer):
+        self.engine = engine
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(cls, target: str | os.PathLike | None = None, draft: str | None = None,
+                        dtype: torch.dtype = torch.float32, device: str = "cpu",
+                        tree: TreeConfig | str | None = None) -> "EagleGenerator":
+        """Load target (+ head). ``tree="auto"`` measures this device and picks the tree."""
+        model, tokenizer, default_target = _load_target_and_tokenizer(target, dtype, device)
+        head = _load_head(draft, model, default_target)
+        engine = Engine(model, head)
+        generator = cls(engine, tokenizer)
+        if tree == "auto" and head is not None:
+            generator.budget = choose_tree(model, head)
+            engine.tree = generator.budget.tree
+        elif isinstance(tree, TreeConfig):
+            engine.tree = tree
+        elif tree not in (None, "auto"):
+            raise ValueError(f"tree: expected a TreeConfig, 'auto' or None, got {tree!r}")
+        return generator
+
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of ``prompt``, as a user turn of the chat template when ``chat``."""
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            encoded = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True,
+                return_dict=True)
+            return list(encoded["input_ids"])
+        return self.tokenizer(prompt)["input_ids"]
+
+    def _eos(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        config_eos = self.engine.target.config.eos_token_id
+        ids |= set(config_eos) if isinstance(config_eos, (list, tuple)) else {config_eos}
+        return sorted(i for i in ids if i is not None)
+
+    def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 128,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None, chat: bool = True,
+                 speculative: bool = True) -> TextOutput:
+        """Generate replies for one prompt or a batch (prompts of any lengths)."""
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        ids = [self.encode(p, chat) for p in prompts]
+        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        out = self.engine.generate(ids, max_new_tokens, sampling, self._eos(), speculative)
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
+        return TextOutput(texts, out.tokens, out.stop_reasons, out.stats)
+
+    def stream(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, chat: bool = True,
+               speculative: bool = True) -> Iterator[str]:
+        """Yield the reply's text as it grows (one piece per cycle)."""
+        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        tokens: list[int] = []
+        shown = ""
+        for new in self.engine.stream([self.encode(prompt, chat)], max_new_tokens, sampling,
+                                      self._eos(), speculative):
+            tokens += new[0]
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            # A multi-byte character split across cycles decodes to U+FFFD: wait for the rest.
+            if len(text) > len(shown) and not text.endswith("\ufffd"):
+                yield text[len(shown):]
+                shown = text
+
+
+def from_pretrained(target=None, draft=None, dtype=torch.float32, device="cpu",
+                    tree=None) -> EagleGenerator:
+    """Shortcut for :meth:`EagleGenerator.from_pretrained`."""
+    return EagleGenerator.from_pretrained(target, draft, dtype, device, tree)

@@ -1,0 +1,257 @@
+"""EAGLE draft heads that load the official SafeAILab/EAGLE checkpoints unchanged.
+
+A head reads pairs (feature of target position t, token at t + 1) and predicts token t + 2.
+Both kinds share one interface the drafting loop uses:
+
+* ``project(target_features)``: the target's features -> the head's hidden input;
+* ``forward(tokens, hidden, positions, cache, tree_mask, tree_offset)`` -> the head's output
+  hidden [B, T, H], which is also the hidden input of the next drafting step;
+* ``draft_logits(out_hidden)`` -> [..., draft_vocab] fp32; ``d2t`` maps draft ids to target ids
+  (None when the draft vocabulary is the target's).
+
+EAGLE-1/2 (``fc``, ``layers.0.*``): fc over concat(embedding, feature) (bias optional), one
+decoder layer without input_layernorm, logits by the target's lm_head; the feature is the
+target's final-normed hidden state.
+EAGLE-3 (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d``): fc over the
+concatenated inputs of target layers 2, N//2, N-3; the midlayer's attention reads
+concat(input_layernorm(embedding), hidden_norm(hidden)) (2H wide); own norm and lm_head over a
+draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .kv_cache import KVCache
+from .layers import MLP, Attention, DecoderLayer, RMSNorm, RotaryEmbedding, head_dim_of
+from .model import TargetModel, load_state
+
+EAGLE1 = "eagle1"
+EAGLE3 = "eagle3"
+
+
+class DraftHead(nn.Module):
+    """What both head kinds share: the target's embedding, RoPE, a one-layer KV cache."""
+
+    kind: str
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, config, target: TargetModel):
+        super().__init__()
+        self.config = config
+        self.rotary_emb = RotaryEmbedding(config)
+        # The target's embedding is shared, not copied (official heads freeze it).
+        self._target = [target]
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._target[0].model.embed_tokens
+
+    def d2t_offsets(self) -> torch.Tensor | None:
+        """The ``d2t`` the top-k op takes, or None when draft ids are target ids."""
+        return None
+
+    def allocate_cache(self, batch: int, max_len: int) -> KVCache:
+        weight = self.fc.weight
+        return KVCache.allocate(1, batch, max_len, self.config.num_key_value_heads,
+                                head_dim_of(self.config), weight.dtype, weight.device)
+
+
+class Eagle1Head(DraftHead):
+    """EAGLE-1/2 head: ``fc(concat(embed(token), feature))`` -> one decoder layer."""
+
+    kind = EAGLE1
+
+    def __init__(self, config, target: TargetModel, bias: bool = True):
+        super().__init__(config, target)
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=bias)
+        self.layers = nn.ModuleList([DecoderLayer(config, 0, input_norm=False)])
+
+    def project(self, target_hidden: torch.Tensor, target_features=None) -> torch.Tensor:
+        return target_hidden
+
+    def forward(self, tokens, hidden, positions, cache, tree_mask, tree_offset: int = 0):
+        x = self.fc(torch.cat([self.embed_tokens(tokens).to(hidden.dtype), hidden], dim=-1))
+        rope = self.rotary_emb(positions, x.dtype)
+        return self.layers[0](x, rope, cache, tree_mask, tree_offset)
+
+    def draft_logits(self, out_hidden: torch.Tensor) -> torch.Tensor:
+        return self._target[0].logits(out_hidden)
+
+
+class Eagle3MidLayer(nn.Module):
+    """EAGLE-3's decoder layer: attention over concat(norm(embedding), norm(hidden))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.self_attn = Attention(config, 0, input_size=2 * config.hidden_size)
+        self.mlp = MLP(config)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, embedded, hidden, rope, cache, tree_mask, tree_offset: int = 0):
+        both = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)
+        h = hidden + self.self_attn(both, rope, cache, tree_mask, tree_offset)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(DraftHead):
+    """EAGLE-3 head: ``fc`` over three target layers' inputs, ``midlayer``, own vocabulary."""
+
+    kind = EAGLE3
+
+    def __init__(self, config, target: TargetModel):
+        super().__init__(config, target)
+        target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
+        draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
+        self.fc = nn.Linear(3 * target_hidden, config.hidden_size, bias=False)
+        self.midlayer = Eagle3MidLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.feature_layers = target.eagle3_feature_layers()
+
+    def project(self, target_hidden, target_features: torch.Tensor) -> torch.Tensor:
+        return self.fc(target_features)
+
+    def forward(self, tokens, hidden, positions, cache, tree_mask, tree_offset: int = 0):
+        embedded = self.embed_tokens(tokens).to(hidden.dtype)
+        rope = self.rotary_emb(positions, hidden.dtype)
+        return self.midlayer(embedded, hidden, rope, cache, tree_mask, tree_offset)
+
+    def draft_logits(self, out_hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(out_hidden)).float()
+
+    def d2t_offsets(self) -> torch.Tensor | None:
+        # As the official code: a draft vocabulary equal to the target's means no mapping.
+        if self.lm_head.out_features == self.config.vocab_size:
+            return None
+        return self.d2t
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if (path / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").is_file():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(f"draft: expected model.safetensors or pytorch_model.bin in {path}")
+
+
+def _head_config(raw: dict, target: TargetModel):
+    from transformers import LlamaConfig
+
+    raw = {k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
+    return LlamaConfig(**raw)
+
+
+def _check_against_target(kind: str, config, state: dict, target: TargetModel) -> None:
+    if config.vocab_size != target.vocab_size:
+        raise ValueError(f"draft config.vocab_size: expected the target's {target.vocab_size}, "
+                         f"got {config.vocab_size}")
+    if kind == EAGLE1 and config.hidden_size != target.hidden_size:
+        raise ValueError(f"draft config.hidden_size: expected the target's {target.hidden_size}, "
+                         f"got {config.hidden_size}")
+    if kind == EAGLE3 and "fc.weight" in state:
+        width = state["fc.weight"].shape[1]
+        if width != 3 * target.hidden_size:
+            raise ValueError(f"draft fc.weight: expected {3 * target.hidden_size} input columns "
+                             f"(3 x the target's hidden size), got {width}")
+    embed = state.get("embed_tokens.weight")
+    if embed is not None and tuple(embed.shape) != (target.vocab_size, target.hidden_size):
+        raise ValueError(f"draft embed_tokens.weight: expected {(target.vocab_size, target.hidden_size)},"
+                         f" got {tuple(embed.shape)}")
+
+
+def load_draft_head(path: str | os.PathLike, target: TargetModel) -> DraftHead:
+    """Load an official EAGLE-1/2 or EAGLE-3 head directory for ``target``.
+
+    The kind is read from the weights (``midlayer.*`` keys mean EAGLE-3). An
+    ``embed_tokens.weight`` in the checkpoint is checked against the target's and then dropped:
+    the head always embeds with the target's table, as the official code does.
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"draft: expected a directory with config.json, got {path}")
+    with open(path / "config.json") as handle:
+        raw = json.load(handle)
+    state = _read_weights(path)
+    kind = EAGLE3 if any(k.startswith("midlayer.") for k in state) else EAGLE1
+    config = _head_config(raw, target)
+    _check_against_target(kind, config, state, target)
+    state.pop("embed_tokens.weight", None)
+    if kind == EAGLE3:
+        head = Eagle3Head(config, target)
+        state.setdefault("d2t", torch.zeros_like(head.d2t))
+        state.setdefault("t2d", torch.ones_like(head.t2d))
+    else:
+        head = Eagle1Head(config, target, bias="fc.bias" in state)
+    state = {k: v.to(head.d2t.dtype) if k == "d2t" else v for k, v in state.items()}
+    load_state(head, state, f"draft checkpoint {path}")
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def head_config_dict(kind: str, target: TargetModel, draft_vocab: int | None = None) -> dict:
+    """config.json of a new head for ``target`` in the official format."""
+    cfg = target.config
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3" if kind == EAGLE3 else "LlamaForCausalLM"],
+        "model_type": "llama", "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": head_dim_of(cfg),
+        "hidden_act": cfg.hidden_act, "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": cfg.vocab_size,
+        "num_hidden_layers": 1, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": getattr(cfg, "pad_token_id", None), "torch_dtype": "float32",
+        "rope_theta": rope_theta(cfg), "tie_word_embeddings": False,
+    }
+    if kind == EAGLE3:
+        config["draft_vocab_size"] = draft_vocab or cfg.vocab_size
+        config["target_hidden_size"] = cfg.hidden_size
+    return config
+
+
+def rope_theta(config) -> float:
+    from .layers import rope_parameters
+
+    return float(rope_parameters(config).get("rope_theta", 10000.0))
+
+
+def new_draft_head(kind: str, target: TargetModel, draft_vocab: int | None = None,
+                   seed: int = 0) -> DraftHead:
+    """A randomly initialised head for ``target`` (identity d2t when the vocabulary is shared)."""
+    config = _head_config(head_config_dict(kind, target, draft_vocab), target)
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        head = Eagle3Head(config, target) if kind == EAGLE3 else Eagle1Head(config, target)
+        if kind == EAGLE3:
+            head.t2d.fill_(draft_vocab is None)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def save_draft_head(head: DraftHead, path: str | os.PathLike) -> None:
+    """Write ``head`` as config.json + model.safetensors with the official key names."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    draft_vocab = head.lm_head.out_features if isinstance(head, Eagle3Head) else None
+    config = head_config_dict(head.kind, head._target[0], draft_vocab)
+    with open(path / "config.json", "w") as handle:
+        json.dump(config, handle, indent=2)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"))

@@ -1,0 +1,144 @@
+"""EAGLE-2 dynamic draft trees, built with the draft head and :mod:`eagle_kernels.ops`.
+
+One cycle of drafting, for B sequences at once (every shape is fixed by the tree settings, so
+the whole function can be captured in a CUDA graph once kernels back the ops):
+
+1. the head's last committed output (``root_hidden``) gives the root's top_k children;
+2. ``depth`` expansion steps: the top_k frontier nodes (all at the same position) attend to the
+   head's cache plus their drafted ancestors (packed mask over the drafted keys), each proposes
+   top_k children (fused log-softmax + top-k), and the top_k best cumulative scores form the
+   next frontier (:func:`eagle_kernels.ops.eagle2_expand`);
+3. the best ``total_tokens - 1`` of all drafted candidates become the tree, in topological
+   order, with mask and paths (:func:`eagle_kernels.ops.eagle2_rerank`).
+
+Position convention (as the official EAGLE code): the head's entry at position t pairs the
+target's feature at t with the token at t + 1, so the head cache and the target cache hold the
+same number of entries, and frontier nodes of depth d + 1 sit at ``lens + d``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import ops
+from ..ops.reference import pack_tree_mask
+from .draft_heads import DraftHead
+from .kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 tree settings: children per node, expansion steps, nodes kept (root included).
+
+    The deepest node has depth ``depth + 1`` (root children come from the committed state,
+    each expansion step adds one level), as in the official code.
+    """
+
+    top_k: int = 10
+    depth: int = 6
+    total_tokens: int = 60
+
+    def __post_init__(self):
+        for name in ("top_k", "total_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if not isinstance(self.depth, int) or self.depth < 0:
+            raise ValueError(f"depth: expected an int >= 0, got {self.depth!r}")
+        if self.total_tokens - 1 > self.num_candidates:
+            raise ValueError(f"total_tokens: expected <= {self.num_candidates + 1} (1 + the "
+                             f"{self.num_candidates} candidates top_k={self.top_k}, "
+                             f"depth={self.depth} draft), got {self.total_tokens}")
+
+    @property
+    def num_candidates(self) -> int:
+        return self.top_k + self.depth * self.top_k * self.top_k
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest possible node; ``paths`` and accept results are ``max_depth + 1`` wide."""
+        return min(self.depth + 1, self.total_tokens - 1)
+
+    @property
+    def drafted_keys(self) -> int:
+        """Head-cache entries one drafting cycle writes past the committed length."""
+        return self.depth * self.top_k
+
+
+_CAUSAL_MASKS: dict[tuple, torch.Tensor] = {}
+
+
+def causal_tree_mask(batch: int, count: int, device: torch.device) -> torch.Tensor:
+    """Packed mask of a chain of ``count`` tokens (each sees itself and all before): causal."""
+    key = (count, str(device))
+    if key not in _CAUSAL_MASKS:
+        dense = torch.tril(torch.ones(count, count, dtype=torch.bool, device=device))
+        _CAUSAL_MASKS[key] = pack_tree_mask(dense)
+    return _CAUSAL_MASKS[key].unsqueeze(0).expand(batch, -1, -1).contiguous()
+
+
+def commit(head: DraftHead, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor,
+           counts: torch.Tensor) -> torch.Tensor:
+    """Append ``counts[b]`` (feature, next token) pairs per sequence to the head's cache.
+
+    ``tokens`` [B, W] and ``hidden`` [B, W, H] (already projected) are left-aligned, rows past
+    ``counts[b]`` are padding: they are computed (causal mask, so they change nothing) and left
+    past the committed length, where drafting overwrites them. Returns the head's output at
+    each sequence's last committed pair [B, H], the state drafting starts from.
+    """
+    width = tokens.shape[1]
+    steps = torch.arange(width, device=tokens.device)
+    positions = cache.lens.to(torch.int64).unsqueeze(1) + steps
+    out = head(tokens, hidden, positions, cache, causal_tree_mask(tokens.shape[0], width,
+                                                                  tokens.device))
+    last = (counts.to(torch.int64) - 1).clamp(min=0)
+    cache.lens += counts.to(torch.int32)
+    return out.gather(1, last.view(-1, 1, 1).expand(-1, 1, out.shape[-1])).squeeze(1)
+
+
+def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
+               root_hidden: torch.Tensor, tree: TreeConfig) -> ops.DraftTree:
+    """Draft one EAGLE-2 tree per sequence (``tree.total_tokens`` nodes, root first)."""
+    batch, k = root_tokens.shape[0], tree.top_k
+    device = root_tokens.device
+    d2t = head.d2t_offsets()
+    scores, tokens = ops.topk_log_softmax(head.draft_logits(root_hidden), k, d2t)
+    cand_tokens, cand_scores = [tokens], [scores]
+    cand_parents = [torch.full((batch, k), -1, dtype=torch.int32, device=device)]
+
+    frontier_tokens, frontier_scores = tokens, scores
+    frontier_hidden = root_hidden.unsqueeze(1).expand(-1, k, -1)
+    frontier_ids = torch.arange(k, device=device).expand(batch, -1)  # candidate index
+    slots = torch.arange(k, device=device)
+    ancestors = torch.zeros(batch, k, max(tree.drafted_keys, 1), dtype=torch.bool, device=device)
+    ancestors[:, slots, slots] = True
+    base = k
+    for step in range(tree.depth):
+        keys = (step + 1) * k
+        positions = (cache.lens.to(torch.int64) + step).unsqueeze(1).expand(-1, k)
+        out = head(frontier_tokens, frontier_hidden, positions, cache,
+                   pack_tree_mask(ancestors[:, :, :keys].contiguous()), tree_offset=step * k)
+        logits = head.draft_logits(out)
+        child_scores, child_tokens = ops.topk_log_softmax(logits.reshape(batch * k, -1), k, d2t)
+        child_tokens = child_tokens.view(batch, k * k)
+        scores_flat, next_index, next_scores = ops.eagle2_expand(
+            frontier_scores, child_scores.view(batch, k, k), k)
+        cand_tokens.append(child_tokens)
+        cand_scores.append(scores_flat)
+        cand_parents.append(frontier_ids.repeat_interleave(k, dim=1).to(torch.int32))
+        if step + 1 < tree.depth:
+            parent_slot = next_index // k
+            frontier_tokens = child_tokens.gather(1, next_index)
+            frontier_scores = next_scores
+            frontier_hidden = out.gather(1, parent_slot.unsqueeze(-1).expand(-1, -1, out.shape[-1]))
+            frontier_ids = base + next_index
+            ancestors = ancestors.gather(1, parent_slot.unsqueeze(-1).expand(-1, -1,
+                                                                            ancestors.shape[-1]))
+            ancestors[:, slots, keys + slots] = True
+        base += k * k
+    drafted, _ = ops.eagle2_rerank(root_tokens, torch.cat(cand_tokens, 1),
+                                   torch.cat(cand_scores, 1), torch.cat(cand_parents, 1),
+                                   tree.total_tokens, tree.max_depth)
+    return drafted

@@ -1,0 +1,342 @@
+"""The draft -> verify -> accept loop, and the autoregressive baseline on the same code.
+
+:class:`Engine` owns a target model, an optional draft head and their static caches. Both modes
+share prefill, token selection (the same acceptance ops: greedy argmax, or the target's
+temperature / top-k / top-p distribution) and the stop rules (EOS, max new tokens, cache length),
+so a speedup compares like with like and greedy speculative output can be checked token for
+token against greedy autoregressive output.
+
+One speculative cycle for B sequences, all on the device:
+draft tree (:func:`~.drafting.draft_tree`) -> target forward over the N tree nodes with the
+packed tree mask -> accept (greedy or rejection sampling) -> move the accepted path's K/V next to
+the prefix (:func:`eagle_kernels.ops.compact_kv`) -> feed the accepted features and tokens to
+the head (:func:`~.drafting.commit`) -> record the new tokens. The only host read per cycle is
+one small tensor for the stop decision and the statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from .. import ops
+from .draft_heads import DraftHead
+from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree
+from .model import TargetModel
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 means greedy; otherwise the target's tempered, top-k/top-p distribution."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature: expected >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k: expected an int >= 0, got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: expected 0 < top_p <= 1, got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class GenerationStats:
+    """What one generate call measured."""
+
+    mode: str
+    cycles: int = 0
+    new_tokens: list[int] = field(default_factory=list)
+    accepted_histogram: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per cycle per sequence (accepted draft tokens + 1)."""
+        cycles = sum(self.accepted_histogram)
+        return sum((n + 1) * c for n, c in enumerate(self.accepted_histogram)) / max(cycles, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens (all sequences) over prefill + decode wall time."""
+        return sum(self.new_tokens) / max(self.prefill_seconds + self.decode_seconds, 1e-9)
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "cycles": self.cycles, "new_tokens": self.new_tokens,
+                "tau": round(self.tau, 3), "tokens_per_second": round(self.tokens_per_second, 2),
+                "accepted_histogram": self.accepted_histogram,
+                "prefill_seconds": round(self.prefill_seconds, 4),
+                "decode_seconds": round(self.decode_seconds, 4)}
+
+
+@dataclass
+class GenerationOutput:
+    tokens: list[list[int]]
+    stop_reasons: list[str]
+    stats: GenerationStats
+
+
+class _Batch:
+    """Device state of one generate call: output buffer, counters, stop flags, sampling rng."""
+
+    def __init__(self, batch: int, max_new_tokens: int, width: int, eos: Sequence[int],
+                 sampling: SamplingConfig, device: torch.device):
+        self.out = torch.full((batch, max_new_tokens + width), -1, dtype=torch.int64,
+                              device=device)
+        self.generated = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.eos = torch.tensor(sorted(set(eos)) or [-1], dtype=torch.int64, device=device)
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.rng = None
+        if not sampling.greedy:
+            self.rng = torch.Generator(device=device)
+            self.rng.manual_seed(sampling.seed if sampling.seed is not None else
+                                 int(torch.randint(0, 2**62, (1,)).item()))
+
+    def record(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Append the first ``counts[b]`` of ``new_tokens`` [B, W]; cut at EOS and the budget.
+
+        Returns the counts actually recorded (0 for finished sequences).
+        """
+        width = new_tokens.shape[1]
+        steps = torch.arange(width, device=new_tokens.device).unsqueeze(0)
+        counts = torch.where(self.done, 0, counts.to(torch.int64))
+        is_eos = (steps < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
+        hit_eos = is_eos.any(1)
+        counts = torch.where(hit_eos, is_eos.int().argmax(1) + 1, counts)
+        counts = torch.minimum(counts, self.max_new_tokens - self.generated)
+        rows = torch.arange(new_tokens.shape[0], device=new_tokens.device).unsqueeze(1)
+        columns = self.generated.unsqueeze(1) + steps
+        keep = steps < counts.unsqueeze(1)
+        self.out[rows, columns] = torch.where(keep, new_tokens, self.out[rows, columns])
+        self.generated += counts
+        self.done |= hit_eos | (self.generated >= self.max_new_tokens)
+        return counts
+
+    def uniforms(self, *shape) -> torch.Tensor:
+        return torch.rand(*shape, generator=self.rng, device=self.out.device)
+
+
+class Engine:
+    """Target model + optional draft head, with static caches sized per generate call."""
+
+    def __init__(self, target: TargetModel, head: DraftHead | None = None,
+                 tree: TreeConfig | None = None):
+        self.target = target
+        self.head = head
+        self.tree = tree or TreeConfig()
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    # ----------------------------------------------------------------------- token choice
+    def _accept_root_only(self, logits: torch.Tensor, state: _Batch) -> torch.Tensor:
+        """The next token from last-position logits [B, V]: greedy or sampled, via the ops."""
+        batch = logits.shape[0]
+        tokens = torch.zeros(batch, 1, dtype=torch.int64, device=logits.device)
+        logits = logits.unsqueeze(1)
+        if state.sampling.greedy:
+            result = ops.greedy_accept_chain(tokens, logits)
+        else:
+            s = state.sampling
+            parents = torch.full((batch, 1), -1, dtype=torch.int32, device=logits.device)
+            result = ops.stochastic_accept_tree(tokens, parents, logits, state.uniforms(batch, 1),
+                                                state.uniforms(batch), 0, s.temperature,
+                                                s.top_k, s.top_p)
+        return result.output_tokens[:, 0]
+
+    def _accept_tree(self, tree: ops.DraftTree, logits: torch.Tensor,
+                     state: _Batch) -> ops.AcceptResult:
+        if state.sampling.greedy:
+            return ops.greedy_accept_tree(tree.tokens, tree.paths, logits)
+        s = state.sampling
+        batch, nodes = tree.tokens.shape
+        return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits,
+                                          state.uniforms(batch, nodes), state.uniforms(batch),
+                                          self.tree.max_depth, s.temperature, s.top_k, s.top_p)
+
+    # --------------------------------------------------------------------------- prefill
+    def _prefill(self, prompts: list[list[int]], cache, state: _Batch):
+        """Run the prompts, pick the first token; returns (root tokens, hidden, features)."""
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=self.device)
+        width = int(max(len(p) for p in prompts))
+        ids = torch.zeros(len(prompts), width, dtype=torch.int64)
+        for row, prompt in enumerate(prompts):
+            ids[row, :len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+        ids = ids.to(self.device)
+        positions = torch.arange(width, device=self.device).expand(len(prompts), -1)
+        layers = self.head.feature_layers if self.head is not None else ()
+        hidden, features = self.target(ids, positions, cache,
+                                       causal_tree_mask(len(prompts), width, self.device), layers)
+        last = (lengths - 1).view(-1, 1, 1)
+        last_hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)
+        root = self._accept_root_only(self.target.logits(last_hidden), state)
+        cache.lens.copy_(lengths.to(torch.int32))
+        return ids, lengths, root, hidden, features
+
+    # -------------------------------------------------------------------------- the loops
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
+                 sampling: SamplingConfig | None = None, eos_token_ids: Sequence[int] = (),
+                 speculative: bool = True) -> GenerationOutput:
+        """Generate for a batch of token-id prompts (different lengths allowed)."""
+        for _ in self._run(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
+                           emit=False):
+            pass
+        return self.last_output
+
+    def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
+               sampling: SamplingConfig | None = None, eos_token_ids: Sequence[int] = (),
+               speculative: bool = True) -> Iterator[list[list[int]]]:
+        """Yield, after prefill and after every cycle, each sequence's newly generated tokens.
+
+        When the iterator is exhausted, :attr:`last_output` holds the full
+        :class:`GenerationOutput`. Streaming reads the new tokens every cycle (one more small
+        host copy than :meth:`generate`).
+        """
+        yield from self._run(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
+                             emit=True)
+
+    def _run(self, prompts, max_new_tokens, sampling, eos_token_ids, speculative, emit):
+        prompts = [list(map(int, p)) for p in prompts]
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts: expected at least one non-empty token list")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+        vocab = self.target.vocab_size
+        if any(t < 0 or t >= vocab for p in prompts for t in p):
+            raise ValueError(f"prompts: token ids must lie in [0, {vocab})")
+        if speculative and self.head is None:
+            raise ValueError("speculative: no draft head loaded; pass speculative=False")
+        sampling = sampling or SamplingConfig()
+        loop = self._speculative if speculative else self._autoregressive
+        with torch.inference_mode():
+            for counts, state in loop(prompts, max_new_tokens, sampling, list(eos_token_ids)):
+                if emit:
+                    yield self._new_tokens(state, counts)
+
+    @property
+    def last_output(self) -> GenerationOutput:
+        return self._last_output
+
+    def _start(self, prompts, max_new_tokens, sampling, eos, width, extra):
+        batch = len(prompts)
+        max_len = max(len(p) for p in prompts) + max_new_tokens + extra
+        state = _Batch(batch, max_new_tokens, width, eos, sampling, self.device)
+        cache = self.target.allocate_cache(batch, max_len)
+        return state, cache
+
+    def _autoregressive(self, prompts, max_new_tokens, sampling, eos):
+        stats = GenerationStats("autoregressive", accepted_histogram=[0])
+        state, cache = self._start(prompts, max_new_tokens, sampling, eos, 1, 1)
+        start = _now(self.device)
+        _, _, root, _, _ = self._prefill(prompts, cache, state)
+        counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
+        stats.prefill_seconds = _now(self.device) - start
+        yield counts, state
+        start = _now(self.device)
+        ones = torch.ones(len(prompts), 1, 1, dtype=torch.int32, device=self.device)
+        while not bool(state.done.all()):  # the one host read per step
+            active = ~state.done
+            positions = cache.lens.to(torch.int64).unsqueeze(1)
+            hidden, _ = self.target(root.unsqueeze(1), positions, cache, ones)
+            cache.lens += active.to(torch.int32)
+            root = self._accept_root_only(self.target.logits(hidden[:, 0]), state)
+            counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
+            stats.cycles += 1
+            stats.accepted_histogram[0] += int(active.sum())
+            yield counts, state
+        stats.decode_seconds = _now(self.device) - start
+        self._finish(state, stats)
+
+    def _speculative(self, prompts, max_new_tokens, sampling, eos):
+        tree = self.tree
+        width = tree.max_depth + 1
+        stats = GenerationStats("speculative", accepted_histogram=[0] * width)
+        state, cache = self._start(prompts, max_new_tokens, sampling, eos, width,
+                                   tree.total_tokens)
+        draft_cache = self.head.allocate_cache(len(prompts), cache.max_len + tree.drafted_keys)
+        start = _now(self.device)
+        ids, lengths, root, hidden, features = self._prefill(prompts, cache, state)
+        counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
+        # Pairs (feature t, token t + 1): the prompt shifted by one, the first new token last.
+        next_tokens = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)
+        next_tokens.scatter_(1, (lengths - 1).unsqueeze(1), root.unsqueeze(1))
+        root_hidden = commit(self.head, draft_cache, next_tokens,
+                             self.head.project(hidden, features), lengths)
+        stats.prefill_seconds = _now(self.device) - start
+        yield counts, state
+        start = _now(self.device)
+        finished = bool(state.done.all())
+        while not finished:
+            active = ~state.done
+            root, root_hidden, counts, accepted = self._cycle(cache, draft_cache, root,
+                                                              root_hidden, state)
+            # The one host read per cycle: stop flags and accepted lengths together.
+            host = torch.stack([accepted, active.long(), state.done.long()]).cpu()
+            finished = bool(host[2].all())
+            for n in host[0][host[1].bool()].tolist():
+                stats.accepted_histogram[n] += 1
+            stats.cycles += 1
+            yield counts, state
+        stats.decode_seconds = _now(self.device) - start
+        self._finish(state, stats)
+
+    def _cycle(self, cache, draft_cache, root, root_hidden, state: _Batch):
+        """One draft -> verify -> accept -> compact -> commit cycle for the whole batch."""
+        tree = draft_tree(self.head, draft_cache, root, root_hidden, self.tree)
+        positions = cache.lens.to(torch.int64).unsqueeze(1) + tree.depth
+        hidden, features = self.target(tree.tokens, positions, cache, tree.tree_mask,
+                                       self.head.feature_layers)
+        result = self._accept_tree(tree, self.target.logits(hidden), state)
+        active = (~state.done).to(torch.int32)
+        ops.compact_kv(cache.all_tensors(), cache.lens, result.accepted_nodes,
+                       result.num_accepted)
+        produced = (result.num_accepted + 1) * active
+        cache.lens += produced
+        counts = state.record(result.output_tokens, produced)
+        nodes = result.accepted_nodes.clamp(min=0).to(torch.int64)
+        picked_hidden = hidden.gather(1, nodes.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        picked_features = None if features is None else features.gather(
+            1, nodes.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
+        tokens = result.output_tokens.clamp(min=0)
+        root_hidden = commit(self.head, draft_cache, tokens,
+                             self.head.project(picked_hidden, picked_features), produced)
+        last = (result.num_accepted.to(torch.int64)).unsqueeze(1)
+        root = result.output_tokens.gather(1, last).squeeze(1)
+        return root, root_hidden, counts, result.num_accepted.to(torch.int64)
+
+    # --------------------------------------------------------------------------- helpers
+    @staticmethod
+    def _new_tokens(state: _Batch, counts: torch.Tensor) -> list[list[int]]:
+        counts = counts.tolist()
+        ends = state.generated.tolist()
+        rows = state.out.tolist() if any(counts) else None
+        return [rows[b][ends[b] - c: ends[b]] if c else [] for b, c in enumerate(counts)]
+
+    def _finish(self, state: _Batch, stats: GenerationStats) -> None:
+        generated = state.generated.tolist()
+        rows = state.out.tolist()
+        eos = set(state.eos.tolist())
+        tokens = [rows[b][: generated[b]] for b in range(len(generated))]
+        reasons = ["eos" if seq and seq[-1] in eos else "max_new_tokens" for seq in tokens]
+        stats.new_tokens = [len(t) for t in tokens]
+        self._last_output = GenerationOutput(tokens, reasons, stats)
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

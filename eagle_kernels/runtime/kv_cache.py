@@ -1,0 +1,59 @@
+"""Static, preallocated KV cache in the layout every op shares (see ``shared/DESIGN.md``).
+
+Per layer one K and one V tensor ``[B, max_len, kv_heads, head_dim]`` ("NHD"), contiguous, and
+one ``lens`` tensor ``[B]`` int32 with each sequence's committed length. Nothing is ever
+reallocated, so CUDA graphs can capture passes that read and write it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """K and V of every layer plus the committed length of every sequence."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lens: torch.Tensor
+
+    @classmethod
+    def allocate(cls, num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> "KVCache":
+        """Zero-filled cache of ``num_layers`` layers for ``batch`` sequences of ``max_len``."""
+        shape = (batch, max_len, kv_heads, head_dim)
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        return cls(keys, values, torch.zeros(batch, dtype=torch.int32, device=device))
+
+    @property
+    def batch(self) -> int:
+        return self.lens.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[1]
+
+    def all_tensors(self) -> list[torch.Tensor]:
+        """Every K and V tensor, in the order :func:`eagle_kernels.ops.compact_kv` takes them."""
+        return [*self.keys, *self.values]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, offset: int = 0) -> None:
+        """Store ``k``/``v`` [B, T, Hkv, D] at positions ``[lens + offset, lens + offset + T)``.
+
+        Index arithmetic stays on the device (no host sync, graph-capturable). The caller makes
+        sure the positions fit ``max_len``.
+        """
+        batch, count = k.shape[:2]
+        rows = torch.arange(batch, device=k.device).unsqueeze(1)
+        steps = torch.arange(count, device=k.device).unsqueeze(0)
+        positions = self.lens.to(torch.int64).unsqueeze(1) + offset + steps
+        self.keys[layer][rows, positions] = k
+        self.values[layer][rows, positions] = v
+
+    def reset(self) -> None:
+        """Forget every sequence (lengths to zero); the buffers are reused as they are."""
+        self.lens.zero_()

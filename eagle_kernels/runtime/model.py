@@ -1,0 +1,191 @@
+"""The target model: a Llama-family decoder over a static KV cache.
+
+Covers Llama 2/3 (llama3 RoPE scaling included), Vicuna, Qwen2 (q/k/v bias) and Mistral
+(full attention: a sliding window longer than the cache changes nothing). Parameter names are
+transformers' (``model.layers.3.self_attn.q_proj.weight``), so a HF safetensors checkpoint
+directory loads by name and strictly; GGUF files load through transformers' own GGUF reader.
+
+One forward serves every pass of speculative decoding: prefill (chain mask), a decode step
+(one token), the verify tree (the draft tree's packed mask); it can also hand back the inputs
+of chosen layers, the features EAGLE-3 heads read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .kv_cache import KVCache
+from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, head_dim_of
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+class Backbone(nn.Module):
+    """Embeddings, decoder layers and final norm (transformers' ``model.`` prefix)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class TargetModel(nn.Module):
+    """A Llama-family causal LM whose attention runs through :mod:`eagle_kernels.ops`."""
+
+    def __init__(self, config):
+        super().__init__()
+        model_type = getattr(config, "model_type", "llama")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"config.model_type: expected one of {SUPPORTED_MODEL_TYPES}, "
+                             f"got {model_type!r}")
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    # ---------------------------------------------------------------- shapes the runtime needs
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def eagle3_feature_layers(self) -> tuple[int, int, int]:
+        """Layers whose inputs EAGLE-3 fuses: 2, N // 2 and N - 3 (as the official code)."""
+        n = self.num_layers
+        return (2, n // 2, n - 3)
+
+    def allocate_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.allocate(self.num_layers, batch, max_len, self.config.num_key_value_heads,
+                                head_dim_of(self.config), self.dtype, self.device)
+
+    # ---------------------------------------------------------------------------- forward
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                tree_mask: torch.Tensor, feature_layers: tuple[int, ...] = ()):
+        """Run T new tokens per sequence over the cache.
+
+        Parameters
+        ----------
+        input_ids : [B, T] int64 tokens; their K/V are written at ``[cache.lens, cache.lens+T)``.
+        positions : [B, T] int64 RoPE positions (``cache.lens + depth`` for a tree).
+        cache : the static KV cache; ``cache.lens`` is read, not advanced (the caller commits).
+        tree_mask : [B, T, ceil(T / 32)] int32 packed visibility among the new tokens.
+        feature_layers : indices of layers whose *inputs* to return (EAGLE-3 features).
+
+        Returns
+        -------
+        hidden : [B, T, H] final-normed hidden states (EAGLE-1's feature; ``logits(hidden)``).
+        features : [B, T, len(feature_layers) * H] the chosen layers' inputs concatenated, or
+            None when ``feature_layers`` is empty.
+        """
+        x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(positions, x.dtype)
+        captured = []
+        for index, layer in enumerate(self.model.layers):
+            if index in feature_layers:
+                captured.append(x)
+            x = layer(x, rope, cache, tree_mask)
+        features = torch.cat(captured, dim=-1) if captured else None
+        return self.model.norm(x), features
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., V] logits of final-normed hidden states, in fp32."""
+        return self.lm_head(hidden).float()
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+def _read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"path: no *.safetensors file in {path}")
+    state = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
+
+
+def load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """Load ``state`` strictly, raising ValueError that lists missing and unexpected keys."""
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(state))
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{what}: checkpoint keys do not match the model: missing "
+                         f"{missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected "
+                         f"{unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
+    for name, tensor in model.state_dict().items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise ValueError(f"{what}: {name} has shape {tuple(state[name].shape)}, "
+                             f"expected {tuple(tensor.shape)} from its config")
+    model.load_state_dict(state, strict=True)
+
+
+def target_from_state(config, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                      device: torch.device | str) -> TargetModel:
+    """Build a :class:`TargetModel` from a config and a transformers-named state dict."""
+    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    with torch.device("meta"):
+        model = TargetModel(config)
+    model = model.to_empty(device="cpu")
+    model.model.rotary_emb = RotaryEmbedding(config)
+    load_state(model, state, "target checkpoint")
+    if getattr(config, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_target(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu", gguf_file: str | None = None) -> TargetModel:
+    """Load a target model from a HF checkpoint directory, or from a GGUF file.
+
+    ``path`` is a directory with ``config.json`` and ``*.safetensors``; with ``gguf_file`` (or a
+    ``path`` ending in ``.gguf``) the weights are read (and dequantised) by transformers.
+    """
+    path = Path(path)
+    if gguf_file is None and path.suffix == ".gguf":
+        path, gguf_file = path.parent, path.name
+    if gguf_file is not None:
+        from .default_model import load_gguf_model
+
+        hf_model, _ = load_gguf_model(path / gguf_file, dtype=torch.float32)
+        return target_from_state(hf_model.config, hf_model.state_dict(), dtype, device)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"path: expected a checkpoint directory with config.json, got {path}")
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path))
+    return target_from_state(config, _read_safetensors_dir(path), dtype, device)
+
+
+def config_dict(path: Path) -> dict:
+    with open(path / "config.json") as handle:
+        return json.load(handle)
