@@ -82,5 +82,6 @@ void register_acceptance(pybind11::module_& module);
 void register_topk(pybind11::module_& module);
 void register_kv(pybind11::module_& module);
 void register_sampling(pybind11::module_& module);
+void register_attention(pybind11::module_& module);
 
 }  // namespace eagle_kernels

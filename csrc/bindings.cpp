@@ -18,4 +18,5 @@ PYBIND11_MODULE(_C, module) {
   eagle_kernels::register_topk(module);
   eagle_kernels::register_kv(module);
   eagle_kernels::register_sampling(module);
+  eagle_kernels::register_attention(module);
 }

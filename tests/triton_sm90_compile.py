@@ -13,7 +13,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from eagle_kernels.ops import acceptance, kv, sampling, topk, tree  # noqa: E402
+from eagle_kernels.ops import acceptance, attention, kv, sampling, topk, tree  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 
@@ -78,3 +78,15 @@ build(kv._compact_kv_kernel,
       {"base_ptr": "*bf16", "offsets_ptr": "*i64", "row_words_ptr": "*i64",
        "cache_lens_ptr": "*i32", "nodes_ptr": "*i32", "num_accepted_ptr": "*i32",
        "max_len": "i32", "width": "i32"}, {"WORD_BYTES": 8, "BLOCK": 1024})
+ATTENTION_ARGS = {
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
+    "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "num_queries": "i32",
+    "q_heads": "i32", "tree_keys": "i32", "words": "i32", "num_splits": "i32",
+    "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32", "stride_qh": "i32",
+    "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
+build(attention._tree_attention_kernel, ATTENTION_ARGS,
+      {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64, "SPLIT": True,
+       "DOT_PRECISION": "tf32", "UPCAST": False})
+build(attention._merge_splits_kernel,
+      {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
+       "rows_per_batch": "i32"}, {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 32})

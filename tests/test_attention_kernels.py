@@ -1,0 +1,300 @@
+"""tree_attention kernels: Triton (interpreter on CPU), the CUDA kernel on a GPU, the bench smoke.
+
+Tolerance (flash-attention's rule): against the fp32 reference, a kernel's error must be at most
+twice the error of the same attention computed by PyTorch in the low-precision dtype, plus the
+rounding noise of fp32 around the output; fp32 inputs must match the fp32 reference closely.
+Cache rows past ``cache_lens[b] + T`` hold NaN, so a kernel that reads a key it must not see
+fails. CPU sizes are scaled down (the interpreter runs every program one after another); the
+issue's full grid runs in the ``needs_gpu`` tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eagle_kernels import ops
+from eagle_kernels.ops import attention, reference
+
+from conftest import chain_parents, random_parents
+from cuda_support import _import_extension, _missing_extension, needs_gpu, seed_note
+
+LOW = (torch.float16, torch.bfloat16)
+
+
+def make_case(gen, batch, num_queries, prefix, q_heads, kv_heads, head_dim, dtype,
+              tree_keys=None, parents=None, device="cpu"):
+    """Random q / caches / per-sequence lengths and a random tree's packed mask.
+
+    Sequence 0 has ``prefix`` committed keys, the others a random length in [0, prefix]. With
+    ``tree_keys`` T > Nq the queries are the last Nq nodes of a T-node tree (a draft frontier).
+    Rows past L + T are NaN (plus two spare rows) so reading them poisons the output.
+    """
+    tree_keys = num_queries if tree_keys is None else tree_keys
+    if parents is None:
+        parents = random_parents(batch, tree_keys, gen, "deep" if prefix % 2 else "uniform")
+    _, mask, _ = ops.build_tree(parents)
+    mask = mask[:, tree_keys - num_queries:].contiguous()
+    lens = torch.randint(0, prefix + 1, (batch,), generator=gen, dtype=torch.int32)
+    lens[0] = prefix
+    max_len = prefix + tree_keys + 2
+    k = torch.randn(batch, max_len, kv_heads, head_dim, generator=gen)
+    v = torch.randn(batch, max_len, kv_heads, head_dim, generator=gen)
+    for b in range(batch):
+        k[b, int(lens[b]) + tree_keys:] = float("nan")
+        v[b, int(lens[b]) + tree_keys:] = float("nan")
+    q = torch.randn(batch, num_queries, q_heads, head_dim, generator=gen)
+    return [t.to(dtype).to(device) for t in (q, k, v)] + [lens.to(device), mask.to(device)]
+
+
+def low_precision_attention(q, k, v, lens, mask, tree_keys):
+    """The reference's math done by PyTorch in q's dtype (logits, softmax, weighted sum)."""
+    batch, num_queries, q_heads, head_dim = q.shape
+    group = q_heads // k.shape[2]
+    visible = reference.unpack_tree_mask(mask, tree_keys)
+    out = torch.zeros_like(q)
+    for b in range(batch):
+        length = int(lens[b]) + tree_keys
+        keys = k[b, :length].repeat_interleave(group, 1)
+        values = v[b, :length].repeat_interleave(group, 1)
+        logits = torch.einsum("qhd,khd->hqk", q[b], keys) * head_dim**-0.5
+        seen = torch.cat([torch.ones(num_queries, int(lens[b]), dtype=torch.bool,
+                                     device=q.device), visible[b]], 1)
+        probs = logits.masked_fill(~seen, float("-inf")).softmax(-1).nan_to_num(0.0)
+        out[b] = torch.einsum("hqk,khd->qhd", probs, values)
+    return out
+
+
+def assert_flash_close(out, q, k, v, lens, mask, tree_keys, note):
+    assert out.dtype == q.dtype and out.shape == q.shape, note
+    want = reference.tree_attention(q.float(), k.float(), v.float(), lens, mask,
+                                    num_tree_keys=tree_keys)
+    if q.dtype == torch.float32:
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=2e-5, msg=lambda m: f"{m} {note}")
+        return
+    error = (out.float() - want).abs().max().item()
+    pytorch_error = (low_precision_attention(q, k, v, lens, mask, tree_keys).float()
+                     - want).abs().max().item()
+    noise = 2 * (want + 0.3 - 0.3 - want).abs().max().item()
+    assert error <= 2 * pytorch_error + noise + 1e-6, \
+        f"error {error:.3g} > 2 x pytorch {q.dtype} error {pytorch_error:.3g} + {noise:.2g} {note}"
+
+
+def run_triton(q, k, v, lens, mask, tree_keys=None, num_splits=None):
+    tree_keys = q.shape[1] if tree_keys is None else tree_keys
+    if num_splits is None:
+        return ops.tree_attention(q, k, v, lens, mask, num_tree_keys=tree_keys, backend="triton")
+    return attention._tree_attention_triton(q, k, v, lens, mask, None, tree_keys, num_splits)
+
+
+# --------------------------------------------------------------------------------------------
+# CPU: the Triton kernel in the interpreter
+# --------------------------------------------------------------------------------------------
+
+# (batch, num_queries, prefix, q_heads, kv_heads): the issue's awkward sizes, scaled down
+CPU_GRID = [(1, 1, 0, 4, 2), (3, 7, 37, 9, 3), (1, 33, 511, 4, 2), (3, 65, 1, 9, 3),
+            (3, 1, 511, 9, 3), (1, 7, 1, 4, 2), (3, 33, 0, 4, 2)]
+
+
+@pytest.mark.parametrize("batch,num_queries,prefix,q_heads,kv_heads", CPU_GRID,
+                         ids=[f"B{c[0]}-N{c[1]}-L{c[2]}-H{c[3]}/{c[4]}" for c in CPU_GRID])
+def test_triton_matches_reference_fp32(gen, batch, num_queries, prefix, q_heads, kv_heads):
+    case = make_case(gen, batch, num_queries, prefix, q_heads, kv_heads, 64, torch.float32)
+    assert_flash_close(run_triton(*case), *case, num_queries, seed_note(gen))
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("batch,num_queries,prefix,q_heads,kv_heads",
+                         [(3, 7, 37, 9, 3), (1, 65, 1, 4, 2), (3, 1, 511, 4, 2)])
+def test_triton_low_precision(gen, dtype, batch, num_queries, prefix, q_heads, kv_heads):
+    case = make_case(gen, batch, num_queries, prefix, q_heads, kv_heads, 64, dtype)
+    assert_flash_close(run_triton(*case), *case, num_queries, f"{dtype} {seed_note(gen)}")
+
+
+@pytest.mark.parametrize("head_dim", [16, 128, 80])
+def test_triton_other_head_dims(gen, head_dim):
+    case = make_case(gen, 2, 5, 40, 4, 1, head_dim, torch.float16)
+    assert_flash_close(run_triton(*case), *case, 5, f"D={head_dim} {seed_note(gen)}")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 16])
+def test_triton_split_kv_merge(gen, num_splits):
+    """Forced split counts (16: most splits of the short sequences are empty)."""
+    case = make_case(gen, 3, 7, 300, 4, 2, 64, torch.float32)
+    assert_flash_close(run_triton(*case, num_splits=num_splits), *case, 7,
+                       f"splits={num_splits} {seed_note(gen)}")
+
+
+def test_triton_chain_equals_causal_sdpa(gen):
+    """A chain-shaped tree is causal attention: prefill (prefix 0) and verify after a prefix."""
+    for prefix, num_nodes in ((0, 130), (45, 20)):
+        q, k, v, lens, mask = make_case(gen, 1, num_nodes, prefix, 4, 2, 64, torch.float32,
+                                        parents=chain_parents(1, num_nodes))
+        out = run_triton(q, k, v, lens, mask)
+        length = prefix + num_nodes
+        keys = k[0, :length].repeat_interleave(2, 1).transpose(0, 1)
+        values = v[0, :length].repeat_interleave(2, 1).transpose(0, 1)
+        causal = torch.ones(num_nodes, length, dtype=torch.bool).tril(prefix)
+        want = F.scaled_dot_product_attention(q[0].transpose(0, 1), keys, values,
+                                              attn_mask=causal).transpose(0, 1)
+        torch.testing.assert_close(out[0], want, rtol=1e-4, atol=2e-5)
+
+
+def test_triton_single_query_equals_decode(gen):
+    q, k, v, lens, mask = make_case(gen, 3, 1, 100, 9, 3, 64, torch.float32)
+    out = run_triton(q, k, v, lens, mask, num_splits=3)
+    for b in range(3):
+        length = int(lens[b]) + 1
+        keys = k[b, :length].repeat_interleave(3, 1).transpose(0, 1)
+        values = v[b, :length].repeat_interleave(3, 1).transpose(0, 1)
+        want = F.scaled_dot_product_attention(q[b].transpose(0, 1), keys, values)
+        torch.testing.assert_close(out[b], want.transpose(0, 1), rtol=1e-4, atol=2e-5)
+
+
+def test_triton_draft_frontier_over_more_tree_keys(gen):
+    """Drafting: Nq = 4 frontier queries over T = 37 drafted keys (two mask words)."""
+    case = make_case(gen, 3, 4, 20, 9, 3, 64, torch.float32, tree_keys=37)
+    assert_flash_close(run_triton(*case, tree_keys=37), *case, 37, seed_note(gen))
+
+
+def test_triton_query_seeing_nothing_gets_zeros(gen):
+    q, k, v, lens, mask = make_case(gen, 2, 3, 0, 2, 1, 16, torch.float32)
+    mask[:, 1] = 0  # query 1 sees no key at all (prefix 0)
+    for splits in (1, 2):
+        out = run_triton(q, k, v, lens, mask, num_splits=splits)
+        assert torch.equal(out[:, 1], torch.zeros_like(out[:, 1]))
+        assert_flash_close(out, q, k, v, lens, mask, 3, seed_note(gen))
+
+
+def test_split_count_heuristic():
+    cpu = torch.device("cpu")  # the interpreter pretends to be an H100: 132 SMs
+    assert attention.choose_num_splits(8, 16384, cpu) == 32  # batch 1 decode: fill the GPU
+    assert attention.choose_num_splits(32, 4096, cpu) == 9
+    assert attention.choose_num_splits(32, 600, cpu) == 2  # >= 256 keys per split
+    assert attention.choose_num_splits(1024, 16384, cpu) == 1  # prefill / big batch: one pass
+    assert attention.choose_num_splits(8, 100, cpu) == 1
+
+
+def test_cuda_backend_rejects_what_it_does_not_cover(gen):
+    q, k, v, lens, mask = make_case(gen, 1, 2, 3, 2, 1, 16, torch.float32)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        attention._tree_attention_cuda(q, k, v, lens, mask, None, 2)
+    with pytest.raises(ValueError, match="head_dim"):
+        attention._tree_attention_cuda(q.half(), k.half(), v.half(), lens, mask, None, 2)
+
+
+def test_cuda_extension_exposes_tree_attention():
+    module, error = _import_extension()
+    if module is None:
+        _missing_extension(error)
+    assert callable(module.tree_attention)
+    assert callable(module.tree_attention_host)
+
+
+def test_cuda_host_twin_matches_reference(ext, gen):
+    """The CUDA kernel's tile code (csrc/attention.cuh), run on the host with fp32 tiles."""
+    for num_splits in (1, 3):
+        for dtype, code in ((torch.float16, 1), (torch.bfloat16, 2)):
+            q, k, v, lens, mask = make_case(gen, 3, 7, 70, 4, 2, 64, dtype)
+            out = torch.empty_like(q)
+            part_o, part_lse = attention._workspace(q, num_splits)
+            ext.tree_attention_host(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), mask.data_ptr(),
+                out.data_ptr(), part_o.data_ptr(), part_lse.data_ptr(), 3, 7, 4, 2, 64, 7, 1,
+                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                num_splits, 64**-0.5, code)
+            assert_flash_close(out, q, k, v, lens, mask, 7, f"host {dtype} {seed_note(gen)}")
+
+
+def test_bench_smoke(tmp_path):
+    """bench/kernels/bench_attention.py --smoke runs here and writes its CSV + PNG."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "kernels" / "bench_attention.py"
+    result = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "bench_attention.csv").exists()
+    assert (tmp_path / "bench_attention.png").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: the issue's full grid, both kernels
+# --------------------------------------------------------------------------------------------
+
+GPU_BACKENDS = ["triton", "cuda"]
+
+
+def gpu_backend(backend):
+    if backend == "cuda":
+        pytest.importorskip("eagle_kernels._C")
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("q_heads,kv_heads", [(32, 8), (9, 3)])
+@pytest.mark.parametrize("prefix", [0, 1, 511, 4097])
+@pytest.mark.parametrize("num_queries", [1, 7, 60, 64, 65, 128])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gpu_full_grid(gen, backend, dtype, head_dim, q_heads, kv_heads, prefix, num_queries,
+                       batch):
+    gpu_backend(backend)
+    case = make_case(gen, batch, num_queries, prefix, q_heads, kv_heads, head_dim, dtype,
+                     device="cuda")
+    out = ops.tree_attention(*case, backend=backend)
+    assert_flash_close(out, *case, num_queries, f"{backend} {seed_note(gen)}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("num_splits", [1, 4, 32])
+def test_gpu_forced_splits_and_draft_frontier(gen, backend, num_splits):
+    gpu_backend(backend)
+    launch = {"triton": attention._tree_attention_triton,
+              "cuda": attention._tree_attention_cuda}[backend]
+    for num_queries, tree_keys in ((60, 60), (10, 70)):
+        q, k, v, lens, mask = make_case(gen, 3, num_queries, 4097, 32, 8, 128, torch.bfloat16,
+                                        tree_keys=tree_keys, device="cuda")
+        out = launch(q, k, v, lens, mask, None, tree_keys, num_splits)
+        assert_flash_close(out, q, k, v, lens, mask, tree_keys, f"{backend} {seed_note(gen)}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+def test_gpu_prefill_chain_equals_causal_sdpa(gen, backend, dtype):
+    """Prefill: T = 3000 prompt keys under a chain mask == SDPA's causal attention."""
+    gpu_backend(backend)
+    tokens = 3000
+    q, k, v, lens, mask = make_case(gen, 1, tokens, 0, 32, 8, 128, dtype,
+                                    parents=chain_parents(1, tokens), device="cuda")
+    out = ops.tree_attention(q, k, v, lens, mask, backend=backend)
+    keys, values = (t[0, :tokens].repeat_interleave(4, 1).transpose(0, 1) for t in (k, v))
+    want = F.scaled_dot_product_attention(q[0].transpose(0, 1).float(), keys.float(),
+                                          values.float(), is_causal=True).transpose(0, 1)
+    low = F.scaled_dot_product_attention(q[0].transpose(0, 1), keys, values,
+                                         is_causal=True).transpose(0, 1)
+    error = (out[0].float() - want).abs().max().item()
+    assert error <= 2 * (low.float() - want).abs().max().item() + 1e-3, (backend, error)
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_in_cuda_graph(gen, backend):
+    gpu_backend(backend)
+    q, k, v, lens, mask = make_case(gen, 8, 60, 1000, 32, 8, 128, torch.bfloat16, device="cuda")
+    eager = ops.tree_attention(q, k, v, lens, mask, backend=backend)
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(ops.tree_attention(q, k, v, lens, mask, backend=backend))
+    lens.sub_(7)  # graph replays read the new lengths from the device
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(out, eager)
+    assert_flash_close(out, q, k, v, lens, mask, 60, f"{backend} {seed_note(gen)}")
