@@ -1,0 +1,168 @@
+"""tree_attention: Triton / CUDA kernels vs SDPA with a dense mask and vs causal attention.
+
+    python bench/kernels/bench_attention.py [--out DIR] [--smoke]
+
+Shapes: Llama-3.1-8B (32 q / 8 KV heads, d 128) and SmolLM2 (9 / 3, d 64), bf16, a random
+N = 60 node tree over contexts of 512 .. 16k committed keys, batch 1 / 8 / 32 (every sequence
+at the same length so one batched SDPA call is a fair baseline). Per shape, one row per method:
+
+* ``triton`` / ``cuda``: ``ops.tree_attention`` (CUDA-graph replays);
+* ``sdpa_dense``: the torch path, SDPA over the cache slice with the dense [N, L + N] bool mask
+  (the mask is built once outside the timing, so this baseline is if anything flattered);
+* ``causal_sdpa``: SDPA causal attention of the same N queries over the same keys (lower-right
+  aligned), the floor the issue compares to (bar: tree <= 1.10 x this at N = 60);
+* ``decode_sdpa``: SDPA of one query per sequence over the cache (plain decode attention).
+
+Columns: median time, ``speedup_vs_torch`` (sdpa_dense / method), ``ratio_to_causal``,
+``ratio_to_decode``, ``max_err_vs_dense`` (kernels only), and ``bw_fraction``: K and V bytes read (+ q and out) per second over the
+measured copy bandwidth (bar: >= 0.85 at contexts >= 4k). SDPA runs with ``enable_gqa`` (no KV
+expansion); where this torch lacks it the KV heads are expanded outside the timing and the row
+says so. ``--smoke``: a tiny shape on CPU (torch + the Triton interpreter) in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
+                    plot_rows, time_fn, timing_columns)
+
+from eagle_kernels import ops  # noqa: E402
+from eagle_kernels.ops import reference  # noqa: E402
+from eagle_kernels.ops._backend import backend_status  # noqa: E402
+
+MODELS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64), "smoke": (4, 2, 16)}
+NUM_NODES = 60
+
+
+def make_case(model, batch, context, num_nodes, device, gen):
+    """q, caches (context + nodes + slack rows), equal cache_lens, a random tree's mask."""
+    q_heads, kv_heads, dim = MODELS[model]
+    max_len = context + num_nodes + 16
+    dtype = torch.bfloat16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    parents = torch.full((batch, num_nodes), -1, dtype=torch.int32)
+    for node in range(1, num_nodes):
+        parents[:, node] = torch.randint(0, node, (batch,), generator=gen, dtype=torch.int32)
+    _, mask, _ = ops.build_tree(parents.to(device))
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    return (randn(batch, num_nodes, q_heads, dim), randn(batch, max_len, kv_heads, dim),
+            randn(batch, max_len, kv_heads, dim), lens, mask)
+
+
+def sdpa_call(q, keys, values, attn_mask=None, is_causal_lower_right=False):
+    """A closure running SDPA on [B, H, S, D] views (GQA via enable_gqa when this torch has it)
+    and whether the KV heads had to be expanded instead."""
+    group = q.shape[1] // keys.shape[1]
+    if is_causal_lower_right:
+        from torch.nn.attention.bias import causal_lower_right
+        attn_mask = causal_lower_right(q.shape[2], keys.shape[2])
+
+    def run(k=keys, v=values, **extra):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **extra)
+
+    try:
+        run(enable_gqa=True)
+        return (lambda: run(enable_gqa=True)), False
+    except (TypeError, RuntimeError):
+        k, v = (t.repeat_interleave(group, 1) for t in (keys, values))
+        return (lambda: run(k, v)), True
+
+
+def methods(case, context, device):
+    """name -> (callable, note) for every method of one shape."""
+    q, k, v, lens, mask = case
+    num_nodes = q.shape[1]
+    length = context + num_nodes
+    keys, values = (t[:, :length].transpose(1, 2) for t in (k, v))  # [B, Hkv, L + N, D] views
+    q_bhsd = q.transpose(1, 2)
+    visible = torch.cat([torch.ones(num_nodes, context, dtype=torch.bool, device=device)
+                         .expand(q.shape[0], -1, -1),
+                         reference.unpack_tree_mask(mask, num_nodes)], 2).unsqueeze(1)
+    found = {}
+    for backend in ("triton", "cuda"):
+        if backend_status(backend).available and (backend == "triton" or device.type == "cuda"):
+            found[backend] = (lambda b=backend: ops.tree_attention(q, k, v, lens, mask,
+                                                                   backend=b), "")
+    for name, call in (("sdpa_dense", sdpa_call(q_bhsd, keys, values, attn_mask=visible)),
+                       ("causal_sdpa", sdpa_call(q_bhsd, keys, values,
+                                                 is_causal_lower_right=True)),
+                       ("decode_sdpa", sdpa_call(q_bhsd[:, :, :1], keys[:, :, :context + 1],
+                                                 values[:, :, :context + 1]))):
+        fn, expanded = call
+        found[name] = (fn, "expanded kv" if expanded else "")
+    return found
+
+
+def time_method(fn, device, repeats):
+    if device.type != "cuda":
+        return time_fn(fn, repeats=repeats, warmup=1)
+    try:
+        replay = graphed(fn)
+    except RuntimeError:  # an SDPA path that cannot be captured: time it eagerly
+        torch.cuda.synchronize()
+        replay = fn
+    return time_fn(replay, repeats=repeats)
+
+
+def main():
+    args, device = bench_arguments(__doc__.split("\n")[0])
+    gen = torch.Generator().manual_seed(0)
+    if args.smoke:
+        grid, num_nodes, repeats = [("smoke", 1, 32)], 5, 3
+    else:
+        grid = [(m, b, c) for m in ("llama3-8b", "smollm2") for b in (1, 8, 32)
+                for c in (512, 1024, 2048, 4096, 8192, 16384)]
+        num_nodes, repeats = NUM_NODES, 30
+    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    rows = []
+    for model, batch, context in grid:
+        q_heads, kv_heads, dim = MODELS[model]
+        case = make_case(model, batch, context, num_nodes, device, gen)
+        # bytes a single pass must move: K and V rows of the prefix + tree, q in and out
+        moved = 2 * (2 * batch * (context + num_nodes) * kv_heads * dim
+                     + 2 * batch * num_nodes * q_heads * dim)
+        floor_us = moved / bandwidth * 1e6
+        timings, notes, errors = {}, {}, {}
+        found = methods(case, context, device)
+        dense = found["sdpa_dense"][0]().transpose(1, 2).float()
+        for name, (fn, note) in found.items():
+            if name in ("triton", "cuda"):  # a wrong kernel must not post a fast time unseen
+                errors[name] = round((fn().float() - dense).abs().max().item(), 4)
+            timings[name], notes[name] = time_method(fn, device, repeats), note
+        base, causal = timings["sdpa_dense"], timings["causal_sdpa"]
+        for name, timing in timings.items():
+            row = dict(op="tree_attention", model=model, method=name, batch=batch,
+                       context=context, num_nodes=num_nodes,
+                       **timing_columns(timing, base, floor_us),
+                       ratio_to_causal=round(timing.median_us / causal.median_us, 3),
+                       ratio_to_decode=round(timing.median_us
+                                             / timings["decode_sdpa"].median_us, 3),
+                       bw_fraction=round(floor_us / timing.median_us, 3),
+                       copy_gbps=round(bandwidth / 1e9, 1),
+                       max_err_vs_dense=errors.get(name, ""), note=notes[name])
+            rows.append(row)
+            print(" ".join(f"{k}={v}" for k, v in row.items()))
+    out = Path(args.out)
+    append_rows(out / "bench_attention.csv", rows)
+    plot_rows([dict(r, series=f"{r['method']} {r['model']} B={r['batch']}") for r in rows
+               if r["method"] in ("triton", "cuda", "causal_sdpa", "sdpa_dense")],
+              "context", "median_us", "series", out / "bench_attention.png",
+              f"tree_attention, N={num_nodes} (bf16)")
+
+
+if __name__ == "__main__":
+    main()
