@@ -75,6 +75,9 @@ class TargetModel(nn.Module):
     def eagle3_feature_layers(self) -> tuple[int, int, int]:
         """Layers whose inputs EAGLE-3 fuses: 2, N // 2 and N - 3 (as the official code)."""
         n = self.num_layers
+        if not 2 < n // 2 < n - 3:
+            raise ValueError(f"target: EAGLE-3 needs layers 2, N//2 and N-3 to be distinct "
+                             f"(N >= 7), the target has {n} layers")
         return (2, n // 2, n - 3)
 
     def allocate_cache(self, batch: int, max_len: int) -> KVCache:

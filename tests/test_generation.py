@@ -1,0 +1,167 @@
+"""The speculative loop and its autoregressive baseline on a tiny random target (fast).
+
+Lossless greedy (speculative == autoregressive token for token) with random and oracle heads,
+EAGLE-1 and EAGLE-3, batches of different prompt lengths; sampling invariants (top-k 1 and a
+tiny top-p are greedy) and statistics (the first two sampled tokens follow the target's
+distribution); stop rules; streaming; bad input. The real-model lossless tests are in
+test_lossless.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bigram_harness import chi_square_p_value
+from eagle_kernels.runtime import Engine, SamplingConfig, TreeConfig
+from eagle_kernels.runtime.draft_heads import EAGLE1, EAGLE3, new_draft_head
+from eagle_kernels.runtime.tree_budget import choose_tree, expected_tau
+from runtime_helpers import oracle_head, tiny_target
+
+TREE = TreeConfig(top_k=4, depth=3, total_tokens=16)
+
+
+def random_prompts(gen, lengths, vocab=300):
+    return [torch.randint(0, vocab - 1, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def autoregressive(target, prompts, new_tokens, eos=()):
+    return Engine(target).generate(prompts, new_tokens, eos_token_ids=eos, speculative=False)
+
+
+@pytest.mark.parametrize("kind", [EAGLE3, EAGLE1])
+def test_greedy_random_head_equals_autoregressive(target, gen, kind):
+    prompts = random_prompts(gen, [5, 17, 1])
+    base = autoregressive(target, prompts, 40)
+    engine = Engine(target, new_draft_head(kind, target, seed=int(gen.seed() % 1000)), TREE)
+    spec = engine.generate(prompts, 40)
+    assert spec.tokens == base.tokens
+    assert spec.stats.new_tokens == [40, 40, 40]
+    produced = sum((n + 1) * c for n, c in enumerate(spec.stats.accepted_histogram))
+    assert produced >= 3 * 39  # every cycle of a running sequence yields >= 1 token
+
+
+@pytest.mark.parametrize("tree", [TREE, TreeConfig(top_k=10, depth=6, total_tokens=60),
+                                  TreeConfig(top_k=2, depth=1, total_tokens=2)])
+def test_greedy_oracle_head_accepts_and_stays_exact(target, gen, tree):
+    prompts = random_prompts(gen, [9, 3, 30, 14])
+    base = autoregressive(target, prompts, 48)
+    reference = [p + t for p, t in zip(prompts, base.tokens)]
+    spec = Engine(target, oracle_head(target, reference), tree).generate(prompts, 48)
+    assert spec.tokens == base.tokens
+    assert spec.stats.tau > 1.5, spec.stats.summary()  # multi-token accepts were exercised
+    if tree.max_depth >= 2:
+        assert sum(spec.stats.accepted_histogram[2:]) > 0
+
+
+def test_stop_at_eos_mid_acceptance(target, gen):
+    prompts = random_prompts(gen, [6, 11])
+    base = autoregressive(target, prompts, 30)
+    eos = base.tokens[0][7]
+    reference = [p + t for p, t in zip(prompts, base.tokens)]
+    spec = Engine(target, oracle_head(target, reference), TREE).generate(prompts, 30,
+                                                                          eos_token_ids=[eos])
+    for got, full in zip(spec.tokens, base.tokens):
+        cut = full.index(eos) + 1 if eos in full else len(full)
+        assert got == full[:cut]
+    assert spec.stop_reasons[0] == "eos"
+    assert autoregressive(target, prompts, 30, eos=[eos]).tokens == spec.tokens
+
+
+def test_one_new_token_and_stream_equals_generate(target, gen):
+    prompts = random_prompts(gen, [4])
+    engine = Engine(target, new_draft_head(EAGLE3, target), TREE)
+    assert engine.generate(prompts, 1).tokens == autoregressive(target, prompts, 1).tokens
+    pieces = list(engine.stream(prompts, 20))
+    streamed = [t for piece in pieces for t in piece[0]]
+    assert streamed == engine.last_output.tokens[0] == autoregressive(target, prompts, 20).tokens[0]
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0, top_k=1, seed=3),
+                                      SamplingConfig(temperature=0.7, top_p=1e-6, seed=4)])
+def test_sampling_that_keeps_one_token_is_greedy(target, gen, sampling):
+    """top_k = 1 (or a top_p below any token's mass) leaves only the argmax: sampling through
+    the stochastic acceptance ops must then reproduce greedy decoding exactly."""
+    prompts = random_prompts(gen, [8, 2])
+    base = autoregressive(target, prompts, 32)
+    reference = [p + t for p, t in zip(prompts, base.tokens)]
+    spec = Engine(target, oracle_head(target, reference), TREE).generate(prompts, 32, sampling)
+    assert spec.tokens == base.tokens
+    assert spec.stats.tau > 1.5
+
+
+def test_sampling_is_seeded(target, gen):
+    prompts = random_prompts(gen, [8])
+    engine = Engine(target, new_draft_head(EAGLE3, target), TREE)
+    runs = [engine.generate(prompts, 16, SamplingConfig(temperature=1.0, seed=s)).tokens
+            for s in (1, 1, 2)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_speculative_sampling_keeps_the_target_distribution():
+    """First two sampled tokens of speculative decoding (oracle head: drafts accepted and
+    rejected) against the exact joint distribution of the target, chi-square + TV."""
+    vocab, draws = 8, 3000
+    target = tiny_target(seed=1, vocab=vocab)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.1)  # softer distributions: every outcome is likely
+    prompt = [1, 2, 3]
+    with torch.inference_mode():
+        engine = Engine(target)
+        probs = lambda ids: torch.softmax(target.logits(_last_hidden(target, ids)), -1)
+        first = probs([prompt])[0]
+        second = probs([prompt + [t] for t in range(vocab)])
+    joint = (first.unsqueeze(1) * second).flatten().double()
+    greedy = [prompt + [int(first.argmax()), int(second[int(first.argmax())].argmax())]]
+    head = oracle_head(target, greedy * draws)  # drafts follow the most likely path
+    out = Engine(target, head, TreeConfig(top_k=2, depth=1, total_tokens=4)).generate(
+        [prompt] * draws, 2, SamplingConfig(temperature=1.0, seed=11))
+    pairs = torch.tensor([t[0] * vocab + t[1] for t in out.tokens])
+    observed = torch.bincount(pairs, minlength=vocab * vocab)
+    p_value = chi_square_p_value(observed, joint * draws)
+    total_variation = 0.5 * float((observed / draws - joint).abs().sum())
+    assert p_value > 1e-4 and total_variation < 0.08, (p_value, total_variation)
+    assert out.stats.accepted_histogram[1] > draws // 10  # drafts were accepted too
+
+
+def _last_hidden(target, prompts):
+    from eagle_kernels.runtime.drafting import causal_tree_mask
+
+    ids = torch.tensor(prompts)
+    cache = target.allocate_cache(len(prompts), ids.shape[1])
+    positions = torch.arange(ids.shape[1]).expand(len(prompts), -1)
+    hidden, _ = target(ids, positions, cache, causal_tree_mask(len(prompts), ids.shape[1], "cpu"))
+    return hidden[:, -1]
+
+
+def test_bad_input(target):
+    engine = Engine(target, new_draft_head(EAGLE3, target), TREE)
+    with pytest.raises(ValueError, match="prompts"):
+        engine.generate([[]], 4)
+    with pytest.raises(ValueError, match="prompts"):
+        engine.generate([[1, 300]], 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate([[1]], 0)
+    with pytest.raises(ValueError, match="speculative"):
+        Engine(target).generate([[1]], 4)
+    with pytest.raises(ValueError, match="total_tokens"):
+        TreeConfig(top_k=2, depth=1, total_tokens=8)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=-1.0)
+
+
+def test_tree_budget_picks_a_valid_tree(target):
+    budget = choose_tree(target, new_draft_head(EAGLE3, target), repeats=1, context=32)
+    assert budget.tree.total_tokens in budget.verify_seconds
+    assert budget.expected_tau == pytest.approx(expected_tau(
+        budget.tree.total_tokens, budget.tree.depth, budget.alpha, budget.tree.top_k))
+    assert "total_tokens=" in budget.report()
+    assert expected_tau(1, 0, 0.7, 10) == 1.0
+    assert expected_tau(60, 7, 0.7, 10) > expected_tau(16, 3, 0.7, 10) > 1.0
