@@ -142,14 +142,8 @@ tree_attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache,
   const T* v_seq = v_cache + b * p.stride_kb + kv_head * p.stride_kh;
 
   RowState state[kWarpRows];
-  const int32_t* mask_rows[kWarpRows];
-  for (int i = 0; i < kWarpRows; ++i) {
-    state[i] = RowState{-INFINITY, 0.0f};
-    const int64_t row = row0 + warp * kWarpRows + i;
-    mask_rows[i] = row < rows_total
-        ? tree_mask + (b * p.num_queries + row_index(row, group, kv_head).query) * p.words
-        : nullptr;
-  }
+#pragma unroll  // unrolled row loops keep state[] in registers
+  for (int i = 0; i < kWarpRows; ++i) state[i] = RowState{-INFINITY, 0.0f};
 
   for (int64_t block = range.begin; block < range.end; block += kBlockN) {
     const int count = static_cast<int>(range.end - block < kBlockN ? range.end - block : kBlockN);
@@ -182,13 +176,18 @@ tree_attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache,
 
     // online softmax, one row at a time across the warp (lane owns keys lane, lane + 32)
     const bool all_prefix = block + count <= prefix;
+#pragma unroll
     for (int i = 0; i < kWarpRows; ++i) {
       const int r = warp * kWarpRows + i;
+      const int64_t row = row0 + r;
+      const int32_t* mask_row =  // recomputed, not kept: 16 pointers would cost 32 registers
+          row < rows_total ? tree_mask + (b * p.num_queries + row / group) * p.words : nullptr;
       float logits[2];
+#pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int c = lane + 32 * j;
-        const bool visible = mask_rows[i] != nullptr && c < count &&
-            (all_prefix || attention::key_visible(block + c, prefix, mask_rows[i]));
+        const bool visible = mask_row != nullptr && c < count &&
+            (all_prefix || attention::key_visible(block + c, prefix, mask_row));
         logits[j] = visible ? s_s[r * L::kLdS + c] * p.scale_log2 : -INFINITY;
       }
       const float factor = state[i].rescale(warp_max(fmaxf(logits[0], logits[1])));
@@ -218,9 +217,10 @@ tree_attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache,
   }
   __syncwarp();
 
+#pragma unroll
   for (int i = 0; i < kWarpRows; ++i) {
     const int64_t row = row0 + warp * kWarpRows + i;
-    if (row >= rows_total) break;
+    if (row >= rows_total) continue;
     const RowIndex at = row_index(row, group, kv_head);
     const float inverse = state[i].inverse_sum();
     const float* o_row = s_o + (warp * kWarpRows + i) * L::kLdO;

@@ -196,19 +196,39 @@ def test_cuda_extension_exposes_tree_attention():
     assert callable(module.tree_attention_host)
 
 
-def test_cuda_host_twin_matches_reference(ext, gen):
-    """The CUDA kernel's tile code (csrc/attention.cuh), run on the host with fp32 tiles."""
-    for num_splits in (1, 3):
-        for dtype, code in ((torch.float16, 1), (torch.bfloat16, 2)):
-            q, k, v, lens, mask = make_case(gen, 3, 7, 70, 4, 2, 64, dtype)
-            out = torch.empty_like(q)
-            part_o, part_lse = attention._workspace(q, num_splits)
-            ext.tree_attention_host(
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), mask.data_ptr(),
-                out.data_ptr(), part_o.data_ptr(), part_lse.data_ptr(), 3, 7, 4, 2, 64, 7, 1,
-                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                num_splits, 64**-0.5, code)
-            assert_flash_close(out, q, k, v, lens, mask, 7, f"host {dtype} {seed_note(gen)}")
+def host_twin(ext, q, k, v, lens, mask, tree_keys, num_splits):
+    batch, num_queries, q_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    part_o, part_lse = attention._workspace(q, num_splits)
+    ext.tree_attention_host(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), mask.data_ptr(),
+        out.data_ptr(), part_o.data_ptr(), part_lse.data_ptr(), batch, num_queries, q_heads,
+        k.shape[2], head_dim, tree_keys, mask.shape[2], q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2), num_splits, head_dim**-0.5,
+        attention.CUDA_DTYPE_CODES[q.dtype])
+    return out
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+def test_cuda_host_twin_matches_reference(ext, gen, num_splits, dtype):
+    """The CUDA kernel's tiling and per-row code (csrc/attention.cuh) run on the host."""
+    for shape in ((3, 7, 70, 9, 3, 64, 7), (2, 3, 150, 4, 1, 128, 40), (1, 65, 0, 4, 2, 64, 65)):
+        q, k, v, lens, mask = make_case(gen, *shape[:5], shape[5], dtype, tree_keys=shape[6])
+        if shape[2] == 0:
+            mask[:, 1] = 0  # a query that sees nothing: zeros
+        out = host_twin(ext, q, k, v, lens, mask, shape[6], num_splits)
+        assert_flash_close(out, q, k, v, lens, mask, shape[6], f"host {shape} {seed_note(gen)}")
+
+
+def test_cuda_host_twin_rejects_bad_sizes(ext):
+    args = [0] * 8 + [1, 1, 4, 2, 64, 1, 1] + [0] * 6 + [1, 0.1]
+    with pytest.raises(ValueError, match="dtype_code"):
+        ext.tree_attention_host(*args, 0)
+    with pytest.raises(ValueError, match="head_dim"):
+        ext.tree_attention_host(*args[:12], 96, *args[13:], 1)
+    with pytest.raises(ValueError, match="words"):
+        ext.tree_attention_host(*args[:14], 2, *args[15:], 1)
 
 
 def test_bench_smoke(tmp_path):

@@ -89,4 +89,4 @@ build(attention._tree_attention_kernel, ATTENTION_ARGS,
        "DOT_PRECISION": "tf32", "UPCAST": False})
 build(attention._merge_splits_kernel,
       {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
-       "rows_per_batch": "i32"}, {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 32})
+       "rows_per_batch": "i32"}, {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 32, "UPCAST": False})

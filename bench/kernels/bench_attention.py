@@ -14,8 +14,9 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
 * ``decode_sdpa``: SDPA of one query per sequence over the cache (plain decode attention).
 
 Columns: median time, ``speedup_vs_torch`` (sdpa_dense / method), ``ratio_to_causal``,
-``ratio_to_decode``, ``max_err_vs_dense`` (kernels only), and ``bw_fraction``: K and V bytes read (+ q and out) per second over the
-measured copy bandwidth (bar: >= 0.85 at contexts >= 4k). SDPA runs with ``enable_gqa`` (no KV
+``ratio_to_decode``, ``max_err_vs_dense`` (kernels only: a wrong kernel cannot post a time
+unseen), and ``bw_fraction``: K and V bytes read (+ q and out) per second over the measured
+copy bandwidth (bar: >= 0.85 at contexts >= 4k). SDPA runs with ``enable_gqa`` (no KV
 expansion); where this torch lacks it the KV heads are expanded outside the timing and the row
 says so. ``--smoke``: a tiny shape on CPU (torch + the Triton interpreter) in seconds.
 """

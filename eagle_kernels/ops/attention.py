@@ -140,10 +140,23 @@ def _workspace(q: torch.Tensor, num_splits: int):
 def _mma(a, b, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """``a @ b`` with fp32 accumulation. UPCAST (bf16 under the interpreter only, whose dot
     multiplies bf16's raw uint16 storage as integers) widens the operands first: bf16 x bf16
-    products are exact in fp32, so the numbers are those of the bf16 MMA."""
+    products are exact in fp32, so the numbers are those of the bf16 MMA (up to summation
+    order)."""
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 -> ``dtype`` rounding to nearest even. With UPCAST (bf16 under the interpreter,
+    whose fp32 -> bf16 cast truncates) the rounding is done on the bits first, so the cast
+    that follows is exact and the interpreter rounds as the GPU does."""
+    if UPCAST:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
 
 
 @triton.jit
@@ -157,7 +170,7 @@ def _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr,
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+    acc = acc * alpha[:, None] + _mma(_cast(p, v.dtype, UPCAST), v, DOT_PRECISION, UPCAST)
     return m_new, l_i, acc
 
 
@@ -239,17 +252,18 @@ def _tree_attention_kernel(
         # workspace rows (b, split, query, head) of [B, S, Nq, Hq]
         part = ((b.to(tl.int64) * num_splits + split) * num_queries + query) * q_heads + head
         tl.store(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :], out, mask=out_mask)
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i))
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
     else:
         out_rows = out_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
-        tl.store(out_rows[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=out_mask)
+        tl.store(out_rows[:, None] + dims[None, :],
+                 _cast(out, out_ptr.dtype.element_ty, UPCAST), mask=out_mask)
 
 
 @triton.jit
 def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_splits, rows_per_batch,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                         UPCAST: tl.constexpr):
     """Program per output row x = (b, query, head) of the contiguous [B, Nq, Hq, D] output:
     the splits' outputs weighted by ``2^(lse_s - max lse)``; zeros when no split saw a key."""
     x = tl.program_id(0).to(tl.int64)
@@ -265,7 +279,7 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_splits, rows_per
                     mask=split_ok[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
     total = tl.sum(weight, 0)
     out = tl.sum(parts * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + x * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + x * HEAD_DIM + dims, _cast(out, out_ptr.dtype.element_ty, UPCAST),
              mask=dims < HEAD_DIM)
 
 
@@ -299,6 +313,7 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     out = torch.empty_like(q)
     part_o, part_lse = _workspace(q, num_splits)
     grid = (row_tiles * kv_heads, batch, num_splits)
+    upcast = q.dtype == torch.bfloat16 and q.device.type == "cpu"  # interpreter workarounds
     _tree_attention_kernel[grid](
         q, k_cache, v_cache, cache_lens, tree_mask, out, part_o, part_lse,
         num_queries, q_heads, tree_keys, tree_mask.shape[2], num_splits, scale * math.log2(math.e),
@@ -307,12 +322,13 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=q.dtype == torch.bfloat16 and q.device.type == "cpu",
+        UPCAST=upcast,
         num_warps=config.num_warps)
     if num_splits > 1:
         _merge_splits_kernel[(batch * num_queries * q_heads,)](
             part_o, part_lse, out, num_splits, num_queries * q_heads, HEAD_DIM=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=triton.next_power_of_2(num_splits))
+            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
+            UPCAST=upcast)
     return out
 
 
@@ -333,6 +349,9 @@ def _tree_attention_cuda(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, t
         raise ValueError(f"q: the cuda backend takes float16 or bfloat16, got {q.dtype}")
     if head_dim not in CUDA_HEAD_DIMS:
         raise ValueError(f"q: the cuda backend takes head_dim in {CUDA_HEAD_DIMS}, got {head_dim}")
+    if any(t.data_ptr() % 16 for t in (q, k_cache, v_cache)):
+        raise ValueError("q, k_cache, v_cache: the cuda backend needs 16-byte aligned data "
+                         "(it loads rows in 16-byte vectors)")
     kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
     row_tiles = triton.cdiv(num_queries * group, CUDA_BLOCK_M)
