@@ -22,6 +22,7 @@ using attention::Problem;
 using attention::RowState;
 
 constexpr int kWarpRows = 16;  // rows per warp = the WMMA tile height
+constexpr int kMaxDevices = 64;
 constexpr int kRowsPerWarp = kBlockM / (kThreads / 32);
 static_assert(kRowsPerWarp == kWarpRows, "each warp owns one 16-row WMMA strip");
 
@@ -260,9 +261,17 @@ cudaError_t launch_typed(const void* q, const void* k, const void* v, const int3
                          const Problem& p, cudaStream_t stream) {
   auto kernel = tree_attention_kernel<T, D, kSplit>;
   constexpr size_t kBytes = Layout<T, D>::kBytes;
-  cudaError_t status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  // Over 48 KB of dynamic shared memory needs an opt-in, once per device: kept out of the
+  // launches a CUDA graph captures (the first call of a shape runs eagerly as a warm-up).
+  static bool opted_in[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
+  if (device >= kMaxDevices || !opted_in[device]) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    if (status != cudaSuccess) return status;
+    if (device < kMaxDevices) opted_in[device] = true;
+  }
   const int64_t group = p.q_heads / p.kv_heads;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.num_queries * group, kBlockM) * p.kv_heads),
                   static_cast<unsigned>(p.batch), static_cast<unsigned>(p.num_splits));

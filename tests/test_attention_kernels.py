@@ -43,13 +43,16 @@ def make_case(gen, batch, num_queries, prefix, q_heads, kv_heads, head_dim, dtyp
     lens = torch.randint(0, prefix + 1, (batch,), generator=gen, dtype=torch.int32)
     lens[0] = prefix
     max_len = prefix + tree_keys + 2
-    k = torch.randn(batch, max_len, kv_heads, head_dim, generator=gen)
-    v = torch.randn(batch, max_len, kv_heads, head_dim, generator=gen)
+    # draw the big tensors where they live (a CPU draw of the GPU grid's caches is slow)
+    draw = gen if device == "cpu" else torch.Generator(device).manual_seed(
+        int(torch.randint(2**62, (1,), generator=gen)))
+    k = torch.randn(batch, max_len, kv_heads, head_dim, generator=draw, device=device)
+    v = torch.randn(batch, max_len, kv_heads, head_dim, generator=draw, device=device)
     for b in range(batch):
         k[b, int(lens[b]) + tree_keys:] = float("nan")
         v[b, int(lens[b]) + tree_keys:] = float("nan")
-    q = torch.randn(batch, num_queries, q_heads, head_dim, generator=gen)
-    return [t.to(dtype).to(device) for t in (q, k, v)] + [lens.to(device), mask.to(device)]
+    q = torch.randn(batch, num_queries, q_heads, head_dim, generator=draw, device=device)
+    return [t.to(dtype) for t in (q, k, v)] + [lens.to(device), mask.to(device)]
 
 
 def low_precision_attention(q, k, v, lens, mask, tree_keys):
