@@ -211,10 +211,6 @@ def test_more_rope_scaling_types_match_transformers(rope, gen, tmp_path):
     assert _prefill_error(LlamaConfig, LlamaForCausalLM, gen, tmp_path, rope_scaling=rope) < ATOL
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime bug: Mistral's sliding_window is ignored (full attention) without any check, so a "
-    "sequence longer than the window gives silently wrong logits (max diff ~4 here); expected "
-    "windowed attention or a ValueError at load / allocate_cache"))
 def test_mistral_sliding_window_shorter_than_the_sequence(gen, tmp_path):
     try:
         error = _prefill_error(MistralConfig, MistralForCausalLM, gen, tmp_path, sliding_window=8)
@@ -223,11 +219,6 @@ def test_mistral_sliding_window_shorter_than_the_sequence(gen, tmp_path):
     assert error < ATOL
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime bug: rope_type 'dynamic' is accepted but its inv_freq is computed once, while "
-    "transformers rescales it when the sequence passes max_position_embeddings (position-"
-    "dependent, so a static cache cannot follow): silently wrong logits past 16 positions; "
-    "expected a ValueError for rope_type 'dynamic'"))
 def test_dynamic_rope_is_refused_or_matches(gen, tmp_path):
     try:
         error = _prefill_error(LlamaConfig, LlamaForCausalLM, gen, tmp_path,
@@ -263,20 +254,12 @@ def test_unsupported_model_type_raises(tmp_path):
         TargetModel(config)
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "runtime bug: target_from_state reads state['model.embed_tokens.weight'] for a tied config "
-    "before TargetModel checks model_type, so a tied unsupported checkpoint (GPT-2) raises "
-    "KeyError('model.embed_tokens.weight') instead of the model_type ValueError"))
 def test_unsupported_tied_model_type_raises_value_error(tmp_path):
     _gpt2_dir(tmp_path, tied=True)
     with pytest.raises(ValueError, match="model_type.*gpt2"):
         load_target(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "runtime bug: target_from_state copies state['model.embed_tokens.weight'] into lm_head for a "
-    "tied config unguarded, so a tied checkpoint missing that key raises KeyError instead of "
-    "load_state's ValueError naming the missing key"))
 def test_tied_checkpoint_missing_embedding_raises_naming_it(gen, tmp_path):
     hf_model("llama_tied", gen).save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")

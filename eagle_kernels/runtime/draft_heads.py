@@ -160,7 +160,7 @@ def _check_against_target(kind: str, config, state: dict, target: TargetModel) -
     if config.vocab_size != target.vocab_size:
         raise ValueError(f"draft config.vocab_size: expected the target's {target.vocab_size}, "
                          f"got {config.vocab_size}")
-    if kind == EAGLE1 and config.hidden_size != target.hidden_size:
+    if config.hidden_size != target.hidden_size:  # both kinds embed with the target's table
         raise ValueError(f"draft config.hidden_size: expected the target's {target.hidden_size}, "
                          f"got {config.hidden_size}")
     if kind == EAGLE3 and "fc.weight" in state:

@@ -60,6 +60,10 @@ class RotaryEmbedding(nn.Module):
             base = params.get("rope_theta", 10000.0)
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             scaling = 1.0
+        elif rope_type == "dynamic":
+            raise ValueError("config.rope_parameters: rope_type 'dynamic' recomputes frequencies "
+                             "per sequence length, which a static cache cannot follow; not "
+                             "supported")
         elif rope_type in ROPE_INIT_FUNCTIONS:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
         else:

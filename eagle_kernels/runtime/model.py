@@ -1,7 +1,7 @@
 """The target model: a Llama-family decoder over a static KV cache.
 
 Covers Llama 2/3 (llama3 RoPE scaling included), Vicuna, Qwen2 (q/k/v bias) and Mistral
-(full attention: a sliding window longer than the cache changes nothing). Parameter names are
+(full attention: a cache longer than a configured sliding window is refused). Parameter names are
 transformers' (``model.layers.3.self_attn.q_proj.weight``), so a HF safetensors checkpoint
 directory loads by name and strictly; GGUF files load through transformers' own GGUF reader.
 
@@ -25,6 +25,13 @@ from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, head_dim_of
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
+def check_model_type(config) -> None:
+    model_type = getattr(config, "model_type", "llama")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"config.model_type: expected one of {SUPPORTED_MODEL_TYPES}, "
+                         f"got {model_type!r}")
+
+
 class Backbone(nn.Module):
     """Embeddings, decoder layers and final norm (transformers' ``model.`` prefix)."""
 
@@ -41,10 +48,7 @@ class TargetModel(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        model_type = getattr(config, "model_type", "llama")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"config.model_type: expected one of {SUPPORTED_MODEL_TYPES}, "
-                             f"got {model_type!r}")
+        check_model_type(config)
         self.config = config
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -81,6 +85,12 @@ class TargetModel(nn.Module):
         return (2, n // 2, n - 3)
 
     def allocate_cache(self, batch: int, max_len: int) -> KVCache:
+        window = getattr(self.config, "sliding_window", None)
+        if window is not None and getattr(self.config, "use_sliding_window", True) \
+                and max_len > window:
+            raise ValueError(f"max_len: {max_len} exceeds the model's sliding_window {window}; "
+                             f"sliding-window attention is not implemented, keep prompt + new "
+                             f"tokens within the window")
         return KVCache.allocate(self.num_layers, batch, max_len, self.config.num_key_value_heads,
                                 head_dim_of(self.config), self.dtype, self.device)
 
@@ -152,10 +162,10 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> N
 def target_from_state(config, state: dict[str, torch.Tensor], dtype: torch.dtype,
                       device: torch.device | str) -> TargetModel:
     """Build a :class:`TargetModel` from a config and a transformers-named state dict."""
+    check_model_type(config)
     state = {k: v for k, v in state.items() if "rotary_emb" not in k}
-    if getattr(config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    if getattr(config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: one tensor
     with torch.device("meta"):
         model = TargetModel(config)
     model = model.to_empty(device="cpu")
