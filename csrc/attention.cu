@@ -148,7 +148,22 @@ tree_attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache,
 
   for (int64_t block = range.begin; block < range.end; block += kBlockN) {
     const int count = static_cast<int>(range.end - block < kBlockN ? range.end - block : kBlockN);
-    __syncthreads();  // the previous block's K / V (and the Q / O set-up) are done with
+    if (block + count <= prefix) {
+      __syncthreads();  // the previous block's K / V (and the Q / O set-up) are done with
+    } else {
+      // A block holding tree keys that no row of the tile sees is skipped before its K / V
+      // are read (with a chain mask, prefill, that is the half above the diagonal). The vote
+      // is also the barrier above.
+      bool seen = false;
+      for (int e = threadIdx.x; e < kBlockM * kBlockN && !seen; e += kThreads) {
+        const int64_t row = row0 + e / kBlockN;
+        const int c = e % kBlockN;
+        seen = row < rows_total && c < count &&
+            attention::key_visible(block + c, prefix,
+                                   tree_mask + (b * p.num_queries + row / group) * p.words);
+      }
+      if (!__syncthreads_or(seen)) continue;
+    }
     load_tile<T, D>(s_k, kBlockN, count,
                     [&](int r) -> const T* { return k_seq + (block + r) * p.stride_kn; });
     load_tile<T, D>(s_v, kBlockN, count,

@@ -11,7 +11,8 @@
  * K/V block is read once for the whole group. Four warps own 16 rows each; per 64-key block
  * S = Q K^T and O += P V run on tensor cores (WMMA 16x16x16, fp32 accumulate), the online
  * softmax in fp32 between them, with O kept in shared memory so the per-row rescale is plain
- * code. Split-KV: each sequence's range [0, L + T) is cut into `num_splits` chunks of a
+ * code. A block of tree keys that no row of the tile sees is skipped (a CTA-wide vote) before
+ * its K / V are read: half the blocks of a prefill chain. Split-KV: each sequence's range [0, L + T) is cut into `num_splits` chunks of a
  * multiple of kBlockN keys (from the device-side length: no host sync); splits write
  * normalised partial outputs and base-2 log-sum-exps, which a second kernel merges.
  *

@@ -13,7 +13,8 @@ a KV head are stacked as rows, so a tile of rows ``r -> (query r // group, head 
 reads each K/V block once for the whole group (decode-like shapes have few queries but many
 heads per KV head). A program owns one row tile of one KV head of one sequence; it walks the
 prefix keys ``[0, L)`` with no mask but the length, then the tree keys ``[L, L + T)`` with the
-packed ancestor bits (key j visible to query i iff bit ``j % 32`` of ``tree_mask[b, i, j // 32]``).
+packed ancestor bits (key j visible to query i iff bit ``j % 32`` of ``tree_mask[b, i, j // 32]``),
+skipping any tree block that no row of the tile sees (half the blocks of a prefill chain).
 
 Split-KV (flash-decoding). When the row tiles of a batch cannot fill the GPU (batch 1 verify:
 ``ceil(N * group / BLOCK_M) * Hkv`` programs against 132 SMs), each sequence's key range
@@ -229,22 +230,25 @@ def _tree_attention_kernel(
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION, UPCAST)
 
-    # tree keys: node j = pos - prefix, visible iff bit j % 32 of the row's word j // 32
+    # tree keys: node j = pos - prefix, visible iff bit j % 32 of the row's word j // 32. A
+    # block no row of the tile sees is skipped before its K / V are read (with a chain mask,
+    # prefill, that is the half above the diagonal).
     mask_rows = mask_ptr + (b.to(tl.int64) * num_queries + query) * words
     for block in range(tl.maximum(start, prefix), end, BLOCK_N):
         pos = block + keys
         key_ok = pos < end
         node = pos - prefix
-        kv_mask = key_ok[:, None] & dim_ok[None, :]
-        offsets = pos[:, None].to(tl.int64) * stride_kn + dims[None, :]
-        k = tl.load(k_seq + offsets, mask=kv_mask, other=0.0)
-        v = tl.load(v_seq + offsets, mask=kv_mask, other=0.0)
         bits = tl.load(mask_rows[:, None] + node[None, :] // 32,
                        mask=row_ok[:, None] & key_ok[None, :], other=0)
         visible = ((bits >> (node[None, :] % 32)) & 1) != 0
-        s = _mma(q, tl.trans(k), DOT_PRECISION, UPCAST) * scale_log2
-        s = tl.where(visible, s, float("-inf"))
-        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION, UPCAST)
+        if tl.max(tl.max(visible.to(tl.int32), 1), 0) > 0:
+            kv_mask = key_ok[:, None] & dim_ok[None, :]
+            offsets = pos[:, None].to(tl.int64) * stride_kn + dims[None, :]
+            k = tl.load(k_seq + offsets, mask=kv_mask, other=0.0)
+            v = tl.load(v_seq + offsets, mask=kv_mask, other=0.0)
+            s = _mma(q, tl.trans(k), DOT_PRECISION, UPCAST) * scale_log2
+            s = tl.where(visible, s, float("-inf"))
+            m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION, UPCAST)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no visible key: acc is 0 -> zeros
     out_mask = row_ok[:, None] & dim_ok[None, :]
