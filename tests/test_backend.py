@@ -56,8 +56,11 @@ def test_environment_forces_a_backend(monkeypatch):
 
 def test_explicit_backend_errors_name_the_problem(monkeypatch):
     monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
-    with pytest.raises(ValueError, match="tree_attention has no 'triton' implementation"):
-        _backend.resolve("tree_attention", "triton", torch.device("cpu"))
+    # every real op has a Triton kernel now: a torch-only op registered for this test
+    monkeypatch.setitem(_backend._REGISTRY, "torch_only_op",
+                        {"torch": _backend._Implementation(lambda: None, True)})
+    with pytest.raises(ValueError, match="torch_only_op has no 'triton' implementation"):
+        _backend.resolve("torch_only_op", "triton", torch.device("cpu"))
     with pytest.raises(ValueError, match="backend: expected 'auto' or one of"):
         ops.build_tree(PARENTS, backend="CUDA")
     if not torch.cuda.is_available():
