@@ -183,6 +183,12 @@ def test_split_count_heuristic():
     assert attention.choose_num_splits(8, 100, cpu) == 1
 
 
+def test_triton_backend_rejects_huge_heads(gen):
+    q, k, v, lens, mask = make_case(gen, 1, 2, 3, 2, 1, 264, torch.float32)
+    with pytest.raises(ValueError, match="head_dim <= 256"):
+        ops.tree_attention(q, k, v, lens, mask, backend="triton")
+
+
 def test_cuda_backend_rejects_what_it_does_not_cover(gen):
     q, k, v, lens, mask = make_case(gen, 1, 2, 3, 2, 1, 16, torch.float32)
     with pytest.raises(ValueError, match="float16 or bfloat16"):

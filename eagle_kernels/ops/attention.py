@@ -307,6 +307,8 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     """Triton backend (any head_dim up to 256; fp16 / bf16 / fp32 with fp32 accumulation).
     ``num_splits`` (tests) overrides :func:`choose_num_splits`."""
     batch, num_queries, q_heads, head_dim = q.shape
+    if head_dim > 256:
+        raise ValueError(f"q: the triton backend takes head_dim <= 256, got {head_dim}")
     kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
