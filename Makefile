@@ -22,7 +22,7 @@ $(STAMP): $(SOURCES)
 	touch $(STAMP)
 
 demo: setup
-	$(PY) python/generate.py $(ARGS)
+	$(PY) -m eagle_kernels generate --compare $(ARGS)
 
 test: setup
 	$(PY) -m pytest tests -q -ra --durations=10 $(ARGS)

@@ -1,4 +1,4 @@
-"""The default target model: GGUF → cached float32 checkpoint, and python/generate.py.
+"""The default target model: GGUF → cached float32 checkpoint, and the CLI on it.
 
 The slow part (about a minute on two CPU cores) is one real conversion into a temporary cache
 plus one direct load of the GGUF as the reference; both are session-scoped. The cache logic
@@ -8,7 +8,6 @@ plus one direct load of the GGUF as the reference; both are session-scoped. The 
 from __future__ import annotations
 
 import importlib.machinery
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -138,19 +137,16 @@ def test_greedy_generation_is_deterministic_and_argmax(cached):
     assert "Paris" in tokenizer.decode(runs[0][0, ids.shape[1]:])
 
 
-def _generate_script():
-    spec = importlib.util.spec_from_file_location("generate", REPO / "python" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_cli_generate_compare(fresh_dir, monkeypatch, capsys):
+    """The README's main command: speculative generation, the baseline, identical outputs."""
+    from eagle_kernels.cli import main
 
-
-def test_generate_main(fresh_dir, monkeypatch, capsys):
     monkeypatch.setenv(dm.CACHE_ENV, str(fresh_dir.parent))
-    assert _generate_script().main(["--max-new-tokens", "8", "--prompt", "Say hi."]) == 0
+    assert main(["generate", "--max-new-tokens", "8", "--prompt", "Say hi.", "--compare",
+                 "--tree", "4,2,8", "--draft", "random-eagle3", "--json"]) == 0
     out = capsys.readouterr().out
-    assert "reply:" in out
-    assert "new tokens" in out and "tokens/s" in out
+    assert "reply:" in out and "tau" in out and "tokens/s" in out
+    assert "outputs identical: yes" in out
     assert "backends on this machine:" in out and "torch" in out
 
 

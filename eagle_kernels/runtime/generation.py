@@ -16,6 +16,7 @@ one small tensor for the stop decision and the statistics.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -25,6 +26,7 @@ import torch
 from .. import ops
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree
+from .graphs import GraphedStep
 from .model import TargetModel
 
 
@@ -133,17 +135,27 @@ class Engine:
     """Target model + optional draft head, with static caches sized per generate call."""
 
     def __init__(self, target: TargetModel, head: DraftHead | None = None,
-                 tree: TreeConfig | None = None):
+                 tree: TreeConfig | None = None, cuda_graphs: bool = True):
         self.target = target
         self.head = head
         self.tree = tree or TreeConfig()
+        self.cuda_graphs = cuda_graphs  # on CUDA devices; CPU always runs eagerly
+        self.graph_status = "eager (not a CUDA device)"
 
     @property
     def device(self) -> torch.device:
         return self.target.device
 
     # ----------------------------------------------------------------------- token choice
-    def _accept_root_only(self, logits: torch.Tensor, state: _Batch) -> torch.Tensor:
+    def _uniforms(self, state: _Batch, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Acceptance uniforms [B, nodes] and bonus uniforms [B] for one cycle (zeros: greedy)."""
+        batch = state.out.shape[0]
+        if state.sampling.greedy:
+            return (torch.zeros(batch, nodes, device=self.device),
+                    torch.zeros(batch, device=self.device))
+        return state.uniforms(batch, nodes), state.uniforms(batch)
+
+    def _accept_root_only(self, logits, state: _Batch, accept_u, bonus_u) -> torch.Tensor:
         """The next token from last-position logits [B, V]: greedy or sampled, via the ops."""
         batch = logits.shape[0]
         tokens = torch.zeros(batch, 1, dtype=torch.int64, device=logits.device)
@@ -153,19 +165,16 @@ class Engine:
         else:
             s = state.sampling
             parents = torch.full((batch, 1), -1, dtype=torch.int32, device=logits.device)
-            result = ops.stochastic_accept_tree(tokens, parents, logits, state.uniforms(batch, 1),
-                                                state.uniforms(batch), 0, s.temperature,
-                                                s.top_k, s.top_p)
+            result = ops.stochastic_accept_tree(tokens, parents, logits, accept_u[:, :1], bonus_u,
+                                                0, s.temperature, s.top_k, s.top_p)
         return result.output_tokens[:, 0]
 
-    def _accept_tree(self, tree: ops.DraftTree, logits: torch.Tensor,
-                     state: _Batch) -> ops.AcceptResult:
+    def _accept_tree(self, tree: ops.DraftTree, logits, state: _Batch, accept_u,
+                     bonus_u) -> ops.AcceptResult:
         if state.sampling.greedy:
             return ops.greedy_accept_tree(tree.tokens, tree.paths, logits)
         s = state.sampling
-        batch, nodes = tree.tokens.shape
-        return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits,
-                                          state.uniforms(batch, nodes), state.uniforms(batch),
+        return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits, accept_u, bonus_u,
                                           self.tree.max_depth, s.temperature, s.top_k, s.top_p)
 
     # --------------------------------------------------------------------------- prefill
@@ -183,7 +192,8 @@ class Engine:
                                        causal_tree_mask(len(prompts), width, self.device), layers)
         last = (lengths - 1).view(-1, 1, 1)
         last_hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)
-        root = self._accept_root_only(self.target.logits(last_hidden), state)
+        root = self._accept_root_only(self.target.logits(last_hidden), state,
+                                      *self._uniforms(state, 1))
         cache.lens.copy_(lengths.to(torch.int32))
         return ids, lengths, root, hidden, features
 
@@ -246,20 +256,19 @@ class Engine:
         counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
         stats.prefill_seconds = _now(self.device) - start
         yield counts, state
-        start = _now(self.device)
         ones = torch.ones(len(prompts), 1, 1, dtype=torch.int32, device=self.device)
-        while not bool(state.done.all()):  # the one host read per step
-            active = ~state.done
-            positions = cache.lens.to(torch.int64).unsqueeze(1)
-            hidden, _ = self.target(root.unsqueeze(1), positions, cache, ones)
-            cache.lens += active.to(torch.int32)
-            root = self._accept_root_only(self.target.logits(hidden[:, 0]), state)
-            counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
-            stats.cycles += 1
-            stats.accepted_histogram[0] += int(active.sum())
-            yield counts, state
-        stats.decode_seconds = _now(self.device) - start
-        self._finish(state, stats)
+        step = functools.partial(self._step, cache, state, ones)
+        yield from self._decode(step, [root], 1, [cache.lens], state, stats)
+
+    def _step(self, cache, state: _Batch, ones, root, accept_u, bonus_u):
+        """One autoregressive step for the whole batch (same model code and ops as a cycle)."""
+        active = ~state.done
+        positions = cache.lens.to(torch.int64).unsqueeze(1)
+        hidden, _ = self.target(root.unsqueeze(1), positions, cache, ones)
+        cache.lens += active.to(torch.int32)
+        root = self._accept_root_only(self.target.logits(hidden[:, 0]), state, accept_u, bonus_u)
+        counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
+        return root, counts, torch.zeros_like(counts), active.to(torch.int64)
 
     def _speculative(self, prompts, max_new_tokens, sampling, eos):
         tree = self.tree
@@ -278,14 +287,31 @@ class Engine:
                              self.head.project(hidden, features), lengths)
         stats.prefill_seconds = _now(self.device) - start
         yield counts, state
+        cycle = functools.partial(self._cycle, cache, draft_cache, state)
+        yield from self._decode(cycle, [root, root_hidden], tree.total_tokens,
+                                [cache.lens, draft_cache.lens], state, stats)
+
+    def _decode(self, step, carry, nodes, lens, state: _Batch, stats: GenerationStats):
+        """Run ``step`` until every sequence stops; captured in a CUDA graph where possible.
+
+        ``step(*carry, accept_u, bonus_u)`` returns the next carry, then counts, accepted
+        lengths and the active mask. The one host read per cycle copies stop flags and
+        accepted lengths together.
+        """
         start = _now(self.device)
         finished = bool(state.done.all())
+        runner = step
+        if not finished and self.cuda_graphs and self.device.type == "cuda":
+            mutable = [*lens, state.out, state.generated, state.done]
+            graphed, reason = GraphedStep.try_capture(
+                step, [*carry, *self._uniforms(state, nodes)], mutable)
+            self.graph_status = reason or "captured"
+            runner = graphed or step
         while not finished:
-            active = ~state.done
-            root, root_hidden, counts, accepted = self._cycle(cache, draft_cache, root,
-                                                              root_hidden, state)
-            # The one host read per cycle: stop flags and accepted lengths together.
-            host = torch.stack([accepted, active.long(), state.done.long()]).cpu()
+            outputs = runner(*carry, *self._uniforms(state, nodes))
+            carry = list(outputs[:len(carry)])
+            counts, accepted, active = outputs[len(carry):]
+            host = torch.stack([accepted, active, state.done.long()]).cpu()
             finished = bool(host[2].all())
             for n in host[0][host[1].bool()].tolist():
                 stats.accepted_histogram[n] += 1
@@ -294,17 +320,17 @@ class Engine:
         stats.decode_seconds = _now(self.device) - start
         self._finish(state, stats)
 
-    def _cycle(self, cache, draft_cache, root, root_hidden, state: _Batch):
+    def _cycle(self, cache, draft_cache, state: _Batch, root, root_hidden, accept_u, bonus_u):
         """One draft -> verify -> accept -> compact -> commit cycle for the whole batch."""
         tree = draft_tree(self.head, draft_cache, root, root_hidden, self.tree)
         positions = cache.lens.to(torch.int64).unsqueeze(1) + tree.depth
         hidden, features = self.target(tree.tokens, positions, cache, tree.tree_mask,
                                        self.head.feature_layers)
-        result = self._accept_tree(tree, self.target.logits(hidden), state)
-        active = (~state.done).to(torch.int32)
+        result = self._accept_tree(tree, self.target.logits(hidden), state, accept_u, bonus_u)
+        active = ~state.done
         ops.compact_kv(cache.all_tensors(), cache.lens, result.accepted_nodes,
                        result.num_accepted)
-        produced = (result.num_accepted + 1) * active
+        produced = (result.num_accepted + 1) * active.to(torch.int32)
         cache.lens += produced
         counts = state.record(result.output_tokens, produced)
         nodes = result.accepted_nodes.clamp(min=0).to(torch.int64)
@@ -316,7 +342,8 @@ class Engine:
                              self.head.project(picked_hidden, picked_features), produced)
         last = (result.num_accepted.to(torch.int64)).unsqueeze(1)
         root = result.output_tokens.gather(1, last).squeeze(1)
-        return root, root_hidden, counts, result.num_accepted.to(torch.int64)
+        return (root, root_hidden, counts, result.num_accepted.to(torch.int64),
+                active.to(torch.int64))
 
     # --------------------------------------------------------------------------- helpers
     @staticmethod
