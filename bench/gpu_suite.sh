@@ -39,3 +39,9 @@ for script in bench/kernels/bench_*.py; do
   echo "$name: exit $?"
   tail -25 "$OUT/$name.log"
 done
+
+# End to end: one speculative cycle vs one autoregressive step at Llama-3.1-8B shape (random
+# bf16 weights, batch 1, context 1k, tree 60 / depth 7), torch reference ops and Triton kernels.
+python bench/e2e/bench_cycle.py --out "$OUT" --contexts 1024 4096 > "$OUT/bench_cycle.log" 2>&1
+echo "bench_cycle: exit $?"
+tail -8 "$OUT/bench_cycle.log"

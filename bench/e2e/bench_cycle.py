@@ -1,0 +1,162 @@
+"""Cycle time of the speculative loop against one autoregressive step of the same runtime.
+
+The issue-6 bar: Llama-3.1-8B shape with random weights, bf16, batch 1, context 1k, EAGLE-3
+head (draft vocabulary 32000), tree total_tokens 60 / depth 7 / top_k 10: one cycle (draft +
+verify + accept + compaction + commit) over one autoregressive step <= 1.5 (memory roofline
+~1.38). Random weights accept nothing, so every cycle yields one token and
+``cycle time = decode time / cycles`` exactly; the autoregressive step is timed the same way.
+
+Rows per (backend, context): median cycle and step time over ``--repeats`` generate calls,
+their ratio, the roofline ratio (bytes a cycle must read over bytes a step must read: target
+weights + KV once per pass, the head's weights once per drafting step), the step's achieved
+fraction of measured copy bandwidth, and whether CUDA-graph capture succeeded. CSV + PNG.
+
+    python bench/e2e/bench_cycle.py --out bench/results/local         # GPU
+    python bench/e2e/bench_cycle.py --smoke --out /tmp/cycle          # anywhere, tiny shapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+from common import append_rows, copy_bandwidth, plot_rows  # noqa: E402
+
+from eagle_kernels.ops import BACKEND_ENV  # noqa: E402
+from eagle_kernels.runtime import Engine, TreeConfig  # noqa: E402
+from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head  # noqa: E402
+from eagle_kernels.runtime.model import TargetModel  # noqa: E402
+
+SHAPES = {
+    "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                        max_position_embeddings=131072, rope_theta=500000.0,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}),
+    "smoke": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=7,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+}
+
+
+def random_target(shape: str, dtype: torch.dtype, device: torch.device) -> TargetModel:
+    """A target of the named shape with N(0, 0.02) weights, built straight on the device."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**SHAPES[shape], tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = TargetModel(config)
+    model = model.to_empty(device=device).to(dtype)
+    _randomise(model)
+    from eagle_kernels.runtime.layers import RotaryEmbedding
+
+    model.model.rotary_emb = RotaryEmbedding(config).to(device)
+    return model.eval()
+
+
+def _randomise(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, 0.02)
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def roofline_ratio(target, head, tree: TreeConfig, context: int) -> float:
+    """Bytes one cycle must read over bytes one autoregressive step must read.
+
+    A step reads the target's weights and KV once. A cycle reads them once too (the verify
+    pass), plus the head's layer and lm_head once per drafting pass (the commit, the root's
+    logits, ``depth`` expansion steps) and its fc once (the commit).
+    """
+    config = target.config
+    kv_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads
+                * (config.hidden_size // config.num_attention_heads) * context
+                * target.lm_head.weight.element_size())
+    step = weight_bytes(target) + kv_bytes
+    per_pass = weight_bytes(head) - weight_bytes(head.fc)
+    return (step + weight_bytes(head.fc) + (tree.depth + 2) * per_pass) / step
+
+
+def time_generation(engine: Engine, prompt: list[int], new_tokens: int, speculative: bool,
+                    repeats: int) -> tuple[float, str]:
+    """Median seconds per cycle over ``repeats`` generate calls, and the graph status."""
+    per_cycle = []
+    for _ in range(repeats):
+        stats = engine.generate([prompt], new_tokens, speculative=speculative).stats
+        per_cycle.append(stats.decode_seconds / max(stats.cycles, 1))
+    return statistics.median(per_cycle), engine.graph_status
+
+
+def run(args) -> list[dict]:
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shape = "smoke" if args.smoke else args.shape
+    tree = TreeConfig(top_k=4, depth=2, total_tokens=10) if args.smoke else TreeConfig(
+        top_k=10, depth=7, total_tokens=60)
+    target = random_target(shape, dtype, device)
+    head = new_draft_head(EAGLE3, target, draft_vocab=None if args.smoke else 32000)
+    _randomise(head)
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else float("nan")
+    rows = []
+    for backend in args.backends:
+        os.environ[BACKEND_ENV] = backend
+        for context in args.contexts:
+            prompt = torch.randint(0, target.vocab_size, (context,)).tolist()
+            engine = Engine(target, head, tree)
+            cycle, cycle_graph = time_generation(engine, prompt, args.new_tokens, True,
+                                                 args.repeats)
+            step, step_graph = time_generation(engine, prompt, args.new_tokens, False,
+                                               args.repeats)
+            roofline = roofline_ratio(target, head, tree, context)
+            step_bytes = weight_bytes(target)  # KV at these contexts is < 1 % of the weights
+            rows.append({
+                "shape": shape, "backend": backend, "batch": 1, "context": context,
+                "total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k,
+                "dtype": str(dtype).replace("torch.", ""),
+                "cycle_ms": round(cycle * 1e3, 3), "step_ms": round(step * 1e3, 3),
+                "cycle_over_step": round(cycle / step, 3),
+                "roofline_cycle_over_step": round(roofline, 3),
+                "step_bw_fraction": round(step_bytes / step / 1e9 / bandwidth, 3)
+                if bandwidth == bandwidth else "",
+                "graph_cycle": cycle_graph, "graph_step": step_graph,
+            })
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench/results/local")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device")
+    parser.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024])
+    parser.add_argument("--backends", nargs="+", default=["auto", "triton"],
+                        help="values of EAGLE_KERNELS_BACKEND to run (auto = torch reference)")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if args.smoke:
+        args.contexts, args.new_tokens, args.repeats = [16], 4, 1
+        args.backends = ["auto"]
+    rows = run(args)
+    out = Path(args.out)
+    append_rows(out / "cycle.csv", rows)
+    plot_rows(rows, "context", "cycle_over_step", "backend", out / "cycle.png",
+              "speculative cycle / autoregressive step (1.0 = free drafting)", logy=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
