@@ -165,3 +165,15 @@ def test_tree_budget_picks_a_valid_tree(target):
     assert "total_tokens=" in budget.report()
     assert expected_tau(1, 0, 0.7, 10) == 1.0
     assert expected_tau(60, 7, 0.7, 10) > expected_tau(16, 3, 0.7, 10) > 1.0
+
+
+def test_max_length_stops_each_sequence_at_its_own_limit(target, gen):
+    prompts = random_prompts(gen, [5, 20])
+    base = autoregressive(target, prompts, 10)
+    for speculative in (False, True):
+        engine = Engine(target, new_draft_head(EAGLE3, target), TREE)
+        out = engine.generate(prompts, 10, speculative=speculative, max_length=24)
+        assert out.tokens == [base.tokens[0], base.tokens[1][:4]]
+        assert out.stop_reasons == ["max_new_tokens", "max_length"]
+    with pytest.raises(ValueError, match="max_length"):
+        Engine(target).generate(prompts, 4, speculative=False, max_length=20)

@@ -95,14 +95,15 @@ class GenerationOutput:
 class _Batch:
     """Device state of one generate call: output buffer, counters, stop flags, sampling rng."""
 
-    def __init__(self, batch: int, max_new_tokens: int, width: int, eos: Sequence[int],
+    def __init__(self, budgets: list[int], width: int, eos: Sequence[int],
                  sampling: SamplingConfig, device: torch.device):
+        batch, max_new_tokens = len(budgets), max(budgets)
         self.out = torch.full((batch, max_new_tokens + width), -1, dtype=torch.int64,
                               device=device)
         self.generated = torch.zeros(batch, dtype=torch.int64, device=device)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.eos = torch.tensor(sorted(set(eos)) or [-1], dtype=torch.int64, device=device)
-        self.max_new_tokens = max_new_tokens
+        self.budgets = torch.tensor(budgets, dtype=torch.int64, device=device)
         self.sampling = sampling
         self.rng = None
         if not sampling.greedy:
@@ -121,13 +122,13 @@ class _Batch:
         is_eos = (steps < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
         hit_eos = is_eos.any(1)
         counts = torch.where(hit_eos, is_eos.int().argmax(1) + 1, counts)
-        counts = torch.minimum(counts, self.max_new_tokens - self.generated)
+        counts = torch.minimum(counts, self.budgets - self.generated)
         rows = torch.arange(new_tokens.shape[0], device=new_tokens.device).unsqueeze(1)
         columns = self.generated.unsqueeze(1) + steps
         keep = steps < counts.unsqueeze(1)
         self.out[rows, columns] = torch.where(keep, new_tokens, self.out[rows, columns])
         self.generated += counts
-        self.done |= hit_eos | (self.generated >= self.max_new_tokens)
+        self.done |= hit_eos | (self.generated >= self.budgets)
         return counts
 
     def uniforms(self, *shape) -> torch.Tensor:
@@ -203,16 +204,21 @@ class Engine:
     # -------------------------------------------------------------------------- the loops
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
                  sampling: SamplingConfig | None = None, eos_token_ids: Sequence[int] = (),
-                 speculative: bool = True) -> GenerationOutput:
-        """Generate for a batch of token-id prompts (different lengths allowed)."""
+                 speculative: bool = True, max_length: int | None = None) -> GenerationOutput:
+        """Generate for a batch of token-id prompts (different lengths allowed).
+
+        A sequence stops at an EOS token, after ``max_new_tokens``, or when prompt plus output
+        reach ``max_length`` (default: the target's ``max_position_embeddings``).
+        """
         for _ in self._run(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
-                           emit=False):
+                           max_length, emit=False):
             pass
         return self.last_output
 
     def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
                sampling: SamplingConfig | None = None, eos_token_ids: Sequence[int] = (),
-               speculative: bool = True) -> Iterator[list[list[int]]]:
+               speculative: bool = True,
+               max_length: int | None = None) -> Iterator[list[list[int]]]:
         """Yield, after prefill and after every cycle, each sequence's newly generated tokens.
 
         When the iterator is exhausted, :attr:`last_output` holds the full
@@ -220,9 +226,10 @@ class Engine:
         host copy than :meth:`generate`).
         """
         yield from self._run(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
-                             emit=True)
+                             max_length, emit=True)
 
-    def _run(self, prompts, max_new_tokens, sampling, eos_token_ids, speculative, emit):
+    def _run(self, prompts, max_new_tokens, sampling, eos_token_ids, speculative, max_length,
+             emit):
         prompts = [list(map(int, p)) for p in prompts]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: expected at least one non-empty token list")
@@ -233,10 +240,16 @@ class Engine:
             raise ValueError(f"prompts: token ids must lie in [0, {vocab})")
         if speculative and self.head is None:
             raise ValueError("speculative: no draft head loaded; pass speculative=False")
+        max_length = max_length or self.target.config.max_position_embeddings
+        budgets = [min(max_new_tokens, max_length - len(p)) for p in prompts]
+        self._max_new_tokens = max_new_tokens
+        if min(budgets) < 1:
+            raise ValueError(f"prompts: a prompt of {max(map(len, prompts))} tokens leaves no "
+                             f"room under max_length {max_length}")
         sampling = sampling or SamplingConfig()
         loop = self._speculative if speculative else self._autoregressive
         with torch.inference_mode():
-            for counts, state in loop(prompts, max_new_tokens, sampling, list(eos_token_ids)):
+            for counts, state in loop(prompts, budgets, sampling, list(eos_token_ids)):
                 if emit:
                     yield self._new_tokens(state, counts)
 
@@ -244,16 +257,16 @@ class Engine:
     def last_output(self) -> GenerationOutput:
         return self._last_output
 
-    def _start(self, prompts, max_new_tokens, sampling, eos, width, extra):
+    def _start(self, prompts, budgets, sampling, eos, width, extra):
         batch = len(prompts)
-        max_len = max(len(p) for p in prompts) + max_new_tokens + extra
-        state = _Batch(batch, max_new_tokens, width, eos, sampling, self.device)
+        max_len = max(len(p) for p in prompts) + max(budgets) + extra
+        state = _Batch(budgets, width, eos, sampling, self.device)
         cache = self.target.allocate_cache(batch, max_len)
         return state, cache
 
-    def _autoregressive(self, prompts, max_new_tokens, sampling, eos):
+    def _autoregressive(self, prompts, budgets, sampling, eos):
         stats = GenerationStats("autoregressive", accepted_histogram=[0])
-        state, cache = self._start(prompts, max_new_tokens, sampling, eos, 1, 1)
+        state, cache = self._start(prompts, budgets, sampling, eos, 1, 1)
         start = _now(self.device)
         _, _, root, _, _ = self._prefill(prompts, cache, state)
         counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
@@ -273,11 +286,11 @@ class Engine:
         counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
         return root, counts, torch.zeros_like(counts), active.to(torch.int64)
 
-    def _speculative(self, prompts, max_new_tokens, sampling, eos):
+    def _speculative(self, prompts, budgets, sampling, eos):
         tree = self.tree
         width = tree.max_depth + 1
         stats = GenerationStats("speculative", accepted_histogram=[0] * width)
-        state, cache = self._start(prompts, max_new_tokens, sampling, eos, width,
+        state, cache = self._start(prompts, budgets, sampling, eos, width,
                                    tree.total_tokens)
         draft_cache = self.head.allocate_cache(len(prompts), cache.max_len + tree.drafted_keys)
         start = _now(self.device)
@@ -363,7 +376,10 @@ class Engine:
         rows = state.out.tolist()
         eos = set(state.eos.tolist())
         tokens = [rows[b][: generated[b]] for b in range(len(generated))]
-        reasons = ["eos" if seq and seq[-1] in eos else "max_new_tokens" for seq in tokens]
+        budgets = state.budgets.tolist()
+        reasons = ["eos" if seq and seq[-1] in eos else
+                   "max_length" if len(seq) == budget < self._max_new_tokens else
+                   "max_new_tokens" for seq, budget in zip(tokens, budgets)]
         stats.new_tokens = [len(t) for t in tokens]
         self._last_output = GenerationOutput(tokens, reasons, stats)
 

