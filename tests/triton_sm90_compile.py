@@ -13,7 +13,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from eagle_kernels.ops import acceptance, attention, kv, sampling, topk, tree  # noqa: E402
+from eagle_kernels.ops import acceptance, attention, kv, loss, sampling, topk, tree  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 
@@ -90,3 +90,9 @@ build(attention._tree_attention_kernel, ATTENTION_ARGS,
 build(attention._merge_splits_kernel,
       {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
        "rows_per_batch": "i32"}, {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 32, "UPCAST": False})
+build(loss._soft_ce_forward_kernel,
+      {"x_ptr": "*bf16", "y_ptr": "*bf16", "loss_ptr": "*fp32", "stats_ptr": "*fp32",
+       "rows": "i32", "vocab": "i32"}, {"NEG_BIG": -1.0e30, "BLOCK": 4096})
+build(loss._soft_ce_backward_kernel,
+      {"x_ptr": "*bf16", "y_ptr": "*bf16", "stats_ptr": "*fp32", "grad_loss_ptr": "*fp32",
+       "grad_x_ptr": "*bf16", "rows": "i32", "vocab": "i32"}, {"BLOCK": 4096})

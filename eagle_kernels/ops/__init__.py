@@ -13,6 +13,7 @@ from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_acc
                          stochastic_accept_tree, target_probs)
 from .attention import tree_attention
 from .kv import compact_kv
+from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree, pack_tree_mask, unpack_tree_mask
 from .topk import eagle2_expand, eagle2_rerank, topk_log_softmax
 from .tree import build_tree
@@ -21,7 +22,7 @@ __all__ = [
     "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DraftTree",
     "available_backends", "backend_report", "build_tree", "compact_kv", "eagle2_expand",
     "eagle2_rerank", "greedy_accept_chain", "greedy_accept_tree", "op_backends",
-    "pack_tree_mask", "reference", "stochastic_accept_chain", "stochastic_accept_tree",
-    "target_probs", "topk_log_softmax", "tree_attention", "unpack_tree_mask",
-    "value_checks_enabled",
+    "pack_tree_mask", "reference", "soft_cross_entropy", "stochastic_accept_chain",
+    "stochastic_accept_tree", "target_probs", "topk_log_softmax", "tree_attention",
+    "unpack_tree_mask", "value_checks_enabled",
 ]

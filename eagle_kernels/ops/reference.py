@@ -699,3 +699,35 @@ def compact_kv(
         source = prefix + accepted_nodes[b, :count].to(torch.int64)
         for cache in caches:
             cache[b, prefix: prefix + count] = cache[b, source].clone()
+
+
+# --------------------------------------------------------------------------------------------
+# Soft cross-entropy (EAGLE-3 training loss)
+# --------------------------------------------------------------------------------------------
+
+
+def soft_cross_entropy(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Per-row cross-entropy of the draft distribution against the target's, in fp32.
+
+    ``loss[t] = -sum_v softmax(target_logits[t])_v * log_softmax(draft_logits[t])_v``: the
+    EAGLE-3 training loss of one position, both logits already restricted to the draft
+    vocabulary. Differentiable in ``draft_logits`` (autograd gives
+    ``(softmax(x[t]) - softmax(y[t])) * grad_loss[t]`` in x's dtype); the targets are detached.
+    Terms whose target probability is exactly 0 contribute 0 (a token masked to -inf in both
+    logits gives ``0 * -inf``, which must not turn the row into NaN).
+
+    Parameters
+    ----------
+    draft_logits : torch.Tensor
+        [T, V] float16 / bfloat16 / float32 draft logits x (-inf allowed).
+    target_logits : torch.Tensor
+        [T, V] float16 / bfloat16 / float32 target logits y (-inf allowed); no gradient.
+
+    Returns
+    -------
+    torch.Tensor
+        [T] float32 loss per row (the caller masks and weights rows).
+    """
+    log_q = torch.log_softmax(draft_logits.float(), dim=-1)
+    p = torch.softmax(target_logits.detach().float(), dim=-1)
+    return -(p * log_q.masked_fill(p == 0, 0.0)).sum(-1)
