@@ -9,7 +9,7 @@ from eagle_kernels.ops import _backend
 PARENTS = torch.tensor([[-1, 0, 0]], dtype=torch.int32)
 ALL_OPS = {"build_tree", "compact_kv", "eagle2_expand", "eagle2_rerank", "greedy_accept_chain",
            "greedy_accept_tree", "stochastic_accept_chain", "stochastic_accept_tree",
-           "target_probs", "topk_log_softmax", "tree_attention"}
+           "soft_cross_entropy", "target_probs", "topk_log_softmax", "tree_attention"}
 
 
 def test_every_op_has_a_torch_reference():

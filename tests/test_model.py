@@ -331,5 +331,7 @@ def test_default_model_matches_transformers(gen):
     with torch.no_grad():
         hidden, _ = model(ids, torch.arange(20).unsqueeze(0), cache,
                           causal_tree_mask(1, 20, "cpu"))
-    torch.testing.assert_close(model.logits(hidden), hf_logits(reference, ids), rtol=0,
-                               atol=ATOL)
+    # 30 real layers in fp32, two op orders: logits of size ~35 differ by up to ~1e-4 (seen
+    # 1.03e-4 on 3 of 983040 values), so the bound is relative to the logits' scale.
+    torch.testing.assert_close(model.logits(hidden), hf_logits(reference, ids), rtol=1e-5,
+                               atol=3e-4)
