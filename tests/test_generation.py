@@ -177,3 +177,19 @@ def test_max_length_stops_each_sequence_at_its_own_limit(target, gen):
         assert out.stop_reasons == ["max_new_tokens", "max_length"]
     with pytest.raises(ValueError, match="max_length"):
         Engine(target).generate(prompts, 4, speculative=False, max_length=20)
+
+
+
+def test_default_target_is_recognised_for_the_bundled_head():
+    """No target given means the default model, the one the bundled head is for."""
+    from eagle_kernels.runtime import api
+    from eagle_kernels.runtime.default_model import find_smollm2_gguf
+
+    try:
+        find_smollm2_gguf()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    from eagle_kernels.runtime.default_model import default_model_dir
+
+    assert api._load_target_and_tokenizer(None, torch.float32, "cpu")[2]
+    assert not api._load_target_and_tokenizer(default_model_dir(), torch.float32, "cpu")[2]

@@ -40,9 +40,11 @@ class TextOutput:
 
 
 def _load_target_and_tokenizer(target, dtype, device):
+    """(model, tokenizer, whether it is the default model: the one the bundled head is for)."""
     from transformers import AutoTokenizer
 
-    if target is None:
+    is_default = target is None
+    if is_default:
         from .default_model import default_model_dir
 
         target = default_model_dir()
@@ -50,7 +52,7 @@ def _load_target_and_tokenizer(target, dtype, device):
     tokenizer_dir = path.parent if path.suffix == ".gguf" else path
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, **kwargs)
-    return load_target(path, dtype=dtype, device=device), tokenizer, target is None
+    return load_target(path, dtype=dtype, device=device), tokenizer, is_default
 
 
 def _load_head(draft, model: TargetModel, default_target: bool) -> DraftHead | None:
