@@ -82,7 +82,7 @@ def run_hf(model, ids: list[int], max_new_tokens: int, eos: list[int], lookup: b
 
 def run_set(generator, hf, prompts: list[str], args) -> dict:
     """Time every method on every prompt; return totals per method and EAGLE's statistics."""
-    eos = generator._eos()
+    eos = generator.eos_token_ids()
     totals = {m: {"tokens": 0, "seconds": 0.0} for m in METHODS}
     histogram, cycles, same_as_ar, same_as_hf = None, 0, 0, 0
     for prompt in prompts:

@@ -103,7 +103,8 @@ class EagleGenerator:
             return list(encoded["input_ids"])
         return self.tokenizer(prompt)["input_ids"]
 
-    def _eos(self) -> list[int]:
+    def eos_token_ids(self) -> list[int]:
+        """The tokenizer's and the target config's EOS ids."""
         ids = {self.tokenizer.eos_token_id}
         config_eos = self.engine.target.config.eos_token_id
         ids |= set(config_eos) if isinstance(config_eos, (list, tuple)) else {config_eos}
@@ -117,7 +118,7 @@ class EagleGenerator:
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [self.encode(p, chat) for p in prompts]
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
-        out = self.engine.generate(ids, max_new_tokens, sampling, self._eos(), speculative)
+        out = self.engine.generate(ids, max_new_tokens, sampling, self.eos_token_ids(), speculative)
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
         return TextOutput(texts, out.tokens, out.stop_reasons, out.stats)
 
@@ -129,7 +130,7 @@ class EagleGenerator:
         tokens: list[int] = []
         shown = ""
         for new in self.engine.stream([self.encode(prompt, chat)], max_new_tokens, sampling,
-                                      self._eos(), speculative):
+                                      self.eos_token_ids(), speculative):
             tokens += new[0]
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             # A multi-byte character split across cycles decodes to U+FFFD: wait for the rest.

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache
-from .layers import MLP, Attention, DecoderLayer, RMSNorm, RotaryEmbedding, head_dim_of
+from .layers import (MLP, Attention, DecoderLayer, RMSNorm, RotaryEmbedding, head_dim_of,
+                     rope_parameters)
 from .model import TargetModel, load_state
 
 EAGLE1 = "eagle1"
@@ -149,7 +150,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     raise ValueError(f"draft: expected model.safetensors or pytorch_model.bin in {path}")
 
 
-def _head_config(raw: dict, target: TargetModel):
+def _head_config(raw: dict):
     from transformers import LlamaConfig
 
     raw = {k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
@@ -188,7 +189,7 @@ def load_draft_head(path: str | os.PathLike, target: TargetModel) -> DraftHead:
         raw = json.load(handle)
     state = _read_weights(path)
     kind = EAGLE3 if any(k.startswith("midlayer.") for k in state) else EAGLE1
-    config = _head_config(raw, target)
+    config = _head_config(raw)
     _check_against_target(kind, config, state, target)
     state.pop("embed_tokens.weight", None)
     if kind == EAGLE3:
@@ -223,15 +224,13 @@ def head_config_dict(kind: str, target: TargetModel, draft_vocab: int | None = N
 
 
 def rope_theta(config) -> float:
-    from .layers import rope_parameters
-
     return float(rope_parameters(config).get("rope_theta", 10000.0))
 
 
 def new_draft_head(kind: str, target: TargetModel, draft_vocab: int | None = None,
                    seed: int = 0) -> DraftHead:
     """A randomly initialised head for ``target`` (identity d2t when the vocabulary is shared)."""
-    config = _head_config(head_config_dict(kind, target, draft_vocab), target)
+    config = _head_config(head_config_dict(kind, target, draft_vocab))
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:

@@ -79,6 +79,11 @@ def causal_tree_mask(batch: int, count: int, device: torch.device) -> torch.Tens
     return _CAUSAL_MASKS[key].unsqueeze(0).expand(batch, -1, -1).contiguous()
 
 
+def gather_rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``values[b, index[b, k]]`` of ``values`` [B, T, C] for ``index`` [B, K] -> [B, K, C]."""
+    return values.gather(1, index.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
+
+
 def commit(head: DraftHead, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor,
            counts: torch.Tensor) -> torch.Tensor:
     """Append ``counts[b]`` (feature, next token) pairs per sequence to the head's cache.
@@ -95,7 +100,7 @@ def commit(head: DraftHead, cache: KVCache, tokens: torch.Tensor, hidden: torch.
                                                                   tokens.device))
     last = (counts.to(torch.int64) - 1).clamp(min=0)
     cache.lens += counts.to(torch.int32)
-    return out.gather(1, last.view(-1, 1, 1).expand(-1, 1, out.shape[-1])).squeeze(1)
+    return gather_rows(out, last.unsqueeze(1)).squeeze(1)
 
 
 def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
@@ -132,10 +137,9 @@ def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
             parent_slot = next_index // k
             frontier_tokens = child_tokens.gather(1, next_index)
             frontier_scores = next_scores
-            frontier_hidden = out.gather(1, parent_slot.unsqueeze(-1).expand(-1, -1, out.shape[-1]))
+            frontier_hidden = gather_rows(out, parent_slot)
             frontier_ids = base + next_index
-            ancestors = ancestors.gather(1, parent_slot.unsqueeze(-1).expand(-1, -1,
-                                                                            ancestors.shape[-1]))
+            ancestors = gather_rows(ancestors, parent_slot)
             ancestors[:, slots, keys + slots] = True
         base += k * k
     drafted, _ = ops.eagle2_rerank(root_tokens, torch.cat(cand_tokens, 1),

@@ -25,7 +25,7 @@ import torch
 
 from .. import ops
 from .draft_heads import DraftHead
-from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree
+from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
 from .graphs import GraphedStep
 from .model import TargetModel
 
@@ -182,8 +182,13 @@ class Engine:
                                           self.tree.max_depth, s.temperature, s.top_k, s.top_p)
 
     # --------------------------------------------------------------------------- prefill
-    def _prefill(self, prompts: list[list[int]], cache, state: _Batch):
-        """Run the prompts, pick the first token; returns (root tokens, hidden, features)."""
+    def _prefill(self, prompts: list[list[int]], cache, state: _Batch,
+                 feature_layers: tuple[int, ...] = ()):
+        """Run the prompts and pick the first token.
+
+        Returns (padded ids [B, L], lengths [B], first tokens [B], hidden [B, L, H], features of
+        ``feature_layers`` or None).
+        """
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=self.device)
         width = int(max(len(p) for p in prompts))
         ids = torch.zeros(len(prompts), width, dtype=torch.int64)
@@ -191,11 +196,10 @@ class Engine:
             ids[row, :len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
         ids = ids.to(self.device)
         positions = torch.arange(width, device=self.device).expand(len(prompts), -1)
-        layers = self.head.feature_layers if self.head is not None else ()
         hidden, features = self.target(ids, positions, cache,
-                                       causal_tree_mask(len(prompts), width, self.device), layers)
-        last = (lengths - 1).view(-1, 1, 1)
-        last_hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)
+                                       causal_tree_mask(len(prompts), width, self.device),
+                                       feature_layers)
+        last_hidden = gather_rows(hidden, (lengths - 1).unsqueeze(1)).squeeze(1)
         root = self._accept_root_only(self.target.logits(last_hidden), state,
                                       *self._uniforms(state, 1))
         cache.lens.copy_(lengths.to(torch.int32))
@@ -294,7 +298,8 @@ class Engine:
                                    tree.total_tokens)
         draft_cache = self.head.allocate_cache(len(prompts), cache.max_len + tree.drafted_keys)
         start = _now(self.device)
-        ids, lengths, root, hidden, features = self._prefill(prompts, cache, state)
+        ids, lengths, root, hidden, features = self._prefill(prompts, cache, state,
+                                                             self.head.feature_layers)
         counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
         # Pairs (feature t, token t + 1): the prompt shifted by one, the first new token last.
         next_tokens = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)
@@ -352,9 +357,8 @@ class Engine:
         cache.lens += produced
         counts = state.record(result.output_tokens, produced)
         nodes = result.accepted_nodes.clamp(min=0).to(torch.int64)
-        picked_hidden = hidden.gather(1, nodes.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        picked_features = None if features is None else features.gather(
-            1, nodes.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
+        picked_hidden = gather_rows(hidden, nodes)
+        picked_features = None if features is None else gather_rows(features, nodes)
         tokens = result.output_tokens.clamp(min=0)
         root_hidden = commit(self.head, draft_cache, tokens,
                              self.head.project(picked_hidden, picked_features), produced)
@@ -368,8 +372,13 @@ class Engine:
     def _new_tokens(state: _Batch, counts: torch.Tensor) -> list[list[int]]:
         counts = counts.tolist()
         ends = state.generated.tolist()
-        rows = state.out.tolist() if any(counts) else None
-        return [rows[b][ends[b] - c: ends[b]] if c else [] for b, c in enumerate(counts)]
+        if not any(counts):
+            return [[] for _ in counts]
+        # Copy only the columns this cycle wrote, not the whole output buffer.
+        first = min(e - c for e, c in zip(ends, counts) if c)
+        rows = state.out[:, first:max(ends)].tolist()
+        return [rows[b][ends[b] - c - first: ends[b] - first] if c else []
+                for b, c in enumerate(counts)]
 
     def _finish(self, state: _Batch, stats: GenerationStats) -> None:
         generated = state.generated.tolist()

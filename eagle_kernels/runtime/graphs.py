@@ -11,7 +11,8 @@ Capture needs every op on a kernel backend without host syncs: the torch referen
 values on the host (loops over the batch), so with them capture fails and the runtime falls
 back to eager execution, saying why (``GraphedStep.try_capture`` returns None and a reason).
 Warm-up runs (which compile Triton kernels and settle allocations) mutate the state, so the
-caller passes the mutable tensors to snapshot; they are restored after capture.
+caller passes the mutable tensors to snapshot; they are restored before capture (which records
+kernels without running them).
 """
 
 from __future__ import annotations
@@ -55,8 +56,6 @@ class GraphedStep:
             for tensor, value in zip(mutable_state, saved):
                 tensor.copy_(value)
             return None, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        for tensor, value in zip(mutable_state, saved):
-            tensor.copy_(value)
         return cls(graph, static_inputs, tuple(outputs)), None
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:

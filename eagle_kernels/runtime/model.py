@@ -12,7 +12,6 @@ of chosen layers, the features EAGLE-3 heads read.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -198,7 +197,3 @@ def load_target(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     config = AutoConfig.from_pretrained(str(path))
     return target_from_state(config, _read_safetensors_dir(path), dtype, device)
 
-
-def config_dict(path: Path) -> dict:
-    with open(path / "config.json") as handle:
-        return json.load(handle)
