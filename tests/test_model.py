@@ -260,39 +260,32 @@ def test_unsupported_tied_model_type_raises_value_error(tmp_path):
         load_target(tmp_path)
 
 
+def _edit_checkpoint(path, edit):
+    """Rewrite ``path``'s model.safetensors after ``edit(state)``; returns ``path``."""
+    state = load_file(path / "model.safetensors")
+    edit(state)
+    save_file(state, path / "model.safetensors")
+    return path
+
+
 def test_tied_checkpoint_missing_embedding_raises_naming_it(gen, tmp_path):
     hf_model("llama_tied", gen).save_pretrained(tmp_path)
-    state = load_file(tmp_path / "model.safetensors")
-    del state["model.embed_tokens.weight"]
-    save_file(state, tmp_path / "model.safetensors")
+    _edit_checkpoint(tmp_path, lambda state: state.pop("model.embed_tokens.weight"))
     with pytest.raises(ValueError, match=r"missing.*model\.embed_tokens\.weight"):
         load_target(tmp_path)
 
 
-def test_missing_key_raises_naming_it(gen, tmp_path):
-    path = _tiny_llama_dir(gen, tmp_path)
-    state = load_file(path / "model.safetensors")
-    del state["model.layers.1.mlp.up_proj.weight"]
-    save_file(state, path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"missing.*model\.layers\.1\.mlp\.up_proj\.weight"):
-        load_target(path)
-
-
-def test_unexpected_key_raises_naming_it(gen, tmp_path):
-    path = _tiny_llama_dir(gen, tmp_path)
-    state = load_file(path / "model.safetensors")
-    state["model.layers.2.mlp.up_proj.weight"] = torch.zeros(96, 64)
-    save_file(state, path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"unexpected.*model\.layers\.2\.mlp\.up_proj\.weight"):
-        load_target(path)
-
-
-def test_wrong_shape_raises_naming_it(gen, tmp_path):
-    path = _tiny_llama_dir(gen, tmp_path)
-    state = load_file(path / "model.safetensors")
-    state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
-    save_file(state, path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*shape"):
+@pytest.mark.parametrize("edit,message", [
+    (lambda state: state.pop("model.layers.1.mlp.up_proj.weight"),
+     r"missing.*model\.layers\.1\.mlp\.up_proj\.weight"),
+    (lambda state: state.update({"model.layers.2.mlp.up_proj.weight": torch.zeros(96, 64)}),
+     r"unexpected.*model\.layers\.2\.mlp\.up_proj\.weight"),
+    (lambda state: state.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(16, 64)}),
+     r"model\.layers\.0\.self_attn\.k_proj\.weight.*shape"),
+], ids=["missing", "unexpected", "wrong_shape"])
+def test_bad_checkpoint_raises_naming_the_key(gen, tmp_path, edit, message):
+    path = _edit_checkpoint(_tiny_llama_dir(gen, tmp_path), edit)
+    with pytest.raises(ValueError, match=message):
         load_target(path)
 
 
