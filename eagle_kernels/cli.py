@@ -57,7 +57,39 @@ def parser() -> argparse.ArgumentParser:
                      help="also run the autoregressive baseline and report the speedup")
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
     gen.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    _train_parser(commands)
     return root
+
+
+def _train_parser(commands) -> None:
+    from .train import TrainConfig
+
+    defaults = TrainConfig(out="")
+    train = commands.add_parser("train", help="train an EAGLE-3 (or EAGLE-1) draft head")
+    train.add_argument("--out", required=True, help="output dir: head, trainer state, log")
+    train.add_argument("--target", help="HF checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    train.add_argument("--kind", choices=["eagle3", "eagle1"], default=defaults.kind)
+    for name in ("draft_vocab", "conversations", "max_length", "batch_tokens", "epochs",
+                 "warmup_steps", "ttt_steps", "seed", "save_every", "threads"):
+        train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    train.add_argument("--lr", type=float, default=defaults.lr)
+    train.add_argument("--max-minutes", type=float, default=defaults.max_minutes,
+                       help="stop and save after this long (resume by running again); 0 = no limit")
+    train.add_argument("--export-dtype", choices=sorted(DTYPES), default=defaults.export_dtype)
+    train.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run_train(args) -> int:
+    from .runtime.api import load_target_and_tokenizer
+    from .train import TrainConfig, train
+
+    names = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    config.extra = {"command": " ".join(sys.argv)}
+    target, tokenizer, _ = load_target_and_tokenizer(args.target, torch.float32, args.device)
+    summary = train(config, target, tokenizer)
+    print(json.dumps(summary))
+    return 0
 
 
 def _check(args, parse: argparse.ArgumentParser) -> None:
@@ -110,6 +142,8 @@ def generate(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parse = parser()
     args = parse.parse_args(argv)
+    if args.command == "train":
+        return run_train(args)
     args.prompt = args.prompt or [DEFAULT_PROMPT]
     _check(args, parse)
     return generate(args)

@@ -104,3 +104,76 @@ def mtbench_prompts(path: str | os.PathLike, count: int | None = None) -> list[s
                 raise ValueError(f"{path}:{number}: expected a non-empty 'turns' list")
             prompts.append(record["turns"][0])
     return prompts[:count]
+
+
+# ------------------------------------------------------------------------- training examples
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
+                  "bing": "assistant", "bard": "assistant", "assistant": "assistant",
+                  "system": "system"}
+
+
+def sharegpt_messages(record: dict) -> list[dict] | None:
+    """Chat messages of a ShareGPT record, or None when its turns are not user/assistant pairs."""
+    messages = []
+    for turn in record.get("conversations") or []:
+        role = SHAREGPT_ROLES.get(turn.get("from"))
+        text = turn.get("value")
+        if role is None or not isinstance(text, str) or not text.strip():
+            return None
+        if role == "system" and messages:
+            return None
+        messages.append({"role": role, "content": text})
+    chat = [m for m in messages if m["role"] != "system"]
+    if not chat or any(m["role"] != ("user", "assistant")[i % 2] for i, m in enumerate(chat)):
+        return None
+    return messages if len(chat) >= 2 else None
+
+
+def render_conversation(tokenizer, messages: list[dict], max_length: int):
+    """Token ids and loss mask of a conversation rendered with the tokenizer's chat template.
+
+    The mask is True on the tokens of assistant turns, their end-of-turn token included (so the
+    head learns to stop), False on system/user text and template scaffolding. Truncated to
+    ``max_length`` tokens. Returns (ids, mask) as lists, or None when the template does not
+    render the conversation as a sequence of growing prefixes (spans would be ambiguous).
+    """
+    render = lambda msgs, prompt: tokenizer.apply_chat_template(  # noqa: E731
+        msgs, tokenize=False, add_generation_prompt=prompt)
+    text = render(messages, False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, upto = render(messages[:index], True), render(messages[:index + 1], False)
+        if not (text.startswith(before) and text.startswith(upto) and len(upto) > len(before)):
+            return None
+        spans.append((len(before), len(upto)))
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                        truncation=True, max_length=max_length)
+    mask = [any(lo <= start < hi for lo, hi in spans) for start, _ in encoded["offset_mapping"]]
+    return encoded["input_ids"], mask
+
+
+def draft_vocabulary(counts, size: int, always=()):
+    """EAGLE-3 ``d2t`` / ``t2d`` for the ``size`` most frequent target tokens.
+
+    ``counts`` : [V] token frequencies (assistant tokens of the training data); ``always`` :
+    ids kept whatever their count (end-of-turn tokens). Draft ids follow target-id order, as in
+    the official code: draft id i is target id ``i + d2t[i]``. Returns (d2t [size] int64,
+    t2d [V] bool).
+    """
+    import torch
+
+    counts = torch.as_tensor(counts, dtype=torch.float64).clone()
+    vocab = counts.numel()
+    if not 0 < size <= vocab:
+        raise ValueError(f"draft vocabulary size: expected 1..{vocab}, got {size}")
+    for token in always:
+        counts[token] = float("inf")
+    # Ties are broken by the lower id (stable sort), so the choice is reproducible.
+    order = torch.sort(-counts, stable=True).indices[:size]
+    used = torch.sort(order).values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[used] = True
+    return used - torch.arange(size), t2d

@@ -191,5 +191,5 @@ def test_default_target_is_recognised_for_the_bundled_head():
         pytest.skip(str(error))
     from eagle_kernels.runtime.default_model import default_model_dir
 
-    assert api._load_target_and_tokenizer(None, torch.float32, "cpu")[2]
-    assert not api._load_target_and_tokenizer(default_model_dir(), torch.float32, "cpu")[2]
+    assert api.load_target_and_tokenizer(None, torch.float32, "cpu")[2]
+    assert not api.load_target_and_tokenizer(default_model_dir(), torch.float32, "cpu")[2]

@@ -8,6 +8,7 @@ being captured or when ``EAGLE_KERNELS_CHECK_VALUES=0``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Iterable, Sequence
 
@@ -18,9 +19,22 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 CHECK_VALUES_ENV = "EAGLE_KERNELS_CHECK_VALUES"
 
 
+_VALUE_CHECKS_OFF = [0]  # depth of no_value_checks() blocks
+
+
+@contextlib.contextmanager
+def no_value_checks():
+    """Skip content scans inside the block (a training loop checks its loss instead)."""
+    _VALUE_CHECKS_OFF[0] += 1
+    try:
+        yield
+    finally:
+        _VALUE_CHECKS_OFF[0] -= 1
+
+
 def value_checks_enabled() -> bool:
     """Whether ops should check tensor contents (see the module docstring)."""
-    if os.environ.get(CHECK_VALUES_ENV, "1") == "0":
+    if _VALUE_CHECKS_OFF[0] or os.environ.get(CHECK_VALUES_ENV, "1") == "0":
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

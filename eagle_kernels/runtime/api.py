@@ -39,7 +39,7 @@ class TextOutput:
     stats: GenerationStats
 
 
-def _load_target_and_tokenizer(target, dtype, device):
+def load_target_and_tokenizer(target, dtype, device):
     """(model, tokenizer, whether it is the default model: the one the bundled head is for)."""
     from transformers import AutoTokenizer
 
@@ -81,7 +81,7 @@ class EagleGenerator:
                         dtype: torch.dtype = torch.float32, device: str = "cpu",
                         tree: TreeConfig | str | None = None) -> "EagleGenerator":
         """Load target (+ head). ``tree="auto"`` measures this device and picks the tree."""
-        model, tokenizer, default_target = _load_target_and_tokenizer(target, dtype, device)
+        model, tokenizer, default_target = load_target_and_tokenizer(target, dtype, device)
         head = _load_head(draft, model, default_target)
         engine = Engine(model, head)
         generator = cls(engine, tokenizer)

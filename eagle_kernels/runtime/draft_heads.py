@@ -242,15 +242,22 @@ def new_draft_head(kind: str, target: TargetModel, draft_vocab: int | None = Non
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
-def save_draft_head(head: DraftHead, path: str | os.PathLike) -> None:
-    """Write ``head`` as config.json + model.safetensors with the official key names."""
+def save_draft_head(head: DraftHead, path: str | os.PathLike,
+                    dtype: torch.dtype | None = None) -> None:
+    """Write ``head`` as config.json + model.safetensors with the official key names.
+
+    ``dtype`` converts the floating-point weights (e.g. bfloat16 to halve the file)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     draft_vocab = head.lm_head.out_features if isinstance(head, Eagle3Head) else None
     config = head_config_dict(head.kind, head._target[0], draft_vocab)
+    if dtype is not None:
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
     with open(path / "config.json", "w") as handle:
         json.dump(config, handle, indent=2)
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     save_file(state, str(path / "model.safetensors"))

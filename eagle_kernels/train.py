@@ -1,0 +1,272 @@
+"""Train an EAGLE-3 (or EAGLE-1) draft head for a target: ``python -m eagle_kernels train``.
+
+    python -m eagle_kernels train --out runs/smollm2-eagle3 --conversations 4000
+
+Pipeline: ShareGPT train-split conversations rendered with the target's chat template (loss on
+assistant tokens only; the held-out split is never read), the draft vocabulary from the
+assistant-token frequencies of those conversations, target features computed online by the
+runtime's model (one no-grad prefill per batch), the training-time-test loss of
+:mod:`eagle_kernels.runtime.training`, AdamW with warm-up and cosine decay, tqdm progress.
+
+Resumable: ``OUT/trainer_state.pt`` (head, optimiser, step) is written every ``--save-every``
+steps and at the end; running the same command again continues from it (the batch order is a
+function of the seed, so the resumed run sees the batches the first one had not reached).
+The head is exported in the official format (``OUT/config.json`` + ``OUT/model.safetensors``)
+at every save, in ``--export-dtype``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .ops._validate import no_value_checks
+from .runtime.draft_heads import EAGLE1, EAGLE3, new_draft_head, save_draft_head
+from .runtime.model import TargetModel
+from .runtime import training
+
+STATE_FILE = "trainer_state.pt"
+DATA_FILE = "dataset.pt"
+LOG_FILE = "train_log.jsonl"
+INIT_NORM_SCALE = 0.25  # see init_head
+
+
+@dataclass
+class TrainConfig:
+    out: str
+    target: str | None = None          # None: the default model (SmolLM2-135M-Instruct)
+    kind: str = EAGLE3
+    draft_vocab: int = 8192
+    conversations: int = 2000          # ShareGPT train-split conversations used
+    max_length: int = 512              # tokens per conversation (truncated)
+    batch_tokens: int = 4096           # padded tokens per optimiser step
+    epochs: int = 1
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    ttt_steps: int = training.TTT_STEPS
+    seed: int = 0
+    save_every: int = 50
+    max_minutes: float = 0.0           # stop (and save) after this long; 0 = no limit
+    export_dtype: str = "bfloat16"
+    threads: int = 0                   # torch CPU threads; 0 = torch's default
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------- data
+
+
+def build_dataset(tokenizer, config: TrainConfig, progress: bool = True):
+    """(examples, assistant-token counts): ``examples`` are (ids, mask) int64/bool tensors."""
+    from tqdm import tqdm
+
+    from .data import iter_sharegpt, render_conversation, sharegpt_messages
+
+    examples = []
+    counts = torch.zeros(len(tokenizer), dtype=torch.int64)
+    bar = tqdm(total=config.conversations, desc="render conversations", disable=not progress)
+    for record in iter_sharegpt(split="train"):
+        messages = sharegpt_messages(record)
+        rendered = messages and render_conversation(tokenizer, messages, config.max_length)
+        if not rendered or not any(rendered[1][2:]):
+            continue
+        ids, mask = torch.tensor(rendered[0]), torch.tensor(rendered[1])
+        counts += torch.bincount(ids[mask], minlength=counts.numel())[:counts.numel()]
+        examples.append((ids, mask))
+        bar.update()
+        if len(examples) == config.conversations:
+            break
+    bar.close()
+    if not examples:
+        raise ValueError("training data: no usable ShareGPT conversation was found")
+    return examples, counts
+
+
+def batch_plan(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Example indices per batch: shuffled, then length-sorted within windows of 64 (little
+    padding), each batch at most ``batch_tokens`` padded tokens, batches shuffled again."""
+    order = list(range(len(lengths)))
+    rng = random.Random(seed * 1000 + epoch)
+    rng.shuffle(order)
+    batches = []
+    for start in range(0, len(order), 64):
+        window = sorted(order[start:start + 64], key=lambda i: lengths[i])
+        current = []
+        for index in window:
+            longest = max([lengths[i] for i in current] + [lengths[index]])
+            if current and longest * (len(current) + 1) > batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(index)
+        if current:
+            batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples, indices, pad_id: int, device):
+    """Right-padded [B, L] ids and loss mask (padding is never trained on)."""
+    length = max(examples[i][0].numel() for i in indices)
+    ids = torch.full((len(indices), length), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(indices), length), dtype=torch.bool)
+    for row, index in enumerate(indices):
+        seq, seq_mask = examples[index]
+        ids[row, :seq.numel()] = seq
+        mask[row, :seq.numel()] = seq_mask
+    return ids.to(device), mask.to(device)
+
+
+# ------------------------------------------------------------------------------- model
+
+
+def init_head(kind: str, target: TargetModel, counts: torch.Tensor, draft_vocab: int,
+              always: list[int], seed: int):
+    """A new head; EAGLE-3 gets d2t/t2d from ``counts``.
+
+    EAGLE-3 starts from the target's own late state rather than from noise: ``fc`` passes the
+    input of layer N-3 through, the midlayer's residual branches (o_proj, down_proj) start at
+    zero, and lm_head / final norm are the target's (rows of the draft tokens), the norm scaled
+    by ``INIT_NORM_SCALE``: layer N-3's input is not calibrated for the final norm, and at full
+    scale its logits are confidently wrong. On SmolLM2 this starts step 0 at 6 % top-1 and
+    7.2 nats instead of 0.1 % and ~16 nats from random init, which matters on a short budget.
+    """
+    from .data import draft_vocabulary
+
+    if kind == EAGLE1:
+        return new_draft_head(EAGLE1, target, seed=seed).float().train()
+    size = min(draft_vocab, target.vocab_size)
+    head = new_draft_head(EAGLE3, target, draft_vocab=size, seed=seed).float()
+    d2t, t2d = draft_vocabulary(counts, size, always)
+    with torch.no_grad():
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+        ids = training.draft_vocab_ids(head)
+        head.lm_head.weight.copy_(target.lm_head.weight[ids].float())
+        head.norm.weight.copy_(target.model.norm.weight.float() * INIT_NORM_SCALE)
+        width = target.hidden_size
+        head.fc.weight.zero_()
+        head.fc.weight[:, 2 * width:].copy_(torch.eye(width))
+        head.midlayer.self_attn.o_proj.weight.zero_()
+        head.midlayer.mlp.down_proj.weight.zero_()
+    return head.train()
+
+
+def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig):
+    """(loss, metrics dict) of one batch."""
+    if head.kind == EAGLE1:
+        hidden, _ = training.target_pass(target, ids)
+        loss, regression, cross_entropy = training.eagle1_loss(head, target, hidden, ids, mask)
+        return loss, {"regression": float(regression), "ce": float(cross_entropy)}
+    hidden, features = training.target_pass(target, ids, head.feature_layers)
+    logits, argmax = training.target_draft_logits(target, hidden, training.draft_vocab_ids(head))
+    with no_value_checks():  # the loss is checked instead (below, in train)
+        result = training.eagle3_ttt_loss(head, features.float(), ids, logits, head.t2d[argmax],
+                                          mask, steps=config.ttt_steps)
+    return result.loss, {"step_loss": [round(x, 4) for x in result.step_losses],
+                         "step_acc": [round(x, 4) for x in result.step_accuracy]}
+
+
+def learning_rate(config: TrainConfig, step: int, total: int) -> float:
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, total - config.warmup_steps)
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+# ------------------------------------------------------------------------------- loop
+
+
+def _load_data(out: Path, tokenizer, config: TrainConfig):
+    cached = out / DATA_FILE
+    if cached.is_file():
+        data = torch.load(cached, weights_only=False)
+        if data["key"] == [config.conversations, config.max_length]:
+            return data["examples"], data["counts"]
+    examples, counts = build_dataset(tokenizer, config)
+    torch.save({"key": [config.conversations, config.max_length], "examples": examples,
+                "counts": counts}, cached)
+    return examples, counts
+
+
+def _save(out: Path, head, optimizer, step: int, config: TrainConfig):
+    torch.save({"step": step, "head": head.state_dict(), "optimizer": optimizer.state_dict(),
+                "config": asdict(config)}, out / (STATE_FILE + ".tmp"))
+    (out / (STATE_FILE + ".tmp")).replace(out / STATE_FILE)
+    export = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+              "float32": torch.float32}[config.export_dtype]
+    save_draft_head(head, out, dtype=export)
+
+
+def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = True) -> dict:
+    """Train (or resume) a head; returns a summary. Writes everything under ``config.out``."""
+    from tqdm import tqdm
+
+    if config.kind not in (EAGLE1, EAGLE3):
+        raise ValueError(f"kind: expected {EAGLE3!r} or {EAGLE1!r}, got {config.kind!r}")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target.requires_grad_(False)
+    examples, counts = _load_data(out, tokenizer, config)
+    always = sorted({tokenizer.eos_token_id, *_end_of_turn_ids(tokenizer)} - {None})
+    head = init_head(config.kind, target, counts, config.draft_vocab, always, config.seed)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
+    plans = [batch_plan([e[0].numel() for e in examples], config.batch_tokens, config.seed, epoch)
+             for epoch in range(config.epochs)]
+    schedule = [batch for plan in plans for batch in plan]
+    step = 0
+    if (out / STATE_FILE).is_file():
+        state = torch.load(out / STATE_FILE, weights_only=False)
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    started, log = time.time(), open(out / LOG_FILE, "a")
+    bar = tqdm(total=len(schedule), initial=step, desc="train", disable=not progress)
+    torch.manual_seed(config.seed + step)
+    while step < len(schedule):
+        ids, mask = collate(examples, schedule[step], pad_id, target.device)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(config, step, len(schedule))
+        loss, metrics = batch_loss(head, target, ids, mask, config)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training diverged at step {step}: loss {float(loss)}; "
+                                     f"lower --lr or resume from the last save")
+        if loss.requires_grad:  # False when no position of the batch is trainable
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+            optimizer.step()
+        step += 1
+        record = {"step": step, "loss": round(float(loss.detach()), 4), "tokens": int(ids.numel()), **metrics}
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        bar.set_postfix(loss=record["loss"], acc0=(metrics.get("step_acc") or [None])[0])
+        bar.update()
+        out_of_time = config.max_minutes and time.time() - started > 60 * config.max_minutes
+        if step % config.save_every == 0 or step == len(schedule) or out_of_time:
+            _save(out, head, optimizer, step, config)
+        if out_of_time:
+            break
+    bar.close()
+    log.close()
+    if step == len(schedule) and not (out / "model.safetensors").is_file():
+        _save(out, head, optimizer, step, config)
+    return {"steps_done": step, "steps_total": len(schedule), "examples": len(examples),
+            "finished": step == len(schedule)}
+
+
+def _end_of_turn_ids(tokenizer) -> list[int]:
+    ids = []
+    for text in ("<|im_end|>", "<|eot_id|>", "</s>"):
+        token = tokenizer.convert_tokens_to_ids(text)
+        if isinstance(token, int) and token != tokenizer.unk_token_id:
+            ids.append(token)
+    return ids

@@ -1,0 +1,253 @@
+"""Training forward passes (runtime/training.py), data rendering and the training CLI (train.py).
+
+The training-time-test (TTT) mask is checked against an element-by-element construction, the
+mask-free attention against SDPA under that dense mask, and the whole TTT forward against the
+runtime's own drafting path (cache + packed tree mask): step i at position p must be exactly
+the depth-i chain node drafted after committing positions 0..p. Losses must fall on a tiny set,
+and an interrupted training run resumed must end where an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eagle_kernels.data import draft_vocabulary, render_conversation, sharegpt_messages
+from eagle_kernels.ops.reference import pack_tree_mask
+from eagle_kernels.runtime import training
+from eagle_kernels.runtime.draft_heads import EAGLE1, EAGLE3, load_draft_head, new_draft_head
+from eagle_kernels.runtime.drafting import causal_tree_mask
+from runtime_helpers import tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = tiny_target(seed=3)
+    model.requires_grad_(False)
+    return model
+
+
+def random_batch(target, batch=2, length=23, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (batch, length), generator=gen)
+    mask = torch.rand(batch, length, generator=gen) < 0.8
+    return ids, mask
+
+
+def ttt_inputs(target, head, ids):
+    hidden, features = training.target_pass(target, ids, head.feature_layers)
+    logits, argmax = training.target_draft_logits(target, hidden, training.draft_vocab_ids(head))
+    return features, logits, head.t2d[argmax]
+
+
+# ------------------------------------------------------------------------------ mask
+
+
+def test_ttt_dense_mask_matches_the_rule_element_by_element():
+    length, steps = 5, 4
+    mask = training.ttt_dense_mask(length, steps)
+    for i in range(steps):
+        for p in range(length):
+            for j in range(steps):
+                for q in range(length):
+                    sees = (j == 0 and q <= p) or (1 <= j <= i and q == p)
+                    assert bool(mask[i * length + p, j * length + q]) == sees, (i, p, j, q)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5])
+def test_ttt_attention_equals_sdpa_under_the_dense_mask(steps):
+    gen = torch.Generator().manual_seed(steps)
+    batch, heads, length, dim = 2, 3, 11, 16
+    q = torch.randn(batch, heads, length, dim, generator=gen)
+    keys = [torch.randn(batch, heads, length, dim, generator=gen) for _ in range(steps)]
+    values = [torch.randn(batch, heads, length, dim, generator=gen) for _ in range(steps)]
+    rows = training.ttt_dense_mask(length, steps)[(steps - 1) * length:]
+    want = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                          attn_mask=rows)
+    torch.testing.assert_close(training.ttt_attention(q, keys, values), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ TTT == drafting
+
+
+def drafted_chain(head, features, ids, p, steps):
+    """Head outputs of a chain drafted after committing positions 0..p (the runtime's path)."""
+    cache = head.allocate_cache(1, ids.shape[1] + steps)
+    pairs = p + 1
+    out = head(ids[:, 1:pairs + 1], head.project(None, features[:, :pairs]),
+               torch.arange(pairs).unsqueeze(0), cache, causal_tree_mask(1, pairs, ids.device))
+    cache.lens += pairs
+    outputs, hidden = [out[:, p]], out[:, p:p + 1]
+    for step in range(1, steps):
+        visible = torch.ones(1, 1, step, dtype=torch.bool)
+        hidden = head(ids[:, p + 1 + step:p + 2 + step], hidden,
+                      torch.tensor([[p + step]]), cache, pack_tree_mask(visible),
+                      tree_offset=step - 1)
+        outputs.append(hidden[:, 0])
+    return outputs
+
+
+def test_ttt_forward_equals_the_drafting_path(target):
+    head = new_draft_head(EAGLE3, target, draft_vocab=200, seed=1).float()
+    head.t2d[:200] = True
+    ids, mask = random_batch(target, batch=1, length=19)
+    features, logits, in_draft = ttt_inputs(target, head, ids)
+    steps = 4
+    result = training.eagle3_ttt_loss(head, features, ids, logits, in_draft, mask, steps=steps,
+                                      keep_hidden=True)
+    for p in (0, 5, 13):  # p + steps + 1 < length: every token of the chain exists
+        chain = drafted_chain(head, features, ids, p, steps)
+        for step in range(steps):
+            torch.testing.assert_close(result.hidden[step][:, p], chain[step],
+                                       rtol=1e-4, atol=1e-5, msg=f"step {step} position {p}")
+
+
+def test_ttt_loss_is_the_weighted_sum_of_masked_soft_cross_entropies(target):
+    head = new_draft_head(EAGLE3, target, draft_vocab=150, seed=2).float()
+    head.d2t.copy_(torch.arange(150) * 2 - torch.arange(150))  # draft id i -> target id 2i
+    head.t2d.zero_()
+    head.t2d[torch.arange(150) * 2] = True
+    ids, mask = random_batch(target, batch=2, length=17, seed=5)
+    features, logits, in_draft = ttt_inputs(target, head, ids)
+    result = training.eagle3_ttt_loss(head, features, ids, logits, in_draft, mask, steps=3,
+                                      keep_hidden=True)
+    total = 0.0
+    for step, hidden in enumerate(result.hidden):
+        draft = head.draft_logits(hidden)
+        terms = []
+        for b in range(2):
+            for p in range(17 - 2 - step):
+                if mask[b, p + 2 + step] and in_draft[b, p + 1 + step]:
+                    y = logits[b, p + 1 + step]
+                    terms.append(-(torch.softmax(y, -1) * torch.log_softmax(draft[b, p], -1)).sum())
+        assert len(terms) == result.step_counts[step]
+        total += 0.8 ** step * torch.stack(terms).mean()
+    torch.testing.assert_close(result.loss, total, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ losses fall
+
+
+def overfit(head, loss_fn, steps=40, lr=3e-3):
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_eagle3_loss_falls_on_a_tiny_set(target):
+    head = new_draft_head(EAGLE3, target, seed=4).float().train()
+    ids, mask = random_batch(target, batch=2, length=24, seed=7)
+    features, logits, in_draft = ttt_inputs(target, head, ids)
+    losses = overfit(head, lambda: training.eagle3_ttt_loss(head, features, ids, logits,
+                                                            in_draft, mask, steps=3).loss)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_eagle1_loss_falls_on_a_tiny_set(target):
+    head = new_draft_head(EAGLE1, target, seed=4).float().train()
+    ids, mask = random_batch(target, batch=2, length=24, seed=8)
+    hidden, _ = training.target_pass(target, ids)
+    gen = torch.Generator().manual_seed(0)
+    losses = overfit(head, lambda: training.eagle1_loss(head, target, hidden, ids, mask,
+                                                        generator=gen)[0])
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def test_draft_vocabulary_keeps_the_most_frequent_and_forced_tokens():
+    counts = torch.tensor([5, 0, 9, 9, 1, 0, 3, 7])
+    d2t, t2d = draft_vocabulary(counts, 4, always=[5])
+    used = torch.arange(4) + d2t
+    assert used.tolist() == [2, 3, 5, 7]  # 9, 9, forced, 7 (5 loses to the forced id)
+    assert t2d.nonzero().squeeze(1).tolist() == used.tolist()
+    d2t, _ = draft_vocabulary(torch.zeros(6), 3)  # all tied: the lowest ids
+    assert (torch.arange(3) + d2t).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        draft_vocabulary(counts, 9)
+
+
+def test_sharegpt_messages_accepts_only_alternating_chats():
+    turn = lambda who, text="hi": {"from": who, "value": text}  # noqa: E731
+    assert sharegpt_messages({"conversations": [turn("human"), turn("gpt")]}) == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}]
+    for bad in ([turn("gpt"), turn("human")], [turn("human"), turn("human")], [turn("human")],
+                [turn("human"), turn("gpt", "  ")], [turn("human"), turn("robot")], []):
+        assert sharegpt_messages({"conversations": bad}) is None
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from eagle_kernels.runtime.default_model import default_model_dir
+
+    return AutoTokenizer.from_pretrained(str(default_model_dir()), local_files_only=True)
+
+
+def test_render_conversation_masks_assistant_turns_only(tokenizer):
+    messages = [{"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "Blue."},
+                {"role": "user", "content": "Another?"},
+                {"role": "assistant", "content": "Green, of course."}]
+    ids, mask = render_conversation(tokenizer, messages, max_length=512)
+    trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert trained == "Blue.<|im_end|>\nGreen, of course.<|im_end|>\n"
+    assert "Name a colour" in tokenizer.decode([t for t, m in zip(ids, mask) if not m])
+    short_ids, short_mask = render_conversation(tokenizer, messages, max_length=10)
+    assert short_ids == ids[:10] and short_mask == mask[:10]
+
+
+# ------------------------------------------------------------------------------ CLI / resume
+
+
+def train_config(out, **overrides):
+    from eagle_kernels.train import TrainConfig
+
+    settings = dict(out=str(out), conversations=6, max_length=48, batch_tokens=100, ttt_steps=2,
+                    draft_vocab=4096, warmup_steps=2, save_every=100, lr=1e-3, export_dtype="float32")
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def test_training_resumes_where_it_stopped(tokenizer, tmp_path):
+    from eagle_kernels.train import train
+
+    target = tiny_target(seed=1, vocab=len(tokenizer))
+    target.requires_grad_(False)
+    whole = train(train_config(tmp_path / "whole"), target, tokenizer, progress=False)
+    assert whole["finished"] and whole["steps_total"] >= 3
+    first = train(train_config(tmp_path / "split", max_minutes=1e-9), target, tokenizer,
+                  progress=False)
+    assert first["steps_done"] == 1 and not first["finished"]
+    second = train(train_config(tmp_path / "split"), target, tokenizer, progress=False)
+    assert second["finished"]
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "split" / "train_log.jsonl")]
+    assert steps == list(range(1, whole["steps_total"] + 1))
+    heads = [load_draft_head(tmp_path / name, target) for name in ("whole", "split")]
+    for (name, a), b in zip(heads[0].state_dict().items(), heads[1].state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    head = heads[0]
+    assert head.lm_head.out_features == 4096
+    assert bool(head.t2d[training.draft_vocab_ids(head)].all()) and int(head.t2d.sum()) == 4096
+    assert bool(head.t2d[tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    config = json.load(open(tmp_path / "whole" / "config.json"))
+    assert config["draft_vocab_size"] == 4096 and config["architectures"] == ["LlamaForCausalLMEagle3"]
+
+
+def test_train_rejects_an_unknown_head_kind(tokenizer, tmp_path, target):
+    from eagle_kernels.train import train
+
+    with pytest.raises(ValueError, match="kind"):
+        train(train_config(tmp_path, kind="medusa"), target, tokenizer, progress=False)
