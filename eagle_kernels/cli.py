@@ -70,11 +70,15 @@ def _train_parser(commands) -> None:
     train.add_argument("--target", help="HF checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     train.add_argument("--kind", choices=["eagle3", "eagle1"], default=defaults.kind)
     for name in ("draft_vocab", "conversations", "max_length", "batch_tokens", "epochs",
-                 "warmup_steps", "ttt_steps", "seed", "save_every", "threads"):
+                 "warmup_steps", "ttt_steps", "seed", "save_every", "threads",
+                 "regenerate_batch", "regenerate_max_new"):
         train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     train.add_argument("--lr", type=float, default=defaults.lr)
     train.add_argument("--max-minutes", type=float, default=defaults.max_minutes,
                        help="stop and save after this long (resume by running again); 0 = no limit")
+    train.add_argument("--regenerate", action="store_true",
+                       help="self-distillation: replace assistant turns by the target's replies")
+    train.add_argument("--loss-backend", choices=["auto", "torch", "triton"], default="auto")
     train.add_argument("--export-dtype", choices=sorted(DTYPES), default=defaults.export_dtype)
     train.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 

@@ -55,36 +55,102 @@ class TrainConfig:
     max_minutes: float = 0.0           # stop (and save) after this long; 0 = no limit
     export_dtype: str = "bfloat16"
     threads: int = 0                   # torch CPU threads; 0 = torch's default
+    regenerate: bool = False           # replace assistant turns by the target's greedy replies
+    regenerate_batch: int = 16
+    regenerate_max_new: int = 256      # tokens per regenerated reply (at most)
+    loss_backend: str = "auto"         # soft_cross_entropy backend ("triton" on a GPU)
     extra: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------- data
 
 
-def build_dataset(tokenizer, config: TrainConfig, progress: bool = True):
-    """(examples, assistant-token counts): ``examples`` are (ids, mask) int64/bool tensors."""
+def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=None):
+    """(examples, assistant-token counts): ``examples`` are (ids, mask) int64/bool tensors.
+
+    With ``config.regenerate`` the assistant turns are first replaced by ``target``'s own
+    greedy replies (self-distillation, as EAGLE-3 trains): the head then learns the text it
+    will be asked to draft, not another model's.
+    """
     from tqdm import tqdm
 
     from .data import iter_sharegpt, render_conversation, sharegpt_messages
 
-    examples = []
-    counts = torch.zeros(len(tokenizer), dtype=torch.int64)
-    bar = tqdm(total=config.conversations, desc="render conversations", disable=not progress)
+    conversations = []
     for record in iter_sharegpt(split="train"):
         messages = sharegpt_messages(record)
+        rendered = messages and render_conversation(tokenizer, messages, config.max_length)
+        if rendered and any(rendered[1][2:]):
+            conversations.append(messages)
+            if len(conversations) == config.conversations:
+                break
+    if not conversations:
+        raise ValueError("training data: no usable ShareGPT conversation was found")
+    if config.regenerate:
+        if target is None:
+            raise ValueError("regenerate: needs the target model to generate with")
+        conversations = regenerate(target, tokenizer, conversations, config, progress)
+    examples = []
+    counts = torch.zeros(len(tokenizer), dtype=torch.int64)
+    for messages in tqdm(conversations, desc="render conversations", disable=not progress):
         rendered = messages and render_conversation(tokenizer, messages, config.max_length)
         if not rendered or not any(rendered[1][2:]):
             continue
         ids, mask = torch.tensor(rendered[0]), torch.tensor(rendered[1])
         counts += torch.bincount(ids[mask], minlength=counts.numel())[:counts.numel()]
         examples.append((ids, mask))
-        bar.update()
-        if len(examples) == config.conversations:
-            break
-    bar.close()
-    if not examples:
-        raise ValueError("training data: no usable ShareGPT conversation was found")
     return examples, counts
+
+
+def regenerate(target: TargetModel, tokenizer, conversations: list[list[dict]],
+               config: TrainConfig, progress: bool = True) -> list[list[dict]]:
+    """Replace every assistant turn by the target's greedy reply to the turns before it.
+
+    Batched with the runtime's autoregressive generation; turn t of every conversation is
+    generated before turn t + 1 (which reads it). A reply is cut at the end-of-turn token, after
+    ``config.regenerate_max_new`` tokens, or at ``config.max_length`` tokens in all; conversations whose context is already that long keep
+    only the turns before it.
+    """
+    from tqdm import tqdm
+
+    from .runtime.generation import Engine
+
+    engine = Engine(target)
+    eos = sorted({tokenizer.eos_token_id, *_end_of_turn_ids(tokenizer)} - {None})
+    result = [[] for _ in conversations]
+    most_turns = max(len(c) for c in conversations)
+    bar = tqdm(total=sum(m["role"] == "assistant" for c in conversations for m in c),
+               desc="regenerate replies", disable=not progress)
+    for turn in range(most_turns):
+        pending = []
+        for index, messages in enumerate(conversations):
+            if turn < len(messages) and len(result[index]) == turn:
+                if messages[turn]["role"] != "assistant":
+                    result[index].append(messages[turn])
+                    continue
+                prompt = tokenizer.apply_chat_template(result[index], add_generation_prompt=True)
+                prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+                if len(prompt) < config.max_length:
+                    pending.append((index, prompt))
+        for start in range(0, len(pending), config.regenerate_batch):
+            chunk = pending[start:start + config.regenerate_batch]
+            budget = min(config.regenerate_max_new,
+                         max(config.max_length - len(p) for _, p in chunk))
+            out = engine.generate([p for _, p in chunk], budget, eos_token_ids=eos,
+                                  speculative=False)
+            for (index, _), tokens in zip(chunk, out.tokens):
+                text = tokenizer.decode([t for t in tokens if t not in eos])
+                result[index].append({"role": "assistant", "content": text})
+            bar.update(len(chunk))
+    bar.close()
+    return [messages if any(m["role"] == "assistant" for m in messages) else []
+            for messages in (_drop_trailing_user(r) for r in result)]
+
+
+def _drop_trailing_user(messages: list[dict]) -> list[dict]:
+    while messages and messages[-1]["role"] != "assistant":
+        messages = messages[:-1]
+    return messages
 
 
 def batch_plan(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
@@ -166,7 +232,8 @@ def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig):
     logits, argmax = training.target_draft_logits(target, hidden, training.draft_vocab_ids(head))
     with no_value_checks():  # the loss is checked instead (below, in train)
         result = training.eagle3_ttt_loss(head, features.float(), ids, logits, head.t2d[argmax],
-                                          mask, steps=config.ttt_steps)
+                                          mask, steps=config.ttt_steps,
+                                          loss_backend=config.loss_backend)
     return result.loss, {"step_loss": [round(x, 4) for x in result.step_losses],
                          "step_acc": [round(x, 4) for x in result.step_accuracy]}
 
@@ -181,14 +248,15 @@ def learning_rate(config: TrainConfig, step: int, total: int) -> float:
 # ------------------------------------------------------------------------------- loop
 
 
-def _load_data(out: Path, tokenizer, config: TrainConfig):
+def _load_data(out: Path, tokenizer, config: TrainConfig, target: TargetModel):
     cached = out / DATA_FILE
+    key = [config.conversations, config.max_length, config.regenerate]
     if cached.is_file():
         data = torch.load(cached, weights_only=False)
-        if data["key"] == [config.conversations, config.max_length]:
+        if data["key"] == key:
             return data["examples"], data["counts"]
-    examples, counts = build_dataset(tokenizer, config)
-    torch.save({"key": [config.conversations, config.max_length], "examples": examples,
+    examples, counts = build_dataset(tokenizer, config, target=target)
+    torch.save({"key": key, "examples": examples,
                 "counts": counts}, cached)
     return examples, counts
 
@@ -213,7 +281,7 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     target.requires_grad_(False)
-    examples, counts = _load_data(out, tokenizer, config)
+    examples, counts = _load_data(out, tokenizer, config, target)
     always = sorted({tokenizer.eos_token_id, *_end_of_turn_ids(tokenizer)} - {None})
     head = init_head(config.kind, target, counts, config.draft_vocab, always, config.seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95),

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from eagle_kernels.data import draft_vocabulary, render_conversation, sharegpt_messages
 from eagle_kernels.ops.reference import pack_tree_mask
 from eagle_kernels.runtime import training
+from eagle_kernels.runtime.api import DEFAULT_HEAD
 from eagle_kernels.runtime.draft_heads import EAGLE1, EAGLE3, load_draft_head, new_draft_head
 from eagle_kernels.runtime.drafting import causal_tree_mask
 from runtime_helpers import tiny_target
@@ -251,3 +252,43 @@ def test_train_rejects_an_unknown_head_kind(tokenizer, tmp_path, target):
 
     with pytest.raises(ValueError, match="kind"):
         train(train_config(tmp_path, kind="medusa"), target, tokenizer, progress=False)
+
+
+@pytest.mark.skipif(not (DEFAULT_HEAD / "config.json").is_file(), reason="no bundled head")
+def test_bundled_head_is_small_official_and_loads(tokenizer):
+    from safetensors import safe_open
+
+    from eagle_kernels.runtime.default_model import default_model_dir
+    from eagle_kernels.runtime.model import load_target
+
+    assert (DEFAULT_HEAD / "model.safetensors").stat().st_size <= 25 * 2 ** 20
+    with safe_open(str(DEFAULT_HEAD / "model.safetensors"), "pt") as handle:
+        keys = set(handle.keys())
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight",
+            "d2t", "t2d"} <= keys
+    config = json.load(open(DEFAULT_HEAD / "config.json"))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    head = load_draft_head(DEFAULT_HEAD, load_target(default_model_dir()))
+    assert bool(head.t2d[tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    assert int(head.t2d.sum()) == config["draft_vocab_size"]
+
+
+def test_regenerate_replaces_assistant_turns_with_the_targets_replies(tokenizer):
+    from eagle_kernels.runtime.generation import Engine
+    from eagle_kernels.train import regenerate
+
+    target = tiny_target(seed=2, vocab=len(tokenizer))
+    chats = [[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": "More"}, {"role": "assistant", "content": "old"}],
+             [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "x"}]]
+    config = train_config("unused", max_length=100, regenerate_batch=2, regenerate_max_new=8)
+    new = regenerate(target, tokenizer, chats, config, progress=False)
+    assert [m["role"] for m in new[0]] == ["user", "assistant", "user", "assistant"]
+    assert new[0][2] == chats[0][2] and len(new[1]) == 2
+    # The first reply is exactly the target's greedy continuation of the first user turn.
+    prompt = tokenizer.apply_chat_template(chats[0][:1], add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    want = Engine(target).generate([prompt], 8, speculative=False,
+                                   eos_token_ids=[tokenizer.eos_token_id]).tokens[0]
+    want = tokenizer.decode([t for t in want if t != tokenizer.eos_token_id])
+    assert new[0][1]["content"] == want and want != "old"
