@@ -223,6 +223,7 @@ def test_cache_env_and_default_root(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("installed", [False, True])
 def test_missing_gguf_says_how_to_install(monkeypatch, tmp_path, installed):
+    monkeypatch.delenv(dm.GGUF_ENV, raising=False)  # the override would win over the package
     spec = importlib.machinery.ModuleSpec(dm.GGUF_PACKAGE, None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path)]  # a package dir without the file
     monkeypatch.setattr(dm.importlib.util, "find_spec",

