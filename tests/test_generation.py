@@ -193,3 +193,18 @@ def test_default_target_is_recognised_for_the_bundled_head():
 
     assert api.load_target_and_tokenizer(None, torch.float32, "cpu")[2]
     assert not api.load_target_and_tokenizer(default_model_dir(), torch.float32, "cpu")[2]
+
+
+def test_a_finished_sequence_never_writes_past_the_cache():
+    """Regression: the longest prompt finishes first with a long accept (its cache length runs
+    up to max_depth past its budget) while a short one keeps cycling; the verify tree written at
+    the finished sequence's length must still fit the cache (was an IndexError at its end)."""
+    target = tiny_target()
+    long_prompt, short_prompt = list(range(5, 25)), [7, 8, 9]
+    want = Engine(target).generate([long_prompt, short_prompt], 12, speculative=False).tokens
+    longer = Engine(target).generate([long_prompt], 30, speculative=False).tokens[0]
+    # Only sequence 0 is helped, past its budget too, so its last cycle accepts a full chain.
+    head = oracle_head(target, [long_prompt + longer, [0] * 100])
+    head.hit_rate = 1.0
+    engine = Engine(target, head, TreeConfig(top_k=1, depth=6, total_tokens=8))
+    assert engine.generate([long_prompt, short_prompt], 12).tokens == want

@@ -294,8 +294,11 @@ class Engine:
         tree = self.tree
         width = tree.max_depth + 1
         stats = GenerationStats("speculative", accepted_histogram=[0] * width)
+        # Room past prompt + budget: the verify tree (total_tokens), plus max_depth because the
+        # cycle that reaches a budget still advances the cache by its whole accepted path, and a
+        # finished sequence keeps receiving (ignored) trees while others in the batch run.
         state, cache = self._start(prompts, budgets, sampling, eos, width,
-                                   tree.total_tokens)
+                                   tree.total_tokens + tree.max_depth)
         draft_cache = self.head.allocate_cache(len(prompts), cache.max_len + tree.drafted_keys)
         start = _now(self.device)
         ids, lengths, root, hidden, features = self._prefill(prompts, cache, state,
