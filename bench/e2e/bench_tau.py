@@ -124,10 +124,27 @@ def main(argv=None) -> int:
                  if not args.no_chain else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    report = merge_previous(out / "tau.json", report)
     (out / "tau.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "tau.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def merge_previous(path: Path, report: dict) -> dict:
+    """Keep the other sets of an earlier run into the same directory with the same settings
+    (prompt sets can then be measured one call at a time); their commands are kept too."""
+    if not path.is_file():
+        return report
+    previous = json.loads(path.read_text())
+    if previous.get("tree") != report["tree"] or previous.get("draft") != report["draft"] or \
+            previous.get("max_new_tokens") != report["max_new_tokens"]:
+        return report
+    sets = {k: v for k, v in previous["sets"].items() if k not in report["sets"]}
+    report["sets"] = {**sets, **report["sets"]}
+    if sets and previous["command"] != report["command"]:
+        report["command"] = previous["command"] + " ; " + report["command"]
+    return report
 
 
 def markdown(report: dict) -> str:
