@@ -136,7 +136,7 @@ tree_attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache,
   for (int i = threadIdx.x; i < kBlockM * L::kLdO; i += kThreads) s_o[i] = 0.0f;
   __syncthreads();  // an empty split goes straight to the epilogue, which reads s_o
 
-  const int64_t prefix = cache_lens[b];
+  const int64_t prefix = attention::clamped_prefix(cache_lens[b], p);
   const attention::KeyRange range =
       attention::split_range(prefix + p.tree_keys, p.num_splits, blockIdx.z);
   const T* k_seq = k_cache + b * p.stride_kb + kv_head * p.stride_kh;
@@ -325,7 +325,7 @@ void host_typed(const T* q, const T* k, const T* v, const int32_t* lens, const i
   const int64_t d_size = p.head_dim;
   std::vector<float> o(d_size);
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t prefix = lens[b];
+    const int64_t prefix = attention::clamped_prefix(lens[b], p);
     for (int64_t split = 0; split < p.num_splits; ++split) {
       const attention::KeyRange range =
           attention::split_range(prefix + p.tree_keys, p.num_splits, split);

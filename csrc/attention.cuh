@@ -34,6 +34,8 @@ constexpr int kBlockM = 64;   ///< stacked query rows per CTA (4 warps x 16)
 constexpr int kBlockN = 64;   ///< keys per block
 constexpr int kThreads = 128;
 constexpr int kMaxSplits = 256;
+/// Head sizes the kernel is instantiated for (tensor-core tiles of 16; size_error checks).
+constexpr int kHeadDims[2] = {64, 128};
 
 /// Sizes and strides of one call (element strides; the head dimension is contiguous).
 struct Problem {
@@ -54,6 +56,18 @@ EK_HOST_DEVICE KeyRange split_range(int64_t total, int64_t num_splits, int64_t s
   const int64_t begin = split * chunk;
   const int64_t end = begin + chunk < total ? begin + chunk : total;
   return {begin, end};
+}
+
+/**
+ * @brief The prefix length actually used for `cache_len` = cache_lens[b]: clamped to
+ *        [0, max_len - T] (max_len = stride_kb / stride_kn, the cache is contiguous), so every
+ *        key read lies inside the sequence's cache whatever cache_lens holds. The Python op
+ *        rejects such lengths while value checks are on; the Triton kernel clamps alike.
+ */
+EK_HOST_DEVICE int64_t clamped_prefix(int64_t cache_len, const Problem& p) {
+  const int64_t last = p.stride_kb / p.stride_kn - p.tree_keys;
+  const int64_t prefix = cache_len < last ? cache_len : last;
+  return prefix > 0 ? prefix : 0;
 }
 
 /// Whether cache row `pos` (< the split's end) is visible to the query whose mask row is
@@ -104,7 +118,9 @@ inline const char* size_error(const Problem& p, int dtype_code) {
   if (dtype_code != kFloat16 && dtype_code != kBFloat16) {
     return "tree_attention: dtype_code must be 1 (float16) or 2 (bfloat16)";
   }
-  if (p.head_dim != 64 && p.head_dim != 128) return "tree_attention: head_dim must be 64 or 128";
+  if (p.head_dim != kHeadDims[0] && p.head_dim != kHeadDims[1]) {
+    return "tree_attention: head_dim must be 64 or 128";
+  }
   if (p.batch < 0 || p.batch > 65535) return "tree_attention: batch must be in [0, 65535]";
   if (p.num_queries < 1 || p.tree_keys < 1) {
     return "tree_attention: num_queries and tree_keys must be >= 1";

@@ -93,6 +93,12 @@ void tree_attention_on_host(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v
 }  // namespace
 
 void register_attention(py::module_& module) {
+  // What the cuda kernel takes, read by eagle_kernels/ops/attention.py (dtype codes of
+  // common.cuh: 1 float16, 2 bfloat16).
+  module.attr("ATTENTION_HEAD_DIMS") = py::make_tuple(attention::kHeadDims[0],
+                                                      attention::kHeadDims[1]);
+  module.attr("ATTENTION_DTYPE_CODES") = py::make_tuple(static_cast<int>(kFloat16),
+                                                        static_cast<int>(kBFloat16));
   module.def("tree_attention", &tree_attention, kTreeAttentionDoc, py::arg("q_ptr"),
              py::arg("k_cache_ptr"), py::arg("v_cache_ptr"), py::arg("cache_lens_ptr"),
              py::arg("tree_mask_ptr"), py::arg("out_ptr"), py::arg("part_o_ptr"),

@@ -24,7 +24,7 @@ __global__ void compact_kv_kernel(const int64_t* __restrict__ cache_addresses,
   if (column >= words) return;
   const int64_t b = blockIdx.y;
   Word* seq = reinterpret_cast<Word*>(cache_addresses[blockIdx.x]) + b * max_len * words;
-  kv::compact_column(seq, words, column, cache_lens[b], accepted_nodes + b * width,
+  kv::compact_column(seq, words, column, cache_lens[b], max_len, accepted_nodes + b * width,
                      kv::place_count(num_accepted[b], width));
 }
 
@@ -47,7 +47,7 @@ void host_typed(const int64_t* addresses, const int64_t* row_words, int64_t num_
     for (int64_t b = 0; b < batch; ++b) {
       Word* seq = reinterpret_cast<Word*>(addresses[c]) + b * max_len * row_words[c];
       for (int64_t column = 0; column < row_words[c]; ++column) {
-        kv::compact_column(seq, row_words[c], column, cache_lens[b], nodes + b * width,
+        kv::compact_column(seq, row_words[c], column, cache_lens[b], max_len, nodes + b * width,
                            kv::place_count(num_accepted[b], width));
       }
     }

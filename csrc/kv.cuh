@@ -7,7 +7,8 @@
  * [B, max_len, row_words[c]] words of `word_bytes` bytes (1, 2, 4, 8 or 16), so layers may differ
  * in head count, head size and dtype. For sequence b with L = cache_lens[b] and
  * n = min(num_accepted[b] + 1, width), row L + accepted_nodes[b, j] moves to row L + j for
- * j = 1 .. n - 1 (j = 0 is the root, already in place).
+ * j = 1 .. n - 1 (j = 0 is the root, already in place). A move whose source or target row lies
+ * outside [0, max_len) (out-of-contract input, unchecked under graph capture) is skipped.
  *
  * Grid (cache, sequence, column chunk); each thread owns one word column and walks j upwards.
  * That order makes the in-place move safe without barriers: path nodes increase, so row L + j
@@ -37,10 +38,13 @@ struct alignas(16) Word16 {
  */
 template <typename Word>
 EK_HOST_DEVICE void compact_column(Word* seq, int64_t row_words, int64_t column, int64_t prefix,
-                                   const int32_t* nodes, int count) {
+                                   int64_t max_len, const int32_t* nodes, int count) {
   for (int j = 1; j < count; ++j) {
     const int64_t node = nodes[j];
     if (node == j) continue;  // already in place
+    // Source and target rows must lie in this sequence's [0, max_len): with the Python value
+    // checks off (graph capture) a padding -1 or a bad length would otherwise hit another row.
+    if (node < 0 || prefix < 0 || prefix + node >= max_len || prefix + j >= max_len) continue;
     seq[(prefix + j) * row_words + column] = seq[(prefix + node) * row_words + column];
   }
 }

@@ -63,11 +63,14 @@ EK_HOST_DEVICE void accept_tree_at(
   const int64_t seq = b * num_nodes;
   const float t = temperature[b];
   for (int i = block.tid; i < num_nodes; i += block.threads) {
+    // A parent outside [0, i) is never the walk's current node (always < i), so its row is never
+    // needed: skip it rather than address another sequence's (or no) row.
     const int parent = i > 0 ? parents[seq + i] : -1;
-    probs[i] = parent >= 0 ? sampling::token_prob(logits + (seq + parent) * vocab,
+    probs[i] = parent >= 0 && parent < i
+                   ? sampling::token_prob_checked(logits + (seq + parent) * vocab, vocab,
                                                   tokens[seq + i], t,
                                                   load_stats(m, kkey, tau, z, seq + parent))
-                           : 0.0f;
+                   : 0.0f;
   }
   for (int j = block.tid; j < width; j += block.threads) {
     output_tokens[b * width + j] = -1;
@@ -103,10 +106,11 @@ EK_HOST_DEVICE void accept_chain_at(
   const float t = temperature[b];
   for (int i = block.tid; i < num_nodes; i += block.threads) {
     const int64_t token = tokens[seq + i];
-    probs[i] = i > 0 ? sampling::token_prob(logits + (seq + i - 1) * vocab, token, t,
-                                            load_stats(m, kkey, tau, z, seq + i - 1))
+    const bool in_vocab = token >= 0 && token < vocab;  // else p = q = 0, nothing read
+    probs[i] = i > 0 ? sampling::token_prob_checked(logits + (seq + i - 1) * vocab, vocab, token,
+                                                    t, load_stats(m, kkey, tau, z, seq + i - 1))
                      : 0.0f;
-    draft[i] = i > 0 ? draft_probs[(q_seq + i - 1) * vocab + token] : 0.0f;
+    draft[i] = i > 0 && in_vocab ? draft_probs[(q_seq + i - 1) * vocab + token] : 0.0f;
     output_tokens[seq + i] = -1;
     accepted_nodes[seq + i] = i == 0 ? 0 : -1;
   }

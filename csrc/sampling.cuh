@@ -206,6 +206,14 @@ EK_HOST_DEVICE float token_prob(const T* row, int64_t token, float t, const RowS
   return kept_e(to_float(row[token]) / t, st) / st.z;
 }
 
+/// p(token) for a token that may lie outside [0, vocab) (tree / chain tokens are addresses
+/// here, and with the Python value checks off nothing else stops them): 0 there, nothing read.
+template <typename T>
+EK_HOST_DEVICE float token_prob_checked(const T* row, int64_t vocab, int64_t token, float t,
+                                        const RowStats& st) {
+  return token >= 0 && token < vocab ? token_prob(row, token, t, st) : 0.0f;
+}
+
 /**
  * @brief Inverse-CDF draw (block-wide) from the residual r = p, minus q clamped at 0 when q is
  *        given, with the `num_removed` tokens of `removed` zeroed; a residual of total 0

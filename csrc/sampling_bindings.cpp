@@ -174,6 +174,8 @@ void accept_chain_on_host(Address tokens, Address draft_probs, Address logits, A
 }  // namespace
 
 void register_sampling(py::module_& module) {
+  // Largest tree / chain of the stochastic acceptance kernels, read by ops/acceptance.py.
+  module.attr("STOCHASTIC_ACCEPT_MAX_NODES") = sampling::kMaxNodes;
   module.def("row_stats", &row_stats, kRowStatsDoc, py::arg("logits_ptr"), py::arg("m_ptr"),
              py::arg("kkey_ptr"), py::arg("tau_ptr"), py::arg("z_ptr"),
              py::arg("temperature_ptr"), py::arg("top_k_ptr"), py::arg("top_p_ptr"),

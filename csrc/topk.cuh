@@ -12,8 +12,9 @@
  * Ordering: every value v at index i becomes one int64 key (order_key): unique, larger value
  * first, lower index on ties, -0.0 == 0.0, NaN above +inf (torch.sort's order). "Top k" is then
  * a question about distinct integers, so every thread count and reduction order gives the same
- * ids. topk_log_softmax ranks by the logit, the reference by its rounded log-prob; the two can
- * only differ where two different logits round to one log-prob (see eagle_kernels/ops/topk.py).
+ * ids. topk_log_softmax ranks by the logit, exactly like the reference (which ranks by the
+ * logit, not by the rounded log-prob that could merge two different logits), so ids match the
+ * reference exactly; log-probs match to a few ulps (see eagle_kernels/ops/topk.py).
  *
  * The per-thread and per-candidate functions are EK_HOST_DEVICE: the *_host entry points run
  * the kernels' code on CPU pointers (simulating kTopkThreads threads for topk_log_softmax).

@@ -114,6 +114,9 @@ void eagle2_expand_on_host(std::uintptr_t frontier, std::uintptr_t children,
 }  // namespace
 
 void register_topk(py::module_& module) {
+  // Size limits of the cuda backend, read by eagle_kernels/ops/topk.py (one source of truth).
+  module.attr("TOPK_MAX_K") = topk::kMaxK;
+  module.attr("EXPAND_MAX_CANDIDATES") = topk::kMaxExpand;
   module.def("topk_log_softmax", &topk_log_softmax, kTopkDoc, py::arg("logits_ptr"),
              py::arg("dtype_code"), py::arg("d2t_ptr"), py::arg("values_ptr"),
              py::arg("ids_ptr"), py::arg("rows"), py::arg("vocab"), py::arg("k"),

@@ -133,6 +133,9 @@ void eagle2_rerank_on_host(std::uintptr_t root_tokens, std::uintptr_t cand_token
 }  // namespace
 
 void register_tree(py::module_& module) {
+  // Size limits of the cuda backend, read by eagle_kernels/ops/{tree,topk}.py.
+  module.attr("BUILD_TREE_MAX_NODES") = tree::kMaxNodes;
+  module.attr("RERANK_MAX_CANDIDATES") = tree::kMaxCandidates;
   module.def("build_tree", &build_tree, kBuildTreeDoc, py::arg("parents_ptr"),
              py::arg("depth_ptr"), py::arg("tree_mask_ptr"), py::arg("paths_ptr"),
              py::arg("batch"), py::arg("num_nodes"), py::arg("max_depth"), py::arg("stream"));

@@ -14,21 +14,21 @@ ALL_OPS = {"build_tree", "compact_kv", "eagle2_expand", "eagle2_rerank", "greedy
 
 def test_every_op_has_a_torch_reference():
     table = ops.op_backends()
-    assert set(table) == ALL_OPS
+    assert ALL_OPS <= set(table)
     assert all(impls.get("torch") == "auto" for impls in table.values())
 
 
 def test_available_backends_explain_themselves(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     status = ops.available_backends()
-    assert set(status) == {"cuda", "triton", "torch"} and status["torch"].available
+    assert set(status) == {"cuda", "triton", "cpu", "torch"} and status["torch"].available
     for name, (available, reason) in status.items():
         assert reason, name
     if not torch.cuda.is_available():
         assert not status["cuda"].available and not status["triton"].available
         assert "TRITON_INTERPRET=1" in status["triton"].reason
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert ops.available_backends()["triton"].available or "cannot import triton" in \
+    assert ops.available_backends()["triton"].available or "triton is not installed" in \
         ops.available_backends()["triton"].reason
     report = ops.backend_report()
     assert all(op in report for op in ALL_OPS)
@@ -37,6 +37,8 @@ def test_available_backends_explain_themselves(monkeypatch):
 def test_auto_resolves_to_torch_until_kernels_are_proven(monkeypatch):
     monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
     for op in ALL_OPS:
+        if op == "tree_attention":  # the cpu backend (fp32) is enabled for auto
+            continue
         assert _backend.resolve(op, "auto", torch.device("cpu"))[0] == "torch"
 
 
@@ -76,3 +78,120 @@ def test_value_checks_can_be_turned_off(monkeypatch):
     monkeypatch.setenv(ops.CHECK_VALUES_ENV, "0")
     assert not ops.value_checks_enabled()
     assert ops.greedy_accept_chain(tokens, logits).num_accepted.tolist() == [0]
+
+
+# --------------------------------------------------------------------------------------------
+# What a backend can take (issue 13 b): supports= at registration, facts from every op
+# --------------------------------------------------------------------------------------------
+
+STAR_1025 = torch.cat([torch.tensor([[-1]]), torch.zeros(1, 1024, dtype=torch.int64)], 1).int()
+
+
+def _enable_for_auto(monkeypatch, op, backend):
+    impl = _backend._REGISTRY[op][backend]
+    monkeypatch.setitem(_backend._REGISTRY[op], backend, impl._replace(auto=True))
+
+
+def test_auto_falls_through_what_a_backend_cannot_take(monkeypatch):
+    """build_tree passes N to resolve: with its Triton kernel enabled for auto, a tree past
+    TRITON_MAX_NODES falls through to torch instead of raising; a small one runs on Triton."""
+    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _enable_for_auto(monkeypatch, "build_tree", "triton")
+    if not _backend.backend_status("triton").available:
+        pytest.skip("triton not installed")
+    depth, _, paths = ops.build_tree(STAR_1025, max_depth=1)
+    assert depth[0, -1] == 1 and paths.shape == (1, 1025, 2)
+    assert _backend.resolve("build_tree", "auto", torch.device("cpu"), num_nodes=1025)[0] == "torch"
+    assert _backend.resolve("build_tree", "auto", torch.device("cpu"), num_nodes=4)[0] == "triton"
+
+
+def test_explicit_request_for_unsupported_inputs_names_the_limit():
+    with pytest.raises(ValueError, match=r"'triton' cannot run build_tree.*TRITON_MAX_NODES"):
+        ops.build_tree(STAR_1025, max_depth=1, backend="triton")
+    q = torch.zeros(1, 1, 1, 264)  # head_dim past TRITON_MAX_HEAD_DIM (256)
+    with pytest.raises(ValueError, match="TRITON_MAX_HEAD_DIM"):
+        ops.tree_attention(q, q, q, torch.zeros(1, dtype=torch.int32),
+                           torch.ones(1, 1, 1, dtype=torch.int32), backend="triton")
+    with pytest.raises(ValueError, match="soft_cross_entropy has no 'cuda' implementation"):
+        ops.soft_cross_entropy(torch.zeros(2, 4), torch.zeros(2, 4), backend="cuda")
+
+
+@pytest.fixture
+def cuda_runs_here(monkeypatch, ext):
+    """Pretend the cuda backend runs on CPU tensors, so resolve() reaches the supports checks
+    (the limits come from the real, built _C module)."""
+    real = _backend.backend_status
+    monkeypatch.setattr(_backend, "backend_status", lambda name: _backend.BackendStatus(
+        True, "test") if name == "cuda" else real(name))
+    monkeypatch.setattr(_backend, "_supports_device", lambda name, device: True)
+    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
+    return ext
+
+
+def test_cuda_limits_are_exported_by_the_extension(ext):
+    assert ext.TOPK_MAX_K == 32 and ext.EXPAND_MAX_CANDIDATES == 6144
+    assert ext.BUILD_TREE_MAX_NODES == 8192 and ext.RERANK_MAX_CANDIDATES == 2048
+    assert ext.STOCHASTIC_ACCEPT_MAX_NODES == 2048
+    assert tuple(ext.ATTENTION_HEAD_DIMS) == (64, 128)
+    assert tuple(ext.ATTENTION_DTYPE_CODES) == (1, 2)
+
+
+def test_every_op_passes_the_facts_its_cuda_limits_need(cuda_runs_here):
+    """Each public op, asked for cuda past a limit, raises the resolve() error naming the _C
+    constant before any kernel runs (CPU tensors: a kernel call would fail differently)."""
+    from eagle_kernels.ops._validate import no_value_checks
+
+    def raises(limit, call):
+        with pytest.raises(ValueError, match=rf"backend: 'cuda' cannot run .*{limit}"):
+            call()
+
+    ext = cuda_runs_here
+    with no_value_checks():
+        raises("TOPK_MAX_K", lambda: ops.topk_log_softmax(torch.zeros(1, 64), ext.TOPK_MAX_K + 1,
+                                                          backend="cuda"))
+        raises("EXPAND_MAX_CANDIDATES", lambda: ops.eagle2_expand(
+            torch.zeros(1, 1), torch.zeros(1, 1, ext.EXPAND_MAX_CANDIDATES + 1), 1,
+            backend="cuda"))
+        m = ext.RERANK_MAX_CANDIDATES + 1
+        raises("RERANK_MAX_CANDIDATES", lambda: ops.eagle2_rerank(
+            torch.zeros(1, dtype=torch.int64), torch.zeros(1, m, dtype=torch.int64),
+            torch.zeros(1, m), torch.full((1, m), -1, dtype=torch.int32), 2, backend="cuda"))
+        n = ext.BUILD_TREE_MAX_NODES + 1
+        raises("BUILD_TREE_MAX_NODES", lambda: ops.build_tree(
+            torch.zeros(1, n, dtype=torch.int32), max_depth=1, backend="cuda"))
+        n = ext.STOCHASTIC_ACCEPT_MAX_NODES + 1
+        tokens, logits = torch.zeros(1, n, dtype=torch.int64), torch.zeros(1, n, 2)
+        uniforms, bonus = torch.zeros(1, n), torch.zeros(1)
+        raises("STOCHASTIC_ACCEPT_MAX_NODES", lambda: ops.stochastic_accept_tree(
+            tokens, torch.zeros(1, n, dtype=torch.int32), logits, uniforms, bonus, max_depth=1,
+            backend="cuda"))
+        raises("STOCHASTIC_ACCEPT_MAX_NODES", lambda: ops.stochastic_accept_chain(
+            tokens, torch.zeros(1, n - 1, 2), logits, uniforms, bonus, backend="cuda"))
+        lens, mask = torch.zeros(1, dtype=torch.int32), torch.ones(1, 1, 1, dtype=torch.int32)
+        q32 = torch.zeros(1, 1, 1, 64)
+        raises("ATTENTION_DTYPE_CODES", lambda: ops.tree_attention(q32, q32, q32, lens, mask,
+                                                                   backend="cuda"))
+        q16 = torch.zeros(1, 1, 1, 32, dtype=torch.float16)
+        raises("ATTENTION_HEAD_DIMS", lambda: ops.tree_attention(q16, q16, q16, lens, mask,
+                                                                 backend="cuda"))
+
+
+def test_auto_skips_cuda_past_its_limits(cuda_runs_here, monkeypatch):
+    _enable_for_auto(monkeypatch, "topk_log_softmax", "cuda")
+    cpu = torch.device("cpu")
+    limit = cuda_runs_here.TOPK_MAX_K
+    assert _backend.resolve("topk_log_softmax", "auto", cpu, k=limit)[0] == "cuda"
+    assert _backend.resolve("topk_log_softmax", "auto", cpu, k=limit + 1)[0] != "cuda"
+
+
+def test_cuda_limits_without_the_extension(monkeypatch):
+    """With _C not built no limit applies (the backend is unavailable anyway) and nothing in
+    the supports checks imports it."""
+    monkeypatch.setattr(_backend, "_import_status",
+                        lambda module: _backend.BackendStatus(False, "not built (test)"))
+    assert _backend.cuda_limit("TOPK_MAX_K") is None
+    for op, facts in (("topk_log_softmax", dict(k=10**6)), ("build_tree", dict(num_nodes=10**6)),
+                      ("tree_attention", dict(dtype=torch.float32, head_dim=3))):
+        assert _backend._REGISTRY[op]["cuda"].supports(**facts) is None
+    assert not _backend.backend_status("cuda").available

@@ -1,17 +1,27 @@
 """Backend registry: which implementation of an op runs, and why the others cannot.
 
-Every op has up to three backends with one signature and one contract:
+Every op has up to four backends with one signature and one contract:
 
 * ``"cuda"``   kernels from ``csrc/`` compiled into ``eagle_kernels._C`` (CUDA tensors only);
 * ``"triton"`` Triton kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``);
+* ``"cpu"``    C++ kernels from ``csrc/cpu/`` compiled into ``eagle_kernels._cpu`` (CPU tensors);
 * ``"torch"``  the reference ops of :mod:`eagle_kernels.ops.reference` (any device).
 
 ``backend="auto"`` (the default of every public op) takes the environment variable
 ``EAGLE_KERNELS_BACKEND`` when it is set, which forces one backend for every op (useful in tests
-and benchmarks); otherwise the first of cuda, triton, torch that is available here, supports
-the inputs' device and is enabled for ``auto`` for this op. A kernel is enabled for ``auto``
-only once it has been proven against the reference on a GPU; until then it is reachable by
-naming its backend explicitly.
+and benchmarks); otherwise the first of cuda, triton, cpu, torch that is available here,
+supports the inputs' device, supports the inputs themselves and is enabled for ``auto`` for
+this op.
+
+What a backend can take is declared where it is registered: ``register(..., supports=fn)``
+where ``fn(**facts)`` returns why inputs with those facts cannot run (dtype, head_dim, k, N,
+M, ...), or None. Every public op passes its facts to :func:`resolve`; ``auto`` falls through
+to the next backend, and an explicit (or forced) request for an unsupported case raises a
+ValueError naming the limit. CUDA limits come from the ``_C`` module (:func:`cuda_limit`),
+Triton limits from one named constant in the module that owns the kernel.
+
+A kernel is enabled for ``auto`` only once it has been proven against the reference on a GPU;
+until then it is reachable by naming its backend explicitly.
 """
 
 from __future__ import annotations
@@ -23,7 +33,10 @@ from typing import Callable, NamedTuple
 
 import torch
 
-BACKENDS = ("cuda", "triton", "torch")
+from ._triton import HAS_TRITON
+from ._triton import MISSING_REASON as TRITON_MISSING
+
+BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "EAGLE_KERNELS_BACKEND"
 
 
@@ -35,16 +48,19 @@ class BackendStatus(NamedTuple):
 class _Implementation(NamedTuple):
     fn: Callable
     auto: bool
+    supports: Callable[..., str | None] | None = None  # facts -> why not, or None
 
 
 _REGISTRY: dict[str, dict[str, _Implementation]] = {}
 
 
-def register(op: str, backend: str, fn: Callable, auto: bool = True) -> None:
-    """Register ``fn`` as ``backend``'s implementation of ``op``."""
+def register(op: str, backend: str, fn: Callable, auto: bool = True,
+             supports: Callable[..., str | None] | None = None) -> None:
+    """Register ``fn`` as ``backend``'s implementation of ``op``; ``supports(**facts)`` returns
+    why it cannot take inputs with those facts (dtype, sizes), or None."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    _REGISTRY.setdefault(op, {})[backend] = _Implementation(fn, auto)
+    _REGISTRY.setdefault(op, {})[backend] = _Implementation(fn, auto, supports)
 
 
 def _interpreting() -> bool:
@@ -65,6 +81,23 @@ def cuda_extension():
     return importlib.import_module("eagle_kernels._C")
 
 
+def cuda_limit(name: str):
+    """A limit the ``_C`` module exports (``TOPK_MAX_K``, ``ATTENTION_HEAD_DIMS``, ...), or None
+    when ``_C`` is not built (the cuda backend is unavailable then, so no limit applies).
+
+    The limits are the constants of the csrc/*.cuh headers, exported by the bindings, so the
+    Python ``supports`` checks never drift from what the kernels take.
+    """
+    if not _import_status("eagle_kernels._C").available:
+        return None
+    return getattr(cuda_extension(), name)
+
+
+def cpu_extension():
+    """The compiled ``eagle_kernels._cpu`` module; raises ImportError if it was not built."""
+    return importlib.import_module("eagle_kernels._cpu")
+
+
 def cuda_stream(device: torch.device) -> int:
     """Raw handle of torch's current stream on ``device``: what the ``_C`` launchers take."""
     return torch.cuda.current_stream(device).cuda_stream
@@ -75,14 +108,19 @@ def backend_status(backend: str) -> BackendStatus:
     if backend == "torch":
         return BackendStatus(True, f"torch {torch.__version__}")
     if backend == "triton":
-        imported = _import_status("triton")
-        if not imported.available:
-            return imported
+        if not HAS_TRITON:
+            return BackendStatus(False, TRITON_MISSING)
         if torch.cuda.is_available():
             return BackendStatus(True, "triton on CUDA device")
         if _interpreting():
             return BackendStatus(True, "triton interpreter on CPU (TRITON_INTERPRET=1)")
         return BackendStatus(False, "no CUDA device (TRITON_INTERPRET=1 runs kernels on CPU)")
+    if backend == "cpu":
+        imported = _import_status("eagle_kernels._cpu")
+        if not imported.available:
+            return BackendStatus(False, "eagle_kernels._cpu not built (no C++ compiler at "
+                                 "install time?): " + imported.reason)
+        return BackendStatus(True, f"eagle_kernels._cpu ({cpu_extension().isa()})")
     if backend == "cuda":
         imported = _import_status("eagle_kernels._C")
         if not imported.available:
@@ -104,6 +142,8 @@ def _supports_device(backend: str, device: torch.device) -> bool:
         return True
     if backend == "triton":
         return device.type == "cuda" or (device.type == "cpu" and _interpreting())
+    if backend == "cpu":
+        return device.type == "cpu"
     return device.type == "cuda"
 
 
@@ -118,11 +158,16 @@ def _requested_backend(backend: str) -> str:
     return forced or "auto"
 
 
-def resolve(op: str, backend: str, device: torch.device) -> tuple[str, Callable]:
-    """Pick the implementation of ``op`` for tensors on ``device``.
+def _unsupported(impl: _Implementation, facts: dict) -> str | None:
+    return impl.supports(**facts) if impl.supports is not None else None
+
+
+def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, Callable]:
+    """Pick the implementation of ``op`` for tensors on ``device`` with these ``facts``.
 
     Raises ValueError naming the backend when an explicitly requested (or forced) backend has
-    no implementation of ``op``, cannot run on this machine, or cannot take ``device`` tensors.
+    no implementation of ``op``, cannot run on this machine, cannot take ``device`` tensors or
+    says it does not support inputs with these facts.
     """
     implementations = _REGISTRY[op]
     requested = _requested_backend(backend)
@@ -130,7 +175,7 @@ def resolve(op: str, backend: str, device: torch.device) -> tuple[str, Callable]
         for name in BACKENDS:
             impl = implementations.get(name)
             if (impl is not None and impl.auto and backend_status(name).available
-                    and _supports_device(name, device)):
+                    and _supports_device(name, device) and _unsupported(impl, facts) is None):
                 return name, impl.fn
         return "torch", implementations["torch"].fn
     impl = implementations.get(requested)
@@ -142,6 +187,9 @@ def resolve(op: str, backend: str, device: torch.device) -> tuple[str, Callable]
         raise ValueError(f"backend: {requested!r} is not available here: {status.reason}")
     if not _supports_device(requested, device):
         raise ValueError(f"backend: {requested!r} cannot run {op} on {device.type} tensors")
+    reason = _unsupported(impl, facts)
+    if reason is not None:
+        raise ValueError(f"backend: {requested!r} cannot run {op} here: {reason}")
     return requested, impl.fn
 
 

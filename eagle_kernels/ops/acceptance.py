@@ -23,14 +23,13 @@ Triton kernels (no host syncs, one program per row or per sequence):
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from . import reference
 from .sampling import (LOGIT_DTYPE_CODES, _target_probs_cuda, row_stats_cuda,
                        row_stats_triton, sample_row, target_probs_triton, temperature_args,
                        token_prob, vocab_block)
-from ._backend import cuda_extension, cuda_stream, register, resolve
+from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
+from ._triton import tl, triton
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, check_uniforms, value_checks_enabled)
 from .reference import AcceptResult
@@ -123,7 +122,8 @@ def stochastic_accept_tree(tokens, parents, target_logits, accept_uniforms, bonu
     max_depth = check_max_depth(parents, max_depth)
     _check_uniforms(batch, num_nodes, tokens.device, accept_uniforms, bonus_uniforms)
     _check_sampling(batch, tokens.device, temperature, top_k, top_p)
-    _, implementation = resolve("stochastic_accept_tree", backend, tokens.device)
+    _, implementation = resolve("stochastic_accept_tree", backend, tokens.device,
+                                num_nodes=num_nodes)
     return implementation(tokens, parents, target_logits, accept_uniforms, bonus_uniforms,
                           max_depth, temperature, top_k, top_p)
 
@@ -140,7 +140,8 @@ def stochastic_accept_chain(tokens, draft_probs, target_logits, accept_uniforms,
         raise ValueError("draft_probs: expected non-negative probabilities, got negative or NaN")
     _check_uniforms(batch, num_nodes, tokens.device, accept_uniforms, bonus_uniforms)
     _check_sampling(batch, tokens.device, temperature, top_k, top_p)
-    _, implementation = resolve("stochastic_accept_chain", backend, tokens.device)
+    _, implementation = resolve("stochastic_accept_chain", backend, tokens.device,
+                                num_nodes=num_nodes)
     return implementation(tokens, draft_probs, target_logits, accept_uniforms, bonus_uniforms,
                           temperature, top_k, top_p)
 
@@ -174,6 +175,14 @@ def _greedy_accept_chain_cuda(tokens, target_logits) -> AcceptResult:
     batch, num_nodes = tokens.shape
     paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
     return _greedy_accept_tree_cuda(tokens, paths, target_logits)
+
+
+def _stochastic_cuda_supports(num_nodes, **_) -> str | None:
+    most = cuda_limit("STOCHASTIC_ACCEPT_MAX_NODES")  # per-node shared memory of the kernels
+    if most and num_nodes > most:
+        return (f"tokens: expected at most {most} nodes (_C.STOCHASTIC_ACCEPT_MAX_NODES), got "
+                f"{num_nodes}")
+    return None
 
 
 def _stochastic_accept_tree_cuda(tokens, parents, target_logits, accept_uniforms,
@@ -247,14 +256,18 @@ def _greedy_paths_kernel(tokens_ptr, paths_ptr, target_ptr, out_tokens_ptr, num_
     after = tl.load(base + cols + 1, mask=(rows < num_paths) & (cols < width - 1), other=-1)
     seq_tokens = tokens_ptr + b * num_nodes
     seq_targets = target_ptr + b * num_nodes
-    predicted = tl.load(seq_targets + tl.maximum(here, 0), mask=here >= 0, other=-1)
-    drafted = tl.load(seq_tokens + tl.maximum(after, 0), mask=after >= 0, other=-2)
-    match = (here >= 0) & (after >= 0) & (drafted == predicted)
+    # Path entries outside [0, N) end a path and are never used as addresses (with value checks
+    # off nothing else stops them), like acceptance::is_node in csrc/acceptance.cuh.
+    here_ok = (here >= 0) & (here < num_nodes)
+    after_ok = (after >= 0) & (after < num_nodes)
+    predicted = tl.load(seq_targets + tl.where(here_ok, here, 0), mask=here_ok, other=-1)
+    drafted = tl.load(seq_tokens + tl.where(after_ok, after, 0), mask=after_ok, other=-2)
+    match = here_ok & after_ok & (drafted == predicted)
     # accepted length = first mismatching column (columns past width - 2 never match)
     length = tl.min(tl.where(match, BLOCK_W, cols), 1)
     first = tl.load(paths_ptr + b * num_paths * width + tl.arange(0, BLOCK_P) * width,
                     mask=tl.arange(0, BLOCK_P) < num_paths, other=-1)
-    length = tl.where(first >= 0, length, -1)
+    length = tl.where((first >= 0) & (first < num_nodes), length, -1)
     length = tl.where(tl.arange(0, BLOCK_P) < num_paths, length, -2)
     best = tl.argmax(length, 0, tie_break_left=True)
     accepted = tl.maximum(tl.max(length, 0), 0)
@@ -262,7 +275,8 @@ def _greedy_paths_kernel(tokens_ptr, paths_ptr, target_ptr, out_tokens_ptr, num_
     row_ok = tl.minimum(num_paths, 1) * tl.where(tl.max(length, 0) >= 0, 1, 0)
     path = tl.load(paths_ptr + b * num_paths * width + best * width + j,
                    mask=j < width * row_ok, other=-1)
-    path = tl.where(j == 0, 0, path)  # no valid row at all: "root only", like the CUDA kernel
+    # no valid row at all: "root only", like the CUDA kernel (a valid row keeps its path[0])
+    path = tl.where((j == 0) & (row_ok == 0), 0, path)
     nodes = tl.where(j <= accepted, path, -1)
     next_node = tl.load(paths_ptr + b * num_paths * width + best * width + j + 1,
                         mask=j < tl.minimum(accepted, width - 1), other=0)
@@ -347,8 +361,11 @@ def _stochastic_tree_kernel(tokens_ptr, parents_ptr, logits_ptr, accept_u_ptr, b
     tokens = tl.load(tokens_ptr + seq + slot, mask=valid, other=0)
     parents = tl.load(parents_ptr + seq + slot, mask=valid, other=-1)
     uniforms = tl.load(accept_u_ptr + seq + slot, mask=valid, other=1.0)
-    probs = _node_probs(tokens, seq + tl.maximum(parents, 0), logits_ptr, m_ptr, kkey_ptr,
-                        tau_ptr, z_ptr, t, vocab, valid & (slot > 0))
+    # a parent outside [0, i) is never the current node (which is always < i), so its row is
+    # never needed; masking it keeps out-of-contract parents from addressing other rows
+    parent_ok = valid & (slot > 0) & (parents >= 0) & (parents < slot)
+    probs = _node_probs(tokens, seq + tl.where(parent_ok, parents, 0), logits_ptr, m_ptr,
+                        kkey_ptr, tau_ptr, z_ptr, t, vocab, parent_ok)
     j = tl.arange(0, BLOCK_W)
     out = tl.full([BLOCK_W], -1, tl.int64)
     nodes = tl.where(j == 0, 0, -1)
@@ -357,16 +374,22 @@ def _stochastic_tree_kernel(tokens_ptr, parents_ptr, logits_ptr, accept_u_ptr, b
     removed_mass = tl.full([], 0.0, tl.float32)
     cur = tl.full([], 0, tl.int32)
     accepted = tl.full([], 0, tl.int32)
+    stopped = tl.full([], 0, tl.int1)
     for i in range(1, num_nodes):
         # node i's values out of the register vectors (masked sums; inline rather than a jit
         # helper, which the interpreter pays for per call)
         token = tl.sum(tl.where(slot == i, tokens, 0), 0)
         p = tl.sum(tl.where(slot == i, probs, 0), 0)
         u = tl.sum(tl.where(slot == i, uniforms, 0), 0)
-        tried = tl.sum(tl.where(slot == i, parents, 0), 0) == cur
+        tried = (~stopped) & (tl.sum(tl.where(slot == i, parents, 0), 0) == cur)
         gone = tl.sum((removed == token).to(tl.int32), 0) > 0
-        accept = tried & (~gone) & (u * (1.0 - removed_mass) < p)
-        fresh = tried & (~accept) & (~gone)
+        wins = tried & (~gone) & (u * (1.0 - removed_mass) < p)
+        # a tree deeper than max_depth (outside the contract) stops the walk where the outputs
+        # are full, exactly like csrc/sampling.cuh tree_walk's `accepted + 1 >= width` break
+        full = wins & (accepted + 1 >= width)
+        stopped = stopped | full
+        accept = wins & (~full)
+        fresh = tried & (~wins) & (~gone)
         removed = tl.where((slot == num_removed) & fresh, token, removed)
         removed_mass = tl.where(fresh, removed_mass + p, removed_mass)
         num_removed = tl.where(fresh, num_removed + 1, num_removed)
@@ -408,7 +431,10 @@ def _stochastic_chain_kernel(tokens_ptr, draft_ptr, logits_ptr, accept_u_ptr, bo
     probs = _node_probs(tokens, seq + tl.maximum(j - 1, 0), logits_ptr, m_ptr, kkey_ptr,
                         tau_ptr, z_ptr, t, vocab, drafted)
     q_rows = b * (num_nodes - 1) + tl.maximum(j - 1, 0)
-    draft = tl.load(draft_ptr + q_rows * vocab + tokens, mask=drafted, other=0.0)
+    # a token outside the vocabulary reads no q (and gets p = 0 from token_prob)
+    in_vocab = drafted & (tokens >= 0) & (tokens < vocab)
+    draft = tl.load(draft_ptr + q_rows * vocab + tl.where(in_vocab, tokens, 0), mask=in_vocab,
+                    other=0.0)
     out = tl.full([BLOCK_W], -1, tl.int64)
     nodes = tl.where(j == 0, 0, -1)
     accepted = tl.full([], 0, tl.int32)
@@ -484,8 +510,10 @@ register("greedy_accept_chain", "torch", reference.greedy_accept_chain)
 register("greedy_accept_chain", "cuda", _greedy_accept_chain_cuda, auto=False)
 register("greedy_accept_chain", "triton", _greedy_accept_chain_triton, auto=False)
 register("stochastic_accept_tree", "torch", reference.stochastic_accept_tree)
-register("stochastic_accept_tree", "cuda", _stochastic_accept_tree_cuda, auto=False)
+register("stochastic_accept_tree", "cuda", _stochastic_accept_tree_cuda, auto=False,
+         supports=_stochastic_cuda_supports)
 register("stochastic_accept_tree", "triton", _stochastic_accept_tree_triton, auto=False)
 register("stochastic_accept_chain", "torch", reference.stochastic_accept_chain)
-register("stochastic_accept_chain", "cuda", _stochastic_accept_chain_cuda, auto=False)
+register("stochastic_accept_chain", "cuda", _stochastic_accept_chain_cuda, auto=False,
+         supports=_stochastic_cuda_supports)
 register("stochastic_accept_chain", "triton", _stochastic_accept_chain_triton, auto=False)

@@ -37,11 +37,10 @@ import math
 from typing import NamedTuple
 
 import torch
-import triton
-import triton.language as tl
 
 from . import reference
-from ._backend import cuda_extension, cuda_stream, register, resolve
+from ._backend import cpu_extension, cuda_extension, cuda_limit, cuda_stream, register, resolve
+from ._triton import tl, triton
 from ._validate import (FLOAT_DTYPES, check_int, check_range, check_same_device, check_tensor,
                         value_checks_enabled)
 
@@ -88,7 +87,9 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale: float |
         spare = reference.unpack_tree_mask(tree_mask, reference.mask_words(tree_keys) * 32)
         if bool(spare[..., tree_keys:].any()):
             raise ValueError(f"tree_mask: bits past the {tree_keys} tree keys must be zero")
-    _, implementation = resolve("tree_attention", backend, q.device)
+    aligned = all(t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache))
+    _, implementation = resolve("tree_attention", backend, q.device, dtype=q.dtype,
+                                head_dim=head_dim, aligned=aligned)
     return implementation(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys)
 
 
@@ -204,7 +205,11 @@ def _tree_attention_kernel(
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
     q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
+    # clamped to [0, max_len - T] (max_len = stride_kb / stride_kn: the cache is contiguous) so
+    # no key read leaves the sequence's cache whatever cache_lens holds (the op rejects such
+    # lengths only while value checks are on); csrc/attention.cuh clamped_prefix does the same
     prefix = tl.load(lens_ptr + b)
+    prefix = tl.maximum(tl.minimum(prefix, stride_kb // stride_kn - tree_keys), 0)
     total = prefix + tree_keys
     chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -287,6 +292,16 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_splits, rows_per
              mask=dims < HEAD_DIM)
 
 
+TRITON_MAX_HEAD_DIM = 256  # q, acc and a K / V block of BLOCK_D columns stay in registers
+
+
+def _triton_supports(head_dim, **_) -> str | None:
+    if head_dim > TRITON_MAX_HEAD_DIM:
+        return (f"q: expected head_dim <= {TRITON_MAX_HEAD_DIM} (attention.TRITON_MAX_HEAD_DIM), "
+                f"got {head_dim}")
+    return None
+
+
 class TritonConfig(NamedTuple):
     block_m: int
     block_n: int
@@ -307,8 +322,7 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     """Triton backend (any head_dim up to 256; fp16 / bf16 / fp32 with fp32 accumulation).
     ``num_splits`` (tests) overrides :func:`choose_num_splits`."""
     batch, num_queries, q_heads, head_dim = q.shape
-    if head_dim > 256:
-        raise ValueError(f"q: the triton backend takes head_dim <= 256, got {head_dim}")
+    _raise_unsupported("triton", _triton_supports(head_dim=head_dim))
     kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
@@ -342,22 +356,41 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
 # CUDA (csrc/attention.cu)
 # --------------------------------------------------------------------------------------------
 
-CUDA_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}  # common.cuh DtypeCode
-CUDA_HEAD_DIMS = (64, 128)
+CUDA_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # common.cuh DtypeCode
 CUDA_BLOCK_M = 64  # rows per CTA of the CUDA kernel (attention.cuh kBlockM)
+
+
+def _cuda_supports(dtype, head_dim, aligned=True, **_) -> str | None:
+    """What csrc/attention.cu takes: dtypes and head sizes exported by ``_C``
+    (ATTENTION_DTYPE_CODES, ATTENTION_HEAD_DIMS), and 16-byte aligned q / k / v."""
+    codes = cuda_limit("ATTENTION_DTYPE_CODES")
+    if codes is None:  # _C not built: the cuda backend is unavailable anyway
+        return None
+    if CUDA_DTYPE_CODES.get(dtype) not in codes:
+        names = " or ".join(str(d).replace("torch.", "") for d, c in CUDA_DTYPE_CODES.items()
+                            if c in codes)
+        return f"q: expected dtype {names} (_C.ATTENTION_DTYPE_CODES), got {dtype}"
+    head_dims = tuple(cuda_limit("ATTENTION_HEAD_DIMS"))
+    if head_dim not in head_dims:
+        return f"q: expected head_dim in {head_dims} (_C.ATTENTION_HEAD_DIMS), got {head_dim}"
+    if not aligned:
+        return ("q, k_cache, v_cache: expected 16-byte aligned data (the kernel loads rows in "
+                "16-byte vectors)")
+    return None
+
+
+def _raise_unsupported(backend: str, reason: str | None) -> None:
+    """Direct calls of a backend function (tests, benchmarks) get the resolve() error too."""
+    if reason is not None:
+        raise ValueError(f"backend: {backend!r} cannot run tree_attention here: {reason}")
 
 
 def _tree_attention_cuda(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys,
                          num_splits: int | None = None):
     """CUDA backend: fp16 / bf16, head_dim 64 or 128 (tensor-core tiles of 16)."""
     batch, num_queries, q_heads, head_dim = q.shape
-    if q.dtype not in CUDA_DTYPE_CODES:
-        raise ValueError(f"q: the cuda backend takes float16 or bfloat16, got {q.dtype}")
-    if head_dim not in CUDA_HEAD_DIMS:
-        raise ValueError(f"q: the cuda backend takes head_dim in {CUDA_HEAD_DIMS}, got {head_dim}")
-    if any(t.data_ptr() % 16 for t in (q, k_cache, v_cache)):
-        raise ValueError("q, k_cache, v_cache: the cuda backend needs 16-byte aligned data "
-                         "(it loads rows in 16-byte vectors)")
+    _raise_unsupported("cuda", _cuda_supports(
+        q.dtype, head_dim, all(t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache))))
     kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
     row_tiles = triton.cdiv(num_queries * group, CUDA_BLOCK_M)
@@ -375,6 +408,30 @@ def _tree_attention_cuda(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, t
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# CPU (csrc/cpu/attention.h)
+# --------------------------------------------------------------------------------------------
+
+
+def _tree_attention_cpu(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys):
+    """cpu backend: fp32; each query reduces over its visible keys in position order (prefix,
+    then ancestors), so a node's output equals a decode step's at its position bit for bit."""
+    batch, num_queries, q_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    cpu_extension().tree_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_lens.data_ptr(),
+        tree_mask.data_ptr(), out.data_ptr(), batch, num_queries, q_heads, k_cache.shape[2],
+        head_dim, k_cache.shape[1], tree_keys, tree_mask.shape[2], scale)
+    return out
+
+
+def _cpu_supports(dtype, **_) -> str | None:
+    return None if dtype == torch.float32 else f"takes float32 tensors, got {dtype}"
+
+
 register("tree_attention", "torch", reference.tree_attention)
-register("tree_attention", "triton", _tree_attention_triton, auto=False)
-register("tree_attention", "cuda", _tree_attention_cuda, auto=False)
+register("tree_attention", "triton", _tree_attention_triton, auto=False,
+         supports=_triton_supports)
+register("tree_attention", "cuda", _tree_attention_cuda, auto=False, supports=_cuda_supports)
+register("tree_attention", "cpu", _tree_attention_cpu, supports=_cpu_supports)

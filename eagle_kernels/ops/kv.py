@@ -20,11 +20,10 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import torch
-import triton
-import triton.language as tl
 
 from . import reference
 from ._backend import cuda_extension, cuda_stream, register, resolve
+from ._triton import tl, triton
 from ._validate import check_range, check_tensor, value_checks_enabled
 
 
@@ -137,9 +136,12 @@ def _compact_kv_kernel(base_ptr, offsets_ptr, row_words_ptr, cache_lens_ptr, nod
     count = tl.minimum(tl.load(num_accepted_ptr + b) + 1, width)
     for j in range(1, count):
         node = tl.load(nodes_ptr + b * width + j).to(tl.int64)
-        # a node already in place needs no copy (a scalar folded into the bound: the
+        # a node already in place needs no copy, and a move whose source or target row is
+        # outside this sequence's [0, max_len) (out-of-contract input, unchecked under graph
+        # capture) is skipped like csrc/kv.cuh does (scalars folded into the bound: the
         # interpreter rejects masks that combine a vector and a scalar condition)
-        mask = cols < tl.where(node != j, row_words, 0)
+        inside = (node >= 0) & (prefix >= 0) & (prefix + node < max_len) & (prefix + j < max_len)
+        mask = cols < tl.where((node != j) & inside, row_words, 0)
         words = tl.load(seq + (prefix + node) * row_words + cols, mask=mask)
         tl.store(seq + (prefix + j) * row_words + cols, words, mask=mask)
 

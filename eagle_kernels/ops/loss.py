@@ -27,11 +27,10 @@ No [T, V] probability tensor is ever materialised.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from . import reference
 from ._backend import register, resolve
+from ._triton import tl, triton
 from ._validate import FLOAT_DTYPES, check_logits, check_same_device, check_tensor
 
 # Initial running max: finite, so ``exp(m_old - m_new)`` and ``x - m`` never see -inf - -inf

@@ -29,9 +29,8 @@ falls within rounding of a boundary (the tests check exactly that).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ._triton import tl, triton
 from ._backend import cuda_extension, cuda_stream
 
 ONE_BITS = 0x3F800000  # bit pattern of 1.0f: the largest e = exp(s - m)
@@ -166,7 +165,9 @@ def kept_e(row_ptr, offs, vocab, temperature, m, kkey, tau):
 
 @triton.jit
 def token_prob(row_ptr, token, vocab, temperature, m, kkey, tau, z):
-    """p(token) of one row in O(1) from its stats."""
+    """p(token) of one row in O(1) from its stats; 0 for a token outside [0, vocab), which then
+    reads nothing (tokens are addresses here: with value checks off nothing else stops them)."""
+    token = tl.where((token >= 0) & (token < vocab), token, vocab)  # vocab: masked in kept_e
     return kept_e(row_ptr, token, vocab, temperature, m, kkey, tau) / z
 
 

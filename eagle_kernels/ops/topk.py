@@ -22,16 +22,15 @@ order), checked with the flash-attention rule in tests/test_topk_kernels.py.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from . import reference
-from ._backend import cuda_extension, cuda_stream, register, resolve
+from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
+from ._triton import tl, triton
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, value_checks_enabled)
 from .reference import DraftTree
 from .sampling import LOGIT_DTYPE_CODES, ordered_bits
-from .tree import check_triton_nodes, tree_block_sizes, tree_body
+from .tree import triton_nodes_unsupported, tree_block_sizes, tree_body
 
 
 def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
@@ -42,13 +41,13 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     logits : [R, V] float16 / bfloat16 / float32, contiguous (-inf allowed, not NaN).
     k : int, 1 <= k <= V.
     d2t : [V] int64, optional; draft id i maps to target id ``i + d2t[i]`` (EAGLE-3).
-    backend : "auto", "cuda" (k <= 32), "triton" or "torch".
+    backend : "auto", "cuda" (k <= ``_C.TOPK_MAX_K``, 32), "triton" or "torch".
 
     Returns
     -------
     log_probs : [R, k] float32, descending.   token_ids : [R, k] int64.
-    The kernels rank by logit; see the module docstring for the one (documented) way their ids
-    can differ from the reference's: two different logits whose log-probs round to one value.
+    The reference and the kernels all rank by the logit (see the module docstring), so ids
+    match the reference exactly and log-probs to a few ulps.
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (None, None))
     vocab = logits.shape[1]
@@ -59,7 +58,7 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
         if value_checks_enabled() and bool(((torch.arange(vocab, device=d2t.device) + d2t) < 0)
                                            .any()):
             raise ValueError("d2t: draft id + offset must be a non-negative target id")
-    _, implementation = resolve("topk_log_softmax", backend, logits.device)
+    _, implementation = resolve("topk_log_softmax", backend, logits.device, k=k)
     return implementation(logits, k, d2t)
 
 
@@ -70,7 +69,8 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
     ----------
     frontier_scores : [B, K] float32.   child_log_probs : [B, K, C] float32.
     top_k : int, 1 <= top_k <= K * C.
-    backend : "auto", "cuda" (K * C <= 6144), "triton" or "torch"; all bit-exact.
+    backend : "auto", "cuda" (K * C <= ``_C.EXPAND_MAX_CANDIDATES``, 6144), "triton" or
+        "torch"; all bit-exact.
 
     Returns
     -------
@@ -84,7 +84,8 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
     if value_checks_enabled() and bool(torch.isnan(child_log_probs).any()
                                        | torch.isnan(frontier_scores).any()):
         raise ValueError("child_log_probs: expected no NaN (frontier_scores too)")
-    _, implementation = resolve("eagle2_expand", backend, frontier_scores.device)
+    _, implementation = resolve("eagle2_expand", backend, frontier_scores.device,
+                                candidates=frontier * child_log_probs.shape[2])
     return implementation(frontier_scores, child_log_probs, top_k)
 
 
@@ -99,7 +100,8 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
     candidate_scores : [B, M] float32 (non-increasing from parent to child).
     candidate_parents : [B, M] int32, ``-1 <= candidate_parents[b, i] < i``.
     num_nodes : int, 1 <= N <= M + 1.   max_depth : int, optional (default N - 1).
-    backend : "auto", "cuda" (M <= 2048), "triton" (N <= 1024) or "torch"; all exact. The
+    backend : "auto", "cuda" (M <= ``_C.RERANK_MAX_CANDIDATES``, 2048), "triton" (N <=
+        :data:`~eagle_kernels.ops.tree.TRITON_MAX_NODES`, 1024) or "torch"; all exact. The
         kernels build the whole tree (depth, mask, paths included) in one launch.
 
     Returns
@@ -124,7 +126,8 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
     if value_checks_enabled() and bool(torch.isnan(candidate_scores).any()):
         raise ValueError("candidate_scores: expected no NaN")
     max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0)
-    name, implementation = resolve("eagle2_rerank", backend, device)
+    name, implementation = resolve("eagle2_rerank", backend, device, candidates=candidates,
+                                   num_nodes=num_nodes)
     tree, selected = implementation(root_tokens, candidate_tokens, candidate_scores,
                                     candidate_parents, num_nodes, max_depth)
     if name != "torch":
@@ -354,7 +357,6 @@ def _rerank_outputs(batch, num_nodes, max_depth, device):
 def _eagle2_rerank_triton(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
                           num_nodes, max_depth):
     batch, candidates = candidate_tokens.shape
-    check_triton_nodes(num_nodes)
     device = candidate_tokens.device
     tree, selected = _rerank_outputs(batch, num_nodes, max_depth, device)
     if batch > 0:
@@ -376,13 +378,33 @@ register("eagle2_expand", "torch", reference.eagle2_expand)
 # CUDA kernels (csrc/topk.cu, csrc/tree.cu): raw pointers, sizes and the current stream
 # --------------------------------------------------------------------------------------------
 
-CUDA_MAX_K = 32  # per-thread list length of csrc/topk.cu
+def _topk_cuda_supports(k, **_) -> str | None:
+    most = cuda_limit("TOPK_MAX_K")  # per-thread list length of csrc/topk.cu
+    return f"k: expected k <= {most} (_C.TOPK_MAX_K), got {k}" if most and k > most else None
+
+
+def _expand_cuda_supports(candidates, **_) -> str | None:
+    most = cuda_limit("EXPAND_MAX_CANDIDATES")  # int64 keys of all K * C in shared memory
+    if most and candidates > most:
+        return (f"child_log_probs: expected K * C <= {most} (_C.EXPAND_MAX_CANDIDATES), got "
+                f"{candidates}")
+    return None
+
+
+def _rerank_cuda_supports(candidates, **_) -> str | None:
+    most = cuda_limit("RERANK_MAX_CANDIDATES")  # 12 bytes of shared memory per candidate
+    if most and candidates > most:
+        return (f"candidate_tokens: expected M <= {most} candidates (_C.RERANK_MAX_CANDIDATES), "
+                f"got {candidates}")
+    return None
+
+
+def _rerank_triton_supports(num_nodes, **_) -> str | None:
+    return triton_nodes_unsupported(num_nodes)
 
 
 def _topk_log_softmax_cuda(logits, k, d2t):
     rows, vocab = logits.shape
-    if k > CUDA_MAX_K:
-        raise ValueError(f"k: the cuda backend takes k <= {CUDA_MAX_K}, got {k}")
     values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
     cuda_extension().topk_log_softmax(
@@ -416,7 +438,11 @@ def _eagle2_rerank_cuda(root_tokens, candidate_tokens, candidate_scores, candida
 register("eagle2_rerank", "torch", reference.eagle2_rerank)
 register("topk_log_softmax", "triton", _topk_log_softmax_triton, auto=False)
 register("eagle2_expand", "triton", _eagle2_expand_triton, auto=False)
-register("eagle2_rerank", "triton", _eagle2_rerank_triton, auto=False)
-register("topk_log_softmax", "cuda", _topk_log_softmax_cuda, auto=False)
-register("eagle2_expand", "cuda", _eagle2_expand_cuda, auto=False)
-register("eagle2_rerank", "cuda", _eagle2_rerank_cuda, auto=False)
+register("eagle2_rerank", "triton", _eagle2_rerank_triton, auto=False,
+         supports=_rerank_triton_supports)
+register("topk_log_softmax", "cuda", _topk_log_softmax_cuda, auto=False,
+         supports=_topk_cuda_supports)
+register("eagle2_expand", "cuda", _eagle2_expand_cuda, auto=False,
+         supports=_expand_cuda_supports)
+register("eagle2_rerank", "cuda", _eagle2_rerank_cuda, auto=False,
+         supports=_rerank_cuda_supports)

@@ -17,11 +17,10 @@ access leaves its row, as in the CUDA kernel.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from . import reference
-from ._backend import cuda_extension, cuda_stream, register, resolve
+from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
+from ._triton import tl, triton
 from ._validate import check_int, check_parents, check_tensor, value_checks_enabled
 
 
@@ -56,8 +55,8 @@ def build_tree(
     max_depth : int, optional
         D, default N - 1; must be >= every node's depth.
     backend : str
-        "auto", "cuda" (N <= 8192), "triton" (N <= 1024) or "torch" (see
-        :mod:`eagle_kernels.ops._backend`).
+        "auto", "cuda" (N <= ``_C.BUILD_TREE_MAX_NODES``, 8192), "triton" (N <=
+        :data:`TRITON_MAX_NODES`, 1024) or "torch" (see :mod:`eagle_kernels.ops._backend`).
 
     Returns
     -------
@@ -69,7 +68,8 @@ def build_tree(
     check_int("parents.shape[1] (tree size N)", parents.shape[1], 1)
     check_parents("parents", parents)
     max_depth = check_max_depth(parents, max_depth)
-    _, implementation = resolve("build_tree", backend, parents.device)
+    _, implementation = resolve("build_tree", backend, parents.device,
+                                num_nodes=parents.shape[1])
     return implementation(parents, max_depth)
 
 
@@ -172,16 +172,24 @@ def tree_block_sizes(num_nodes: int) -> dict:
             "WP": triton.next_power_of_2(reference.mask_words(num_nodes)), "JB": PATH_COLUMNS}
 
 
-def check_triton_nodes(num_nodes: int) -> None:
+def triton_nodes_unsupported(num_nodes: int, **_) -> str | None:
+    """``supports`` of the Triton tree kernels (build_tree, eagle2_rerank)."""
     if num_nodes > TRITON_MAX_NODES:
-        raise ValueError(f"num_nodes: the triton backend takes trees of at most "
-                         f"{TRITON_MAX_NODES} nodes, got {num_nodes} (use backend='cuda' or "
-                         "'torch')")
+        return (f"num_nodes: expected trees of at most {TRITON_MAX_NODES} nodes "
+                f"(tree.TRITON_MAX_NODES), got {num_nodes}")
+    return None
+
+
+def _cuda_supports(num_nodes: int, **_) -> str | None:
+    most = cuda_limit("BUILD_TREE_MAX_NODES")  # one int32 of shared memory per node
+    if most and num_nodes > most:
+        return (f"parents: expected trees of at most {most} nodes (_C.BUILD_TREE_MAX_NODES), "
+                f"got {num_nodes}")
+    return None
 
 
 def _build_tree_triton(parents: torch.Tensor, max_depth: int):
     batch, num_nodes = parents.shape
-    check_triton_nodes(num_nodes)
     words = reference.mask_words(num_nodes)
     depth = torch.empty_like(parents)
     tree_mask = torch.empty(batch, num_nodes, words, dtype=torch.int32, device=parents.device)
@@ -194,5 +202,6 @@ def _build_tree_triton(parents: torch.Tensor, max_depth: int):
 
 
 register("build_tree", "torch", reference.build_tree)
-register("build_tree", "triton", _build_tree_triton, auto=False)
-register("build_tree", "cuda", _build_tree_cuda, auto=False)
+register("build_tree", "triton", _build_tree_triton, auto=False,
+         supports=triton_nodes_unsupported)
+register("build_tree", "cuda", _build_tree_cuda, auto=False, supports=_cuda_supports)
