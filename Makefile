@@ -2,13 +2,14 @@
 # Both create .venv on first use. Where no torch is importable, the CPU wheel torch==2.13.0 is
 # installed first, so pip never resolves a CUDA build of torch; a machine that already has torch
 # (a GPU box) keeps it through --system-site-packages. `pip install -e .` compiles csrc/ into
-# eagle_kernels._C wherever nvcc is found, and skips it elsewhere.
+# eagle_kernels._C wherever nvcc is found, and skips it elsewhere; it builds the CPU kernels
+# (csrc/cpu/ -> eagle_kernels._cpu) with the machine's C++ compiler.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eagle_kernels_installed
-SOURCES := pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*)
+SOURCES := pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*) $(wildcard csrc/cpu/*)
 
 .PHONY: setup demo test clean
 

@@ -1,6 +1,14 @@
-"""Build script: the pure-Python package, plus the CUDA extension eagle_kernels._C via CMake.
+"""Build script: the pure-Python package, the CPU extension eagle_kernels._cpu, and the CUDA
+extension eagle_kernels._C via CMake.
 
-Metadata lives in pyproject.toml; this file only decides whether and how to build ``_C``:
+Metadata lives in pyproject.toml; this file only decides whether and how to build the two
+extensions.
+
+``_cpu`` (csrc/cpu/: OpenMP C++, AVX-512 / AVX2 / portable code chosen at run time) is built
+with the machine's C++ compiler wherever one exists; it is optional: if it fails to build, the
+install goes on without it (the torch backend then runs everything on CPU) and says so.
+
+``_C``:
 
 * built wherever ``nvcc`` is found (``$PATH``, ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``,
   ``/usr/local/cuda/bin``), with CMake (and Ninja when available) running in parallel;
@@ -28,6 +36,10 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 EXTENSION = "eagle_kernels._C"
+CPU_EXTENSION = "eagle_kernels._cpu"
+# -ffp-contract=off: only the kernels' explicit FMAs fuse, so every code path rounds alike (the
+# row-invariance of csrc/cpu/kernels.h); each isa_*.cpp enables its instruction set itself.
+CPU_FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 
 def _say(message: str) -> None:
@@ -74,11 +86,30 @@ class CMakeExtension(Extension):
         self.nvcc = nvcc
 
 
+def _cpu_extension() -> Extension:
+    from pybind11.setup_helpers import Pybind11Extension  # a build requirement (pyproject.toml)
+
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cpu").glob("*.cpp"))
+    return Pybind11Extension(CPU_EXTENSION, sources, include_dirs=["csrc/cpu"],
+                             extra_compile_args=CPU_FLAGS, extra_link_args=["-fopenmp"],
+                             optional=True)
+
+
 class CMakeBuild(build_ext):
     """Configure and build CMakeLists.txt so that the module lands where setuptools expects it
     (the build dir; setuptools then copies it into the source tree for editable installs)."""
 
     def build_extension(self, ext: Extension) -> None:
+        if ext.name == CPU_EXTENSION:
+            started = time.monotonic()
+            try:
+                super().build_extension(ext)
+            except Exception:
+                _say("CPU extension FAILED to build: installing without it (the torch backend "
+                     "runs on CPU instead); see the compiler output above")
+                raise  # optional=True: setuptools reports and continues
+            _say(f"CPU extension BUILT in {time.monotonic() - started:.0f} s")
+            return
         if not isinstance(ext, CMakeExtension):
             return super().build_extension(ext)
         cmake = shutil.which("cmake")
@@ -147,9 +178,9 @@ def _extensions() -> list[Extension]:
     if reason is not None:
         _say(f"CUDA extension SKIPPED: {reason}; installing pure Python (torch/triton backends)")
         _remove_stale_extensions()
-        return []
+        return [_cpu_extension()]
     _say(f"CUDA extension will be built with {nvcc} (Python {sysconfig.get_python_version()})")
-    return [CMakeExtension(EXTENSION, nvcc)]
+    return [_cpu_extension(), CMakeExtension(EXTENSION, nvcc)]
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": CMakeBuild})

@@ -12,6 +12,8 @@ from ._validate import CHECK_VALUES_ENV, value_checks_enabled
 from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_accept_chain,
                          stochastic_accept_tree, target_probs)
 from .attention import tree_attention
+from .decoder import (apply_rope, decoder_layer, decoder_layer_backend, linear, linear_group,
+                      rms_norm, silu_mul)
 from .kv import compact_kv
 from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree, pack_tree_mask, unpack_tree_mask
@@ -19,10 +21,12 @@ from .topk import eagle2_expand, eagle2_rerank, topk_log_softmax
 from .tree import build_tree
 
 __all__ = [
-    "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DraftTree",
-    "available_backends", "backend_report", "build_tree", "compact_kv", "eagle2_expand",
-    "eagle2_rerank", "greedy_accept_chain", "greedy_accept_tree", "op_backends",
-    "pack_tree_mask", "reference", "soft_cross_entropy", "stochastic_accept_chain",
+    "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DraftTree", "apply_rope",
+    "available_backends", "backend_report", "build_tree", "compact_kv", "decoder_layer",
+    "decoder_layer_backend", "eagle2_expand", "eagle2_rerank", "greedy_accept_chain",
+    "greedy_accept_tree", "linear", "linear_group", "op_backends", "pack_tree_mask",
+    "reference", "rms_norm", "silu_mul", "soft_cross_entropy", "stochastic_accept_chain",
     "stochastic_accept_tree", "target_probs", "topk_log_softmax", "tree_attention",
     "unpack_tree_mask", "value_checks_enabled",
 ]
+from . import library  # noqa: E402,F401  registers torch.ops.eagle_kernels.* (torch.library)

@@ -6,7 +6,8 @@ against them, and they are the ``"torch"`` backend that runs wherever no kernel 
 They favour obviously-right code (explicit loops, fp32/fp64 math) over speed, and they assume
 valid inputs: argument checking lives once, in the public ops of ``eagle_kernels.ops``.
 
-Tree contract (see ``shared/DESIGN.md``), for B sequences with one tree of N nodes each:
+Tree contract (shared by every op and the runtime; this docstring is where it is defined, the
+README gives the overview), for B sequences with one tree of N nodes each:
 
 * ``tokens``    [B, N] int64   node 0 is the root (the last token the target accepted)
 * ``parents``   [B, N] int32   ``parents[:, 0] == -1`` and ``0 <= parents[b, i] < i``
@@ -20,6 +21,12 @@ Tree contract (see ``shared/DESIGN.md``), for B sequences with one tree of N nod
 Acceptance results use ``output_tokens`` [B, max_depth+1] int64 (accepted draft tokens then the
 bonus token, padded with -1), ``num_accepted`` [B] int32 (draft tokens accepted, bonus excluded)
 and ``accepted_nodes`` [B, max_depth+1] int32 (root then the accepted nodes, padded with -1).
+
+KV caches (target and draft head alike): per layer one K and one V tensor
+``[B, max_len, kv_heads, head_dim]`` ("NHD"), contiguous, preallocated, and ``cache_lens`` [B]
+int32, each sequence's committed length. A verify pass writes the N tree nodes' K/V at
+``[cache_lens[b], cache_lens[b] + N)`` before attending; acceptance then compacts the accepted
+path to ``[cache_lens[b], cache_lens[b] + accepted)`` and advances ``cache_lens``.
 """
 
 from __future__ import annotations
@@ -731,3 +738,101 @@ def soft_cross_entropy(draft_logits: torch.Tensor, target_logits: torch.Tensor) 
     log_q = torch.log_softmax(draft_logits.float(), dim=-1)
     p = torch.softmax(target_logits.detach().float(), dim=-1)
     return -(p * log_q.masked_fill(p == 0, 0.0)).sum(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Decoder-layer ops (linear, RMSNorm, SiLU-gated product, rotary embedding)
+# --------------------------------------------------------------------------------------------
+
+
+def linear_group(
+    x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]
+) -> tuple[torch.Tensor, ...]:
+    """``x @ weights[i].T + biases[i]`` for each i (``torch.nn.functional.linear``).
+
+    x [..., K]; weights[i] [N_i, K]; biases[i] [N_i] or None -> one [..., N_i] per weight.
+    """
+    return tuple(torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """transformers' LlamaRMSNorm: ``weight * (h * rsqrt(mean(h^2) + eps))`` in fp32, cast back
+    to ``x``'s dtype before the weight; ``h = x (+ residual)``, returned too when given."""
+    h = x if residual is None else x + residual
+    dtype = h.dtype
+    hf = h.float()
+    normed = weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    return normed if residual is None else (normed, h)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``, the gated MLP's activation."""
+    return torch.nn.functional.silu(gate) * up
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> concat(-x[..., D/2:], x[..., :D/2])."""
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding: ``x * cos[p] + rotate_half(x) * sin[p]``.
+
+    x [B, T, H, D]; positions [B, T] int64 in [0, P); cos, sin [P, D] tables.
+    """
+    c = cos[positions].unsqueeze(2)
+    s = sin[positions].unsqueeze(2)
+    return x * c + rotate_half(x) * s
+
+
+def decoder_layer(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    input_norm: torch.Tensor | None,
+    post_norm: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    tree_mask: torch.Tensor,
+    tree_offset: int = 0,
+    residual: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """One pre-norm decoder layer (Llama / Qwen2 / Mistral, SiLU-gated MLP) over the KV cache.
+
+    x [B, T, in]; weights q, k, v, o, gate, up, down in nn.Linear's [N, K] layout, biases the
+    same order (None: no bias); input_norm [in] or None (no input norm: EAGLE heads); post_norm
+    [H]; positions [B, T] int64 into the cos / sin tables [P, D]; caches [B, max_len, Hkv, D]
+    (the T new keys are written at ``cache_lens[b] + tree_offset + t``, in place); tree_mask
+    [B, T, ceil((tree_offset + T) / 32)] over the ``tree_offset + T`` tree keys; residual [B, T,
+    H] (default x). Returns ``h + down(silu(gate(n)) * up(n))`` [B, T, H] with ``h = residual +
+    o_proj(attention)`` and ``n = post_norm(h)``.
+    """
+    batch, count, _ = x.shape
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    q_heads = weights[0].shape[0] // head_dim
+    residual = x if residual is None else residual
+    normed = x if input_norm is None else rms_norm(x, input_norm, eps)
+    q, k, v = linear_group(normed, weights[:3], biases[:3])
+    q = apply_rope(q.view(batch, count, q_heads, head_dim), positions, cos, sin)
+    k = apply_rope(k.view(batch, count, kv_heads, head_dim), positions, cos, sin)
+    rows = torch.arange(batch, device=x.device).unsqueeze(1)
+    slots = (cache_lens.to(torch.int64).unsqueeze(1) + tree_offset
+             + torch.arange(count, device=x.device))
+    k_cache[rows, slots] = k
+    v_cache[rows, slots] = v.view(batch, count, kv_heads, head_dim)
+    attended = tree_attention(q.contiguous(), k_cache, v_cache, cache_lens, tree_mask, sm_scale,
+                              tree_offset + count)
+    o = linear_group(attended.reshape(batch, count, q_heads * head_dim), weights[3:4],
+                     biases[3:4])[0]
+    normed, h = rms_norm(o, post_norm, eps, residual=residual)
+    gate, up = linear_group(normed, weights[4:6], biases[4:6])
+    return h + linear_group(silu_mul(gate, up), weights[6:7], biases[6:7])[0]

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache
-from .layers import (MLP, Attention, DecoderLayer, RMSNorm, RotaryEmbedding, head_dim_of,
-                     rope_parameters)
+from .layers import (MLP, Attention, DecoderLayer, Linear, RMSNorm, RotaryEmbedding,
+                     fused_layer, head_dim_of, rope_parameters)
 from .model import TargetModel, load_state
 
 EAGLE1 = "eagle1"
@@ -70,7 +70,7 @@ class Eagle1Head(DraftHead):
 
     def __init__(self, config, target: TargetModel, bias: bool = True):
         super().__init__(config, target)
-        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=bias)
+        self.fc = Linear(2 * config.hidden_size, config.hidden_size, bias=bias)
         self.layers = nn.ModuleList([DecoderLayer(config, 0, input_norm=False)])
 
     def project(self, target_hidden: torch.Tensor, target_features=None) -> torch.Tensor:
@@ -78,7 +78,7 @@ class Eagle1Head(DraftHead):
 
     def forward(self, tokens, hidden, positions, cache, tree_mask, tree_offset: int = 0):
         x = self.fc(torch.cat([self.embed_tokens(tokens).to(hidden.dtype), hidden], dim=-1))
-        rope = self.rotary_emb(positions, x.dtype)
+        rope = self.rotary_emb.tables(positions, x.dtype, cache.max_len)
         return self.layers[0](x, rope, cache, tree_mask, tree_offset)
 
     def draft_logits(self, out_hidden: torch.Tensor) -> torch.Tensor:
@@ -98,8 +98,13 @@ class Eagle3MidLayer(nn.Module):
 
     def forward(self, embedded, hidden, rope, cache, tree_mask, tree_offset: int = 0):
         both = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)
-        h = hidden + self.self_attn(both, rope, cache, tree_mask, tree_offset)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        fused = fused_layer(both, self.self_attn, self.mlp, self.post_attention_layernorm, None,
+                            rope, cache, tree_mask, tree_offset, residual=hidden)
+        if fused is not None:
+            return fused
+        attended = self.self_attn(both, rope, cache, tree_mask, tree_offset)
+        normed, h = self.post_attention_layernorm(attended, residual=hidden)
+        return h + self.mlp(normed)
 
 
 class Eagle3Head(DraftHead):
@@ -111,10 +116,10 @@ class Eagle3Head(DraftHead):
         super().__init__(config, target)
         target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
         draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
-        self.fc = nn.Linear(3 * target_hidden, config.hidden_size, bias=False)
+        self.fc = Linear(3 * target_hidden, config.hidden_size, bias=False)
         self.midlayer = Eagle3MidLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, draft_vocab, bias=False)
+        self.lm_head = Linear(config.hidden_size, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.feature_layers = target.eagle3_feature_layers()
@@ -124,7 +129,7 @@ class Eagle3Head(DraftHead):
 
     def forward(self, tokens, hidden, positions, cache, tree_mask, tree_offset: int = 0):
         embedded = self.embed_tokens(tokens).to(hidden.dtype)
-        rope = self.rotary_emb(positions, hidden.dtype)
+        rope = self.rotary_emb.tables(positions, hidden.dtype, cache.max_len)
         return self.midlayer(embedded, hidden, rope, cache, tree_mask, tree_offset)
 
     def draft_logits(self, out_hidden: torch.Tensor) -> torch.Tensor:
@@ -194,6 +199,16 @@ def load_draft_head(path: str | os.PathLike, target: TargetModel) -> DraftHead:
     state.pop("embed_tokens.weight", None)
     if kind == EAGLE3:
         head = Eagle3Head(config, target)
+        draft_vocab = head.d2t.shape[0]
+        missing = [key for key in ("d2t", "t2d") if key not in state]
+        if missing and draft_vocab < config.vocab_size:
+            # Zero offsets would silently read draft id i as target id i: wrong tokens drafted.
+            raise ValueError(
+                f"draft checkpoint {path}: missing {' and '.join(missing)}: a draft vocabulary "
+                f"of {draft_vocab} (draft_vocab_size) < the target's {config.vocab_size} tokens "
+                f"needs d2t (draft id -> target id offsets) and t2d (target ids kept in the "
+                f"draft vocabulary)")
+        # A draft vocabulary equal to the target's needs no mapping: identity defaults.
         state.setdefault("d2t", torch.zeros_like(head.d2t))
         state.setdefault("t2d", torch.ones_like(head.t2d))
     else:

@@ -5,17 +5,48 @@ EAGLE heads load by name. Every attention layer writes its new K/V into a static
 :class:`~eagle_kernels.runtime.kv_cache.KVCache` and attends through
 :func:`eagle_kernels.ops.tree_attention`: prefill (a chain mask, i.e. causal), one decode token,
 a verify tree and a drafting frontier are all the same call with a different packed mask.
+
+Inference runs every step through :mod:`eagle_kernels.ops` (``linear_group``, ``rms_norm``,
+``apply_rope``, ``silu_mul``, ``tree_attention``), so ``backend="auto"`` picks the fast kernels
+of the device: on CPU the row-invariant C++ kernels, which make a token's hidden state the same
+bit for bit whatever else is computed with it. Where autograd is needed (training a head), the
+same modules run the torch reference math instead (:func:`differentiable`).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .. import ops
 from .kv_cache import KVCache
+
+
+def differentiable(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd must see this computation (grad mode on and a tensor needs grad)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose inference goes through :func:`eagle_kernels.ops.linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if differentiable(x, self.weight):
+            return F.linear(x, self.weight, self.bias)
+        return ops.linear(x.contiguous(), self.weight, self.bias)
+
+
+def linear_group(x: torch.Tensor, layers: list[nn.Linear]) -> tuple[torch.Tensor, ...]:
+    """Several linear layers of one input in one op call (q/k/v, gate/up)."""
+    if differentiable(x, *(layer.weight for layer in layers)):
+        return tuple(F.linear(x, layer.weight, layer.bias) for layer in layers)
+    return ops.linear_group(x.contiguous(), [layer.weight for layer in layers],
+                            [layer.bias for layer in layers])
 
 
 class RMSNorm(nn.Module):
@@ -26,11 +57,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x), or (norm(x + residual), x + residual) when ``residual`` is given."""
+        if differentiable(x, residual, self.weight):
+            return ops.reference.rms_norm(x, self.weight, self.eps, residual)
+        return ops.rms_norm(x.contiguous(), self.weight, self.eps,
+                            None if residual is None else residual.contiguous())
 
 
 def head_dim_of(config) -> int:
@@ -72,22 +104,49 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.scaling = float(scaling)
 
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
     def forward(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos, sin [B, T, D] for integer ``positions`` [B, T]."""
         freqs = positions.float().unsqueeze(-1) * self.inv_freq
         angles = torch.cat([freqs, freqs], dim=-1)
         return (angles.cos() * self.scaling).to(dtype), (angles.sin() * self.scaling).to(dtype)
 
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype, size: int) -> "Rope":
+        """The rotation of ``positions`` [B, T] (each < ``size``) by table lookup.
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        The cos/sin tables of positions [0, size) are computed once (grown by doubling) and
+        indexed, so a position's rotation is the same bits in every pass, whatever the other
+        positions of the call.
+        """
+        key = (dtype, positions.device)
+        cached = self._tables.get(key)
+        if cached is None or cached[0].shape[0] < size:
+            rows = max(size, 2 * cached[0].shape[0] if cached is not None else 0, 64)
+            cached = self(torch.arange(rows, device=positions.device).unsqueeze(0), dtype)
+            cached = (cached[0][0].contiguous(), cached[1][0].contiguous())
+            self._tables[key] = cached
+        return Rope(positions.contiguous(), *cached)
+
+
+class Rope(NamedTuple):
+    """Positions [B, T] int64 and the cos / sin tables [P, D] they index."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [B, T, H, D] (see :func:`eagle_kernels.ops.apply_rope`)."""
+        if differentiable(x):
+            return ops.reference.apply_rope(x, self.positions, self.cos, self.sin)
+        return ops.apply_rope(x.contiguous(), self.positions, self.cos, self.sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [B, T, H, D] by the cos/sin tables [B, T, D]."""
+    """Rotate ``x`` [B, T, H, D] by the cos/sin rows [B, T, D] (training's per-call tables)."""
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    return x * cos + _rotate_half(x) * sin
+    return x * cos + ops.reference.rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -101,13 +160,13 @@ class Attention(nn.Module):
         self.kv_heads = config.num_key_value_heads
         self.head_dim = head_dim_of(config)
         width = input_size or config.hidden_size
-        self.q_proj = nn.Linear(width, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias)
+        self.q_proj = Linear(width, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = Linear(width, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = Linear(width, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
-                tree_mask: torch.Tensor, tree_offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, cache: KVCache, tree_mask: torch.Tensor,
+                tree_offset: int = 0) -> torch.Tensor:
         """Attend ``x`` [B, T, in] to the cache prefix plus the tree keys.
 
         The T new keys are written at ``cache.lens + tree_offset``; the queries see every key
@@ -115,10 +174,10 @@ class Attention(nn.Module):
         row [B, T, ceil((tree_offset + T) / 32)] allows.
         """
         batch, count, _ = x.shape
-        q = self.q_proj(x).view(batch, count, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, count, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, count, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = linear_group(x, [self.q_proj, self.k_proj, self.v_proj])
+        q = rope.apply(q.view(batch, count, self.num_heads, self.head_dim))
+        k = rope.apply(k.view(batch, count, self.kv_heads, self.head_dim))
+        v = v.view(batch, count, self.kv_heads, self.head_dim)
         cache.write(self.layer_index, k, v, tree_offset)
         out = ops.tree_attention(q.contiguous(), cache.keys[self.layer_index],
                                  cache.values[self.layer_index], cache.lens, tree_mask,
@@ -132,13 +191,17 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act_fn = ACT2FN[config.hidden_act]
+        self.silu = config.hidden_act == "silu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = linear_group(x, [self.gate_proj, self.up_proj])
+        if self.silu and not differentiable(gate, up):
+            return self.down_proj(ops.silu_mul(gate, up))
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 def attention_biases(config) -> tuple[bool, bool]:
@@ -147,6 +210,26 @@ def attention_biases(config) -> tuple[bool, bool]:
         return True, False
     bias = bool(getattr(config, "attention_bias", False))
     return bias, bias
+
+
+def fused_layer(x: torch.Tensor, attention: Attention, mlp: MLP, post_norm: RMSNorm,
+                input_norm: RMSNorm | None, rope: Rope, cache: KVCache, tree_mask: torch.Tensor,
+                tree_offset: int, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The whole layer as one :func:`eagle_kernels.ops.decoder_layer` call where a fused kernel
+    runs it (the cpu backend: fp32 CPU tensors), else None (the caller runs op by op, so GPU
+    backends of tree attention keep serving it). Same result bit for bit either way."""
+    if not mlp.silu or differentiable(x, residual, attention.q_proj.weight):
+        return None
+    if ops.decoder_layer_backend(x.device, x.dtype) != "cpu":
+        return None
+    projections = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                   mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    index = attention.layer_index
+    return ops.decoder_layer(
+        x.contiguous(), [p.weight for p in projections], [p.bias for p in projections],
+        None if input_norm is None else input_norm.weight, post_norm.weight, post_norm.eps,
+        rope.positions, rope.cos, rope.sin, cache.keys[index], cache.values[index], cache.lens,
+        tree_mask, tree_offset, None if residual is None else residual.contiguous())
 
 
 class DecoderLayer(nn.Module):
@@ -161,8 +244,13 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, rope, cache, tree_mask, tree_offset: int = 0) -> torch.Tensor:
+    def forward(self, x, rope: Rope, cache, tree_mask, tree_offset: int = 0) -> torch.Tensor:
         norm = getattr(self, "input_layernorm", None)
-        h = x + self.self_attn(norm(x) if norm is not None else x, rope, cache, tree_mask,
-                               tree_offset)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        fused = fused_layer(x, self.self_attn, self.mlp, self.post_attention_layernorm, norm, rope,
+                            cache, tree_mask, tree_offset)
+        if fused is not None:
+            return fused
+        attended = self.self_attn(norm(x) if norm is not None else x, rope, cache, tree_mask,
+                                  tree_offset)
+        normed, h = self.post_attention_layernorm(attended, residual=x)  # h = x + attended
+        return h + self.mlp(normed)

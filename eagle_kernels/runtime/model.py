@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache
-from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, head_dim_of
+from .layers import DecoderLayer, Linear, RMSNorm, RotaryEmbedding, head_dim_of
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -50,7 +50,7 @@ class TargetModel(nn.Module):
         check_model_type(config)
         self.config = config
         self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -113,7 +113,7 @@ class TargetModel(nn.Module):
             None when ``feature_layers`` is empty.
         """
         x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb(positions, x.dtype)
+        rope = self.model.rotary_emb.tables(positions, x.dtype, cache.max_len)
         captured = []
         for index, layer in enumerate(self.model.layers):
             if index in feature_layers:

@@ -1,0 +1,211 @@
+/**
+ * @file cpu_bindings.cpp
+ * @brief pybind11 module eagle_kernels._cpu: the CPU kernels behind raw-pointer entry points.
+ *
+ * The instruction set is picked once at import: the best of avx512 / avx2 / generic this
+ * processor (and OS) supports, or EAGLE_KERNELS_CPU_ISA to force one the processor has (tests
+ * use it to compare them). Launchers in eagle_kernels/ops/ validate shapes, dtypes and devices
+ * and pass data pointers; `threads` 0 means OpenMP's current maximum (torch.set_num_threads).
+ * The GIL stays held during a call, so the per-process attention workspace needs no lock.
+ */
+#include <omp.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace py = pybind11;
+using eagle_kernels::cpu::KernelTable;
+namespace cpu = eagle_kernels::cpu;
+
+namespace {
+
+template <typename T>
+T* as_ptr(std::uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+bool supports(const std::string& isa) {
+  if (isa == "generic") return true;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") {
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  }
+#endif
+  return false;
+}
+
+const KernelTable& table_of(const std::string& isa) {
+#if defined(__x86_64__)
+  if (isa == "avx512") return cpu::avx512_kernels();
+  if (isa == "avx2") return cpu::avx2_kernels();
+#endif
+  if (isa == "generic") return cpu::generic_kernels();
+  throw std::invalid_argument("unknown instruction set " + isa);
+}
+
+std::vector<std::string> supported_isas() {
+  std::vector<std::string> found;
+  for (const char* isa : {"avx512", "avx2", "generic"})
+    if (supports(isa)) found.push_back(isa);
+  return found;
+}
+
+const KernelTable* active = nullptr;
+
+void select_isa(const std::string& isa) {
+  if (!supports(isa)) {
+    throw std::invalid_argument("EAGLE_KERNELS_CPU_ISA / isa: expected one of this processor's "
+                                "instruction sets (avx512, avx2, generic as supported), got '" +
+                                isa + "'");
+  }
+  active = &table_of(isa);
+}
+
+void select_default_isa() {
+  const char* forced = std::getenv("EAGLE_KERNELS_CPU_ISA");
+  if (forced != nullptr && *forced != '\0') {
+    select_isa(forced);
+    return;
+  }
+  select_isa(supported_isas().front());
+}
+
+int thread_count(int threads) { return threads > 0 ? threads : omp_get_max_threads(); }
+
+void linear(std::uintptr_t x, int64_t m, int64_t k, int64_t ldx,
+            const std::vector<int64_t>& segments, int threads) {
+  if (segments.size() % 5 != 0) throw std::invalid_argument("segments: expected 5 ints each");
+  std::vector<cpu::LinearSegment> parts;
+  for (size_t i = 0; i < segments.size(); i += 5) {
+    parts.push_back({as_ptr<const float>(segments[i]), as_ptr<const float>(segments[i + 1]),
+                     as_ptr<float>(segments[i + 2]), segments[i + 3], segments[i + 4]});
+  }
+  cpu::LinearArgs args{as_ptr<const float>(x), m, k, ldx, parts.data(),
+                       static_cast<int>(parts.size()), thread_count(threads)};
+  active->linear(args);
+}
+
+void rms_norm(std::uintptr_t x, std::uintptr_t residual, std::uintptr_t sum_out,
+              std::uintptr_t weight, std::uintptr_t y, int64_t rows, int64_t n, int64_t ldx,
+              int64_t ldy, float eps, int threads) {
+  cpu::RmsNormArgs args{as_ptr<const float>(x), as_ptr<const float>(residual),
+                        as_ptr<float>(sum_out), as_ptr<const float>(weight), as_ptr<float>(y),
+                        rows, n, ldx, ldy, eps, thread_count(threads)};
+  active->rms_norm(args);
+}
+
+void silu_mul(std::uintptr_t gate, std::uintptr_t up, std::uintptr_t y, int64_t rows, int64_t n,
+              int64_t ld_in, int64_t ld_out, int threads) {
+  cpu::SiluMulArgs args{as_ptr<const float>(gate), as_ptr<const float>(up), as_ptr<float>(y),
+                        rows, n, ld_in, ld_out, thread_count(threads)};
+  active->silu_mul(args);
+}
+
+void rope(std::uintptr_t x, std::uintptr_t positions, std::uintptr_t cos, std::uintptr_t sin,
+          int64_t rows, int64_t heads, int64_t head_dim, int64_t ldx, int64_t table_rows,
+          int threads) {
+  cpu::RopeArgs args{as_ptr<float>(x), as_ptr<const int64_t>(positions),
+                     as_ptr<const float>(cos), as_ptr<const float>(sin), rows, heads, head_dim,
+                     ldx, table_rows, thread_count(threads)};
+  active->rope(args);
+}
+
+std::vector<float> attention_workspace;
+
+void tree_attention(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t lens,
+                    std::uintptr_t tree_mask, std::uintptr_t out, int64_t batch, int64_t queries,
+                    int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t max_len,
+                    int64_t tree_keys, int64_t words, float scale, int threads) {
+  const int count = thread_count(threads);
+  const int64_t per_thread =
+      cpu::attention_workspace_floats(q_heads / kv_heads, max_len, tree_keys);
+  if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
+    attention_workspace.resize(per_thread * count);
+  cpu::AttentionArgs args{as_ptr<const float>(q), as_ptr<const float>(k), as_ptr<const float>(v),
+                          as_ptr<const int32_t>(lens), as_ptr<const int32_t>(tree_mask),
+                          as_ptr<float>(out), batch, queries, q_heads, kv_heads, head_dim,
+                          max_len, tree_keys, words, scale, attention_workspace.data(), count};
+  active->tree_attention(args);
+}
+
+std::vector<float> layer_workspace;
+
+/// One decoder layer (kernels.h DecoderLayerArgs). `pointers` in this order: x, residual, out,
+/// input_norm (0: none), post_norm, wq, wk, wv, wo, wg, wu, wd, bq, bk, bv, bo, bg, bu, bd
+/// (0: no bias), positions, cos, sin, k_cache, v_cache, lens, tree_mask. `sizes`: batch,
+/// count, in_features, hidden, intermediate, q_heads, kv_heads, head_dim, table_rows, max_len,
+/// tree_offset, words.
+void decoder_layer(const std::vector<std::uintptr_t>& p, const std::vector<int64_t>& n, float eps,
+                   float scale, int threads) {
+  if (p.size() != 26 || n.size() != 12)
+    throw std::invalid_argument("decoder_layer: expected 26 pointers and 12 sizes");
+  const int count = thread_count(threads);
+  const int64_t rows = n[0] * n[1];
+  const int64_t floats = cpu::decoder_layer_workspace_floats(rows, n[2], n[3], n[5] * n[7],
+                                                             n[6] * n[7], n[4]);
+  if (layer_workspace.size() < static_cast<size_t>(floats)) layer_workspace.resize(floats);
+  const int64_t per_thread =
+      cpu::attention_workspace_floats(n[5] / n[6], n[9], n[10] + n[1]);
+  if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
+    attention_workspace.resize(per_thread * count);
+  cpu::DecoderLayerArgs args{
+      as_ptr<const float>(p[0]), as_ptr<const float>(p[1]), as_ptr<float>(p[2]),
+      n[0], n[1], n[2], n[3], n[4],
+      as_ptr<const float>(p[3]), as_ptr<const float>(p[4]),
+      as_ptr<const float>(p[5]), as_ptr<const float>(p[6]), as_ptr<const float>(p[7]),
+      as_ptr<const float>(p[8]), as_ptr<const float>(p[9]), as_ptr<const float>(p[10]),
+      as_ptr<const float>(p[11]),
+      as_ptr<const float>(p[12]), as_ptr<const float>(p[13]), as_ptr<const float>(p[14]),
+      as_ptr<const float>(p[15]), as_ptr<const float>(p[16]), as_ptr<const float>(p[17]),
+      as_ptr<const float>(p[18]),
+      n[5], n[6], n[7], eps, scale,
+      as_ptr<const int64_t>(p[19]), as_ptr<const float>(p[20]), as_ptr<const float>(p[21]), n[8],
+      as_ptr<float>(p[22]), as_ptr<float>(p[23]), as_ptr<const int32_t>(p[24]), n[9], n[10],
+      as_ptr<const int32_t>(p[25]), n[11],
+      layer_workspace.data(), attention_workspace.data(), count};
+  active->decoder_layer(args);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cpu, module) {
+  module.doc() = "eagle_kernels CPU kernels (fp32, OpenMP, AVX-512 / AVX2 / generic at run time)";
+  select_default_isa();
+  module.def("isa", [] { return std::string(active->isa); },
+             "The instruction set the kernels run with.");
+  module.def("supported_isas", &supported_isas,
+             "Instruction sets this processor supports, best first.");
+  module.def("set_isa", &select_isa, py::arg("isa"),
+             "Run the kernels with another supported instruction set (tests compare them).");
+  module.def("linear", &linear, py::arg("x"), py::arg("m"), py::arg("k"), py::arg("ldx"),
+             py::arg("segments"), py::arg("threads") = 0,
+             "y = x @ w^T (+ bias) for each segment (w, bias or 0, y, n, ldy), fp32.");
+  module.def("rms_norm", &rms_norm, py::arg("x"), py::arg("residual"), py::arg("sum_out"),
+             py::arg("weight"), py::arg("y"), py::arg("rows"), py::arg("n"), py::arg("ldx"),
+             py::arg("ldy"), py::arg("eps"), py::arg("threads") = 0);
+  module.def("silu_mul", &silu_mul, py::arg("gate"), py::arg("up"), py::arg("y"),
+             py::arg("rows"), py::arg("n"), py::arg("ld_in"), py::arg("ld_out"),
+             py::arg("threads") = 0);
+  module.def("rope", &rope, py::arg("x"), py::arg("positions"), py::arg("cos"), py::arg("sin"),
+             py::arg("rows"), py::arg("heads"), py::arg("head_dim"), py::arg("ldx"),
+             py::arg("table_rows"), py::arg("threads") = 0);
+  module.def("tree_attention", &tree_attention, py::arg("q"), py::arg("k_cache"),
+             py::arg("v_cache"), py::arg("cache_lens"), py::arg("tree_mask"), py::arg("out"),
+             py::arg("batch"), py::arg("queries"), py::arg("q_heads"), py::arg("kv_heads"),
+             py::arg("head_dim"), py::arg("max_len"), py::arg("tree_keys"), py::arg("words"),
+             py::arg("scale"), py::arg("threads") = 0);
+  module.def("decoder_layer", &decoder_layer, py::arg("pointers"), py::arg("sizes"),
+             py::arg("eps"), py::arg("scale"), py::arg("threads") = 0,
+             "One decoder layer over the cache (see csrc/cpu/kernels.h DecoderLayerArgs).");
+}

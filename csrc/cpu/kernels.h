@@ -1,0 +1,153 @@
+/**
+ * @file kernels.h
+ * @brief The CPU kernels' entry points (one set per instruction set) and their argument structs.
+ *
+ * Torch-free: the Python launchers in eagle_kernels/ops/ pass raw pointers and sizes (the
+ * contract of each op, shapes and dtypes, is in its Python docstring; inputs are validated
+ * there). All tensors are fp32 and row-major.
+ *
+ * Row invariance. Each output row of every kernel here is computed by code that does not depend
+ * on how many rows are computed with it, nor on the thread count: GEMM rows and columns are
+ * split across threads, never the reduction; each dot product is a fixed lane-wise FMA chain over
+ * k followed by one fixed horizontal sum (simd.h); attention reduces over a query's visible
+ * keys in position order (prefix, then tree ancestors by index), whatever the other queries
+ * are. So a token's logits in a verify pass over N tree nodes equal, bit for bit, its logits in
+ * a one-token decode step over the same prefix.
+ */
+#pragma once
+
+#include <cstdint>
+
+namespace eagle_kernels {
+namespace cpu {
+
+/// One weight matrix of a (fused) linear layer: y[:, :n] = x @ w^T (+ bias).
+struct LinearSegment {
+  const float* w;     ///< [n, k] row-major (torch nn.Linear weight), row stride k
+  const float* bias;  ///< [n] or nullptr
+  float* y;           ///< [m, n] with row stride ldy
+  int64_t n;
+  int64_t ldy;
+};
+
+struct LinearArgs {
+  const float* x;  ///< [m, k], row stride ldx
+  int64_t m, k, ldx;
+  const LinearSegment* segments;
+  int num_segments;
+  int threads;
+};
+
+struct RmsNormArgs {
+  const float* x;         ///< [rows, n], row stride ldx
+  const float* residual;  ///< optional [rows, n] (row stride ldx): x + residual is normalised
+  float* sum_out;         ///< where x + residual is written when residual is given ([rows, n], ldy)
+  const float* weight;    ///< [n]
+  float* y;               ///< [rows, n], row stride ldy
+  int64_t rows, n, ldx, ldy;
+  float eps;
+  int threads;
+};
+
+struct SiluMulArgs {
+  const float* gate;  ///< [rows, n], row stride ld_in
+  const float* up;    ///< [rows, n], row stride ld_in
+  float* y;           ///< [rows, n], row stride ld_out
+  int64_t rows, n, ld_in, ld_out;
+  int threads;
+};
+
+struct RopeArgs {
+  float* x;                  ///< [rows, heads, head_dim] rotated in place, row stride ldx
+  const int64_t* positions;  ///< [rows], clamped into [0, table_rows)
+  const float* cos;          ///< [table_rows, head_dim] (both halves, as transformers builds it)
+  const float* sin;
+  int64_t rows, heads, head_dim, ldx, table_rows;
+  int threads;
+};
+
+struct AttentionArgs {
+  const float* q;          ///< [B, Nq, Hq, D]
+  const float* k_cache;    ///< [B, max_len, Hkv, D]
+  const float* v_cache;    ///< [B, max_len, Hkv, D]
+  const int32_t* lens;     ///< [B] prefix lengths (clamped into [0, max_len - tree_keys])
+  const int32_t* tree_mask;  ///< [B, Nq, words] packed ancestor bits over the tree keys
+  float* out;              ///< [B, Nq, Hq, D]
+  int64_t batch, queries, q_heads, kv_heads, head_dim, max_len, tree_keys, words;
+  float scale;
+  float* workspace;        ///< threads * attention_workspace_floats(...) floats
+  int threads;
+};
+
+/**
+ * One whole decoder layer (pre-norm Llama / Qwen2 / Mistral block, SiLU-gated MLP) over M = B*T
+ * rows, in one call: what the runtime runs per layer on CPU, so a decode step costs 30 calls
+ * instead of 300 (Python overhead per op is tens of microseconds, a decode step's memory
+ * floor 25 ms). It composes the kernels above, so every row stays row-invariant:
+ *
+ *   a   = input_norm ? rms_norm(x) : x              (x [M, in])
+ *   q,k,v = a @ Wq/Wk/Wv^T (+ bias); q, k rotated    (RoPE table lookup at positions)
+ *   k, v written to the cache at lens[b] + tree_offset + t (rows past max_len are dropped)
+ *   o   = tree_attention(q, cache, mask) @ Wo^T (+ bias)
+ *   h   = o + residual                                (residual [M, H]; x when none is given)
+ *   out = h + down(silu(gate(norm2(h))) * up(norm2(h)))
+ */
+struct DecoderLayerArgs {
+  const float* x;         ///< [M, in_features]
+  const float* residual;  ///< [M, hidden]
+  float* out;             ///< [M, hidden]
+  int64_t batch, count, in_features, hidden, intermediate;
+  const float* input_norm;  ///< [in_features] or nullptr (no input norm)
+  const float* post_norm;   ///< [hidden]
+  const float *wq, *wk, *wv, *wo, *wg, *wu, *wd;          ///< nn.Linear weights [N, K]
+  const float *bq, *bk, *bv, *bo, *bg, *bu, *bd;          ///< biases or nullptr
+  int64_t q_heads, kv_heads, head_dim;
+  float eps, scale;
+  const int64_t* positions;  ///< [M]
+  const float *cos, *sin;    ///< [table_rows, head_dim]
+  int64_t table_rows;
+  float *k_cache, *v_cache;  ///< [B, max_len, kv_heads, head_dim]
+  const int32_t* lens;       ///< [B]
+  int64_t max_len, tree_offset;
+  const int32_t* tree_mask;  ///< [B, T, words] over tree_offset + T tree keys
+  int64_t words;
+  float* workspace;  ///< decoder_layer_workspace_floats(...)
+  float* attention_workspace;  ///< threads * attention_workspace_floats(...)
+  int threads;
+};
+
+/// Floats of layer workspace (decoder_layer.h): normed input, q, attention output, k, v, o, h,
+/// normed h, down, gate, up.
+static inline int64_t decoder_layer_workspace_floats(int64_t rows, int64_t in_features,
+                                                     int64_t hidden, int64_t q_width,
+                                                     int64_t kv_width, int64_t intermediate) {
+  return rows * (in_features + 2 * q_width + 2 * kv_width + 4 * hidden + 2 * intermediate);
+}
+
+/// Floats of attention workspace one thread needs (static: every translation unit, each
+/// compiled for its own instruction set, keeps a private copy).
+static inline int64_t attention_workspace_floats(int64_t group, int64_t max_len, int64_t tree_keys) {
+  const int64_t padded = (max_len + 16) / 16 * 16;
+  return group * padded + tree_keys + 16;
+}
+
+/// The kernels of one instruction set.
+struct KernelTable {
+  const char* isa;
+  void (*linear)(const LinearArgs&);
+  void (*rms_norm)(const RmsNormArgs&);
+  void (*silu_mul)(const SiluMulArgs&);
+  void (*rope)(const RopeArgs&);
+  void (*tree_attention)(const AttentionArgs&);
+  void (*decoder_layer)(const DecoderLayerArgs&);
+};
+
+// Defined in isa_<name>.cpp; avx512 and avx2 exist only on x86-64.
+const KernelTable& generic_kernels();
+#if defined(__x86_64__)
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();
+#endif
+
+}  // namespace cpu
+}  // namespace eagle_kernels

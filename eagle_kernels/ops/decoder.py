@@ -1,0 +1,326 @@
+"""Decoder-layer ops: linear layers, RMSNorm, SiLU-gated product, rotary embedding.
+
+Public ops with the contracts of the same-named functions in
+:mod:`eagle_kernels.ops.reference`. Backends: ``torch`` (the reference: transformers' math on
+torch ops) and ``cpu`` (``csrc/cpu/decoder.h``: OpenMP C++ with AVX-512 / AVX2 / portable
+code picked at run time; fp32 CPU tensors).
+
+Why a CPU kernel for what torch already has: speed and row invariance. A decode step reads
+every weight once, so it is memory-bound: ``linear`` uses the weight where it lies (torch's
+[N, K] layout, no copy) and streams it at DRAM speed, where ``nn.Linear`` at 1-16 rows runs
+several times slower. And each output row is computed by code that does not depend on how many
+rows come with it (fixed lane-wise FMA chain over K, one fixed horizontal sum; threads split
+columns, never the reduction), so a token's hidden state is bit-identical whether it is decoded
+alone or verified among N tree nodes: greedy speculative decoding is then lossless by
+construction. torch's GEMMs give no such guarantee (their blocking follows the row count).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from . import reference
+from ._backend import cpu_extension, register, resolve
+from ._validate import check_range, check_tensor, value_checks_enabled
+
+def _check_input(name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    check_tensor(name, x, (torch.float16, torch.bfloat16, torch.float32))
+    if x.dim() < 1 or (width is not None and x.shape[-1] != width):
+        expected = "[..., *]" if width is None else f"[..., {width}]"
+        raise ValueError(f"{name}: expected shape {expected}, got {list(x.shape)}")
+    return x
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           backend: str = "auto") -> torch.Tensor:
+    """``x @ weight.T + bias``, as ``torch.nn.functional.linear``.
+
+    Parameters
+    ----------
+    x : [..., K] float16 / bfloat16 / float32, contiguous.
+    weight : [N, K], dtype and device of ``x``, contiguous (nn.Linear's layout).
+    bias : [N], optional.
+    backend : "auto", "cpu" (fp32 CPU tensors, row-invariant) or "torch".
+
+    Returns
+    -------
+    [..., N], dtype of ``x``.
+    """
+    return linear_group(x, [weight], [bias], backend=backend)[0]
+
+
+def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                 biases: Sequence[torch.Tensor | None] | None = None,
+                 backend: str = "auto") -> tuple[torch.Tensor, ...]:
+    """Several linear layers over the same input in one pass (q/k/v, gate/up).
+
+    ``weights[i]`` is [N_i, K]; returns one [..., N_i] tensor per weight. The ``cpu`` backend
+    reads ``x`` once and splits all the columns across threads in one parallel region.
+    """
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise TypeError("weights: expected a non-empty list of [N, K] tensors")
+    biases = list(biases) if biases is not None else [None] * len(weights)
+    if len(biases) != len(weights):
+        raise ValueError(f"biases: expected {len(weights)} entries (one per weight, None for no "
+                         f"bias), got {len(biases)}")
+    _check_input("x", x)
+    width = x.shape[-1]
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        check_tensor(f"weights[{i}]", w, (x.dtype,), (None, width), x.device)
+        if b is not None:
+            check_tensor(f"biases[{i}]", b, (x.dtype,), (w.shape[0],), x.device)
+    _, implementation = resolve("linear", backend, x.device, dtype=x.dtype)
+    return implementation(x, list(weights), biases)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None, backend: str = "auto"):
+    """RMSNorm over the last dimension (transformers' LlamaRMSNorm, fp32 math).
+
+    Parameters
+    ----------
+    x : [..., H] float16 / bfloat16 / float32, contiguous.
+    weight : [H], dtype of ``x``.
+    eps : float.
+    residual : [..., H], optional. When given, ``h = x + residual`` is normalised and returned
+        as well (the next residual stream), saving a separate add.
+
+    Returns
+    -------
+    ``weight * (h / sqrt(mean(h^2) + eps))`` [..., H], or the pair (that, ``h``) when
+    ``residual`` is given.
+    """
+    _check_input("x", x)
+    check_tensor("weight", weight, (x.dtype,), (x.shape[-1],), x.device)
+    if residual is not None:
+        check_tensor("residual", residual, (x.dtype,), tuple(x.shape), x.device)
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    _, implementation = resolve("rms_norm", backend, x.device, dtype=x.dtype)
+    return implementation(x, weight, float(eps), residual)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """``silu(gate) * up`` (the gated MLP's activation), same shapes, dtype of ``gate``."""
+    _check_input("gate", gate)
+    check_tensor("up", up, (gate.dtype,), tuple(gate.shape), gate.device)
+    _, implementation = resolve("silu_mul", backend, gate.device, dtype=gate.dtype)
+    return implementation(gate, up)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               backend: str = "auto") -> torch.Tensor:
+    """Rotary embedding of ``x`` at integer ``positions``, from precomputed tables.
+
+    Parameters
+    ----------
+    x : [B, T, H, D] float, contiguous (D even).
+    positions : [B, T] int64, each in ``[0, P)``.
+    cos, sin : [P, D] tables in ``x``'s dtype (both halves, as transformers builds them).
+
+    Returns
+    -------
+    ``x * cos[p] + rotate_half(x) * sin[p]`` [B, T, H, D]: the products are rounded one by one
+    (no fused multiply-add) in every backend, so the result is the reference's bit for bit.
+    """
+    _check_input("x", x)
+    if x.dim() != 4 or x.shape[-1] % 2:
+        raise ValueError(f"x: expected shape [B, T, H, D] with D even, got {list(x.shape)}")
+    batch, count, _, dim = x.shape
+    check_tensor("positions", positions, (torch.int64,), (batch, count), x.device)
+    check_tensor("cos", cos, (x.dtype,), (None, dim), x.device)
+    check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
+    _, implementation = resolve("apply_rope", backend, x.device, dtype=x.dtype)
+    return implementation(x, positions, cos, sin)
+
+
+def decoder_layer_backend(device: torch.device, dtype: torch.dtype) -> str:
+    """The backend ``decoder_layer(..., backend="auto")`` runs for tensors of this device and
+    dtype: "cpu" where the fused kernel takes them, else "torch" (the reference composition,
+    which a caller with faster per-op backends, e.g. CUDA, should not use)."""
+    return resolve("decoder_layer", "auto", device, dtype=dtype)[0]
+
+
+LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def decoder_layer(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                  biases: Sequence[torch.Tensor | None], input_norm: torch.Tensor | None,
+                  post_norm: torch.Tensor, eps: float, positions: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, cache_lens: torch.Tensor, tree_mask: torch.Tensor,
+                  tree_offset: int = 0, residual: torch.Tensor | None = None,
+                  sm_scale: float | None = None, backend: str = "auto") -> torch.Tensor:
+    """One whole pre-norm decoder layer over the KV cache, in one call.
+
+    The composition of :func:`rms_norm`, :func:`linear_group`, :func:`apply_rope`, a cache
+    write, :func:`eagle_kernels.ops.tree_attention` and the SiLU-gated MLP (contract:
+    :func:`eagle_kernels.ops.reference.decoder_layer`). The ``cpu`` backend runs it as one C++
+    call (csrc/cpu/decoder_layer.h): a decode step then costs one Python call per layer instead
+    of a dozen, and the result equals the op-by-op cpu path bit for bit.
+
+    Parameters
+    ----------
+    x : [B, T, in] float32 / float16 / bfloat16, contiguous.
+    weights : q [Hq*D, in], k [Hkv*D, in], v [Hkv*D, in], o [H, Hq*D], gate [I, H], up [I, H],
+        down [H, I] (nn.Linear layout), dtype of ``x``, contiguous.
+    biases : seven entries, each None or [N] of its weight.
+    input_norm : [in] RMSNorm weight applied to ``x`` first, or None (EAGLE heads).
+    post_norm : [H] RMSNorm weight of the MLP input.
+    eps : RMSNorm epsilon.
+    positions : [B, T] int64 RoPE positions into ``cos`` / ``sin`` [P, D].
+    k_cache, v_cache : [B, max_len, Hkv, D]; the T new keys are written in place at
+        ``cache_lens[b] + tree_offset + t`` (which must be < max_len).
+    cache_lens : [B] int32 committed lengths.
+    tree_mask : [B, T, ceil((tree_offset + T) / 32)] int32 packed visibility over the
+        ``tree_offset + T`` tree keys.
+    tree_offset : int, tree keys already written by earlier calls (drafting frontiers).
+    residual : [B, T, H], optional; default ``x`` (needs in == H).
+    sm_scale : attention scale, default ``D ** -0.5``.
+
+    Returns
+    -------
+    [B, T, H], dtype of ``x``.
+    """
+    _check_input("x", x)
+    if x.dim() != 3:
+        raise ValueError(f"x: expected shape [B, T, in], got {list(x.shape)}")
+    batch, count, width = x.shape
+    if not isinstance(weights, (list, tuple)) or len(weights) != len(LAYER_WEIGHTS):
+        raise ValueError(f"weights: expected {len(LAYER_WEIGHTS)} tensors "
+                         f"({', '.join(LAYER_WEIGHTS)})")
+    if not isinstance(biases, (list, tuple)) or len(biases) != len(LAYER_WEIGHTS):
+        raise ValueError(f"biases: expected {len(LAYER_WEIGHTS)} entries (None for no bias)")
+    check_tensor("k_cache", k_cache, (x.dtype,), (batch, None, None, None), x.device)
+    check_tensor("v_cache", v_cache, (x.dtype,), tuple(k_cache.shape), x.device)
+    _, max_len, kv_heads, head_dim = k_cache.shape
+    wq, wk, wv, wo, wg, wu, wd = weights
+    check_tensor("weights[0] (q)", wq, (x.dtype,), (None, width), x.device)
+    q_width = wq.shape[0]
+    if head_dim == 0 or kv_heads == 0 or q_width % head_dim or (q_width // head_dim) % kv_heads:
+        raise ValueError(f"weights[0] (q): expected a multiple of {kv_heads} heads of "
+                         f"{head_dim} rows, got {q_width} rows")
+    hidden = wo.shape[0] if wo.dim() == 2 else -1
+    intermediate = wg.shape[0] if wg.dim() == 2 else -1
+    shapes = [(kv_heads * head_dim, width), (kv_heads * head_dim, width), (hidden, q_width),
+              (intermediate, hidden), (intermediate, hidden), (hidden, intermediate)]
+    for i, (name, w, shape) in enumerate(zip(LAYER_WEIGHTS[1:], weights[1:], shapes), 1):
+        check_tensor(f"weights[{i}] ({name})", w, (x.dtype,), shape, x.device)
+    for i, (name, w, b) in enumerate(zip(LAYER_WEIGHTS, weights, biases)):
+        if b is not None:
+            check_tensor(f"biases[{i}] ({name})", b, (x.dtype,), (w.shape[0],), x.device)
+    if input_norm is not None:
+        check_tensor("input_norm", input_norm, (x.dtype,), (width,), x.device)
+    check_tensor("post_norm", post_norm, (x.dtype,), (hidden,), x.device)
+    if residual is None and width != hidden:
+        raise ValueError(f"residual: required when x's width {width} differs from hidden {hidden}")
+    if residual is not None:
+        check_tensor("residual", residual, (x.dtype,), (batch, count, hidden), x.device)
+    check_tensor("positions", positions, (torch.int64,), (batch, count), x.device)
+    check_tensor("cos", cos, (x.dtype,), (None, head_dim), x.device)
+    check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
+    check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), x.device)
+    if not isinstance(tree_offset, int) or tree_offset < 0:
+        raise ValueError(f"tree_offset: expected an int >= 0, got {tree_offset!r}")
+    tree_keys = tree_offset + count
+    check_tensor("tree_mask", tree_mask, (torch.int32,),
+                 (batch, count, reference.mask_words(tree_keys)), x.device)
+    if value_checks_enabled():
+        check_range("cache_lens", cache_lens, 0, max_len - tree_keys + 1,
+                    f" (prefix plus {tree_keys} tree keys must fit max_len {max_len})")
+        check_range("positions", positions, 0, cos.shape[0], " (rows of the cos/sin tables)")
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    _, implementation = resolve("decoder_layer", backend, x.device, dtype=x.dtype)
+    return implementation(x, list(weights), list(biases), input_norm, post_norm, float(eps),
+                          positions, cos, sin, k_cache, v_cache, cache_lens, tree_mask,
+                          tree_offset, residual, sm_scale)
+
+
+# --------------------------------------------------------------------------------------------
+# cpu backend (csrc/cpu/decoder.h, csrc/cpu/decoder_layer.h)
+# --------------------------------------------------------------------------------------------
+
+
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _linear_group_cpu(x, weights, biases):
+    rows, width = _rows(x), x.shape[-1]
+    outputs, segments = [], []
+    for w, b in zip(weights, biases):
+        y = torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype)
+        outputs.append(y)
+        segments += [w.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(), w.shape[0],
+                     w.shape[0]]
+    if rows and width:
+        cpu_extension().linear(x.data_ptr(), rows, width, width, segments)
+    elif rows:
+        for y, b in zip(outputs, biases):
+            y.copy_(b.expand_as(y) if b is not None else torch.zeros_like(y))
+    return tuple(outputs)
+
+
+def _rms_norm_cpu(x, weight, eps, residual):
+    y = torch.empty_like(x)
+    total = torch.empty_like(x) if residual is not None else None
+    rows, width = _rows(x), x.shape[-1]
+    if rows and width:
+        cpu_extension().rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(),
+                                 0 if total is None else total.data_ptr(), weight.data_ptr(),
+                                 y.data_ptr(), rows, width, width, width, eps)
+    return y if residual is None else (y, total)
+
+
+def _silu_mul_cpu(gate, up):
+    y = torch.empty_like(gate)
+    rows, width = _rows(gate), gate.shape[-1]
+    if rows and width:
+        cpu_extension().silu_mul(gate.data_ptr(), up.data_ptr(), y.data_ptr(), rows, width, width,
+                                 width)
+    return y
+
+
+def _apply_rope_cpu(x, positions, cos, sin):
+    out = x.clone()
+    batch, count, heads, dim = x.shape
+    if out.numel() and cos.shape[0]:
+        cpu_extension().rope(out.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                             batch * count, heads, dim, heads * dim, cos.shape[0])
+    return out
+
+
+def _decoder_layer_cpu(x, weights, biases, input_norm, post_norm, eps, positions, cos, sin,
+                       k_cache, v_cache, cache_lens, tree_mask, tree_offset, residual, sm_scale):
+    batch, count, width = x.shape
+    _, max_len, kv_heads, head_dim = k_cache.shape
+    hidden, intermediate = weights[3].shape[0], weights[4].shape[0]
+    out = torch.empty(batch, count, hidden, dtype=x.dtype)
+    pointers = [x.data_ptr(), (x if residual is None else residual).data_ptr(), out.data_ptr(),
+                0 if input_norm is None else input_norm.data_ptr(), post_norm.data_ptr(),
+                *(w.data_ptr() for w in weights),
+                *(0 if b is None else b.data_ptr() for b in biases),
+                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                v_cache.data_ptr(), cache_lens.data_ptr(), tree_mask.data_ptr()]
+    sizes = [batch, count, width, hidden, intermediate, weights[0].shape[0] // head_dim,
+             kv_heads, head_dim, cos.shape[0], max_len, tree_offset, tree_mask.shape[2]]
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    cpu_extension().decoder_layer(pointers, sizes, eps, scale)
+    return out
+
+
+def cpu_float32_only(dtype: torch.dtype, **_) -> str | None:
+    """The cpu kernels' support rule: float32 tensors only."""
+    return None if dtype == torch.float32 else f"takes float32 tensors, got {dtype}"
+
+
+for _op, _reference, _cpu in (("linear", reference.linear_group, _linear_group_cpu),
+                              ("rms_norm", reference.rms_norm, _rms_norm_cpu),
+                              ("silu_mul", reference.silu_mul, _silu_mul_cpu),
+                              ("apply_rope", reference.apply_rope, _apply_rope_cpu),
+                              ("decoder_layer", reference.decoder_layer, _decoder_layer_cpu)):
+    register(_op, "torch", _reference)
+    register(_op, "cpu", _cpu, supports=cpu_float32_only)

@@ -1,0 +1,113 @@
+"""tree_attention on the cpu backend (csrc/cpu/attention.h): against the reference on awkward
+sizes, bit-for-bit row invariance (a tree node's output equals a decode step's at its position),
+on every instruction set this processor has, and bounds whatever the lengths say.
+
+Caches hold NaN past ``cache_lens[b] + T`` (see ``make_case``), so a kernel that reads a key it
+must not see fails the comparison.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_kernels import ops
+from eagle_kernels.ops import reference
+
+from conftest import random_parents
+from cpu_support import each_cpu_isa, needs_cpu_backend
+from cuda_support import seed_note
+from test_attention_kernels import assert_flash_close, make_case
+
+pytestmark = needs_cpu_backend
+
+# (batch, num_queries, prefix, q_heads, kv_heads, head_dim): decode, verify trees, prefill
+# chunks, GQA groups 1..4, head_dims that are not multiples of 16 lanes.
+GRID = [(1, 1, 0, 4, 2, 64), (3, 7, 37, 9, 3, 64), (1, 33, 511, 4, 2, 64), (3, 65, 1, 9, 3, 64),
+        (2, 1, 300, 9, 3, 128), (2, 5, 17, 2, 2, 80), (1, 3, 9, 3, 1, 8), (2, 60, 256, 9, 3, 64)]
+
+
+def cpu_attention(q, k, v, lens, mask, tree_keys=None):
+    tree_keys = q.shape[1] if tree_keys is None else tree_keys
+    return ops.tree_attention(q, k, v, lens, mask, num_tree_keys=tree_keys, backend="cpu")
+
+
+@pytest.mark.parametrize("batch,num_queries,prefix,q_heads,kv_heads,head_dim", GRID,
+                         ids=[f"B{c[0]}-N{c[1]}-L{c[2]}-H{c[3]}/{c[4]}-D{c[5]}" for c in GRID])
+def test_cpu_matches_reference(gen, batch, num_queries, prefix, q_heads, kv_heads, head_dim):
+    case = make_case(gen, batch, num_queries, prefix, q_heads, kv_heads, head_dim, torch.float32)
+    for isa in each_cpu_isa():
+        assert_flash_close(cpu_attention(*case), *case, num_queries, f"{isa} {seed_note(gen)}")
+
+
+def test_cpu_draft_frontier_over_more_tree_keys(gen):
+    """Drafting: the last Nq of T tree nodes query all T tree keys (tree_offset in the head)."""
+    case = make_case(gen, 2, 4, 23, 4, 2, 64, torch.float32, tree_keys=13)
+    for isa in each_cpu_isa():
+        assert_flash_close(cpu_attention(*case, tree_keys=13), *case, 13,
+                           f"{isa} {seed_note(gen)}")
+
+
+def _ancestors(parents: torch.Tensor, node: int) -> list[int]:
+    chain = []
+    while node >= 0:
+        chain.append(node)
+        node = int(parents[node])
+    return chain[::-1]  # root first
+
+
+@pytest.mark.parametrize("num_nodes", [1, 2, 16, 64])
+def test_tree_node_equals_decode_step_bit_for_bit(gen, num_nodes):
+    """Row invariance: node i of a verify tree over prefix L gives exactly the output of a
+    one-token decode step at position L + depth(i), whose cache holds the prefix followed by
+    i's ancestors in order (different slots, different neighbours, same visible keys)."""
+    batch, q_heads, kv_heads, dim = 2, 9, 3, 64
+    parents = random_parents(batch, num_nodes, gen, "deep")
+    _, mask, _ = ops.build_tree(parents)
+    lens = torch.tensor([37, 5], dtype=torch.int32)
+    max_len = int(lens.max()) + num_nodes
+    k = torch.randn(batch, max_len, kv_heads, dim, generator=gen)
+    v = torch.randn(batch, max_len, kv_heads, dim, generator=gen)
+    q = torch.randn(batch, num_nodes, q_heads, dim, generator=gen)
+    one = torch.ones(1, 1, 1, dtype=torch.int32)
+    for isa in each_cpu_isa():
+        tree_out = cpu_attention(q, k, v, lens, mask)
+        for b in range(batch):
+            prefix = int(lens[b])
+            for node in range(num_nodes):
+                chain = _ancestors(parents[b], node)
+                slots = [prefix + j for j in chain]  # where the tree pass wrote each key
+                k_dec = torch.cat([k[b, :prefix], k[b, slots]]).unsqueeze(0).contiguous()
+                v_dec = torch.cat([v[b, :prefix], v[b, slots]]).unsqueeze(0).contiguous()
+                decode_len = torch.tensor([prefix + len(chain) - 1], dtype=torch.int32)
+                decoded = cpu_attention(q[b:b + 1, node:node + 1].contiguous(), k_dec, v_dec,
+                                        decode_len, one)
+                assert torch.equal(decoded[0, 0], tree_out[b, node]), \
+                    (isa, b, node, seed_note(gen))
+
+
+def test_cpu_stays_in_bounds_whatever_the_lengths(gen):
+    """cache_lens outside [0, max_len - T] are a caller bug (value checks off): the kernel
+    clamps them, reads only the cache and writes only ``out``."""
+    batch, count, max_len = 3, 4, 12
+    k = torch.randn(batch, max_len, 2, 16, generator=gen)
+    v = torch.randn(batch, max_len, 2, 16, generator=gen)
+    q = torch.randn(batch, count, 4, 16, generator=gen)
+    _, mask, _ = ops.build_tree(random_parents(batch, count, gen))
+    lens = torch.tensor([-7, 11, 2**30], dtype=torch.int32)
+    clamped = lens.clamp(0, max_len - count)
+    from eagle_kernels.ops._validate import no_value_checks
+
+    with no_value_checks():
+        out = cpu_attention(q, k, v, lens, mask)
+    want = reference.tree_attention(q, k, v, clamped, mask, num_tree_keys=count)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=2e-5)
+
+
+def test_auto_picks_cpu_for_float32_and_torch_otherwise(gen):
+    case = make_case(gen, 1, 3, 5, 4, 2, 64, torch.float32)
+    assert torch.equal(ops.tree_attention(*case), cpu_attention(*case))
+    low = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in case]
+    torch.testing.assert_close(ops.tree_attention(*low), reference.tree_attention(*low))
+    with pytest.raises(ValueError, match="float32"):
+        cpu_attention(*low)

@@ -1,0 +1,261 @@
+"""Decoder-layer ops (linear, rms_norm, silu_mul, apply_rope): every backend against the fp64
+reference, row invariance of the cpu kernels on every instruction set this processor has, and
+clear errors for bad input."""
+
+import pytest
+import torch
+
+from eagle_kernels import ops
+from eagle_kernels.ops import reference
+
+from cpu_support import each_cpu_isa, needs_cpu_backend
+
+
+def assert_as_close_as_torch(ours, torch_low, exact):
+    """Error rule of the project: within 2x the error of torch at the same precision, plus a
+    noise floor of a few ulps of the output's scale."""
+    scale = float(exact.abs().max()) if exact.numel() else 1.0
+    ours_error = float((ours.double() - exact).abs().max()) if exact.numel() else 0.0
+    torch_error = float((torch_low.double() - exact).abs().max()) if exact.numel() else 0.0
+    assert ours_error <= 2 * torch_error + 4e-7 * scale, (ours_error, torch_error, scale)
+
+
+LINEAR_SHAPES = [(1, 576, 1536), (16, 576, 192), (61, 1536, 576), (5, 577, 13), (3, 5, 7),
+                 (1, 1, 1), (2, 33, 0), (0, 8, 4)]
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("rows,width,out", LINEAR_SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_cpu_matches_reference(gen, rows, width, out, bias):
+    x = torch.randn(rows, width, generator=gen)
+    w = torch.randn(out, width, generator=gen)
+    b = torch.randn(out, generator=gen) if bias else None
+    exact = reference.linear_group(x.double(), [w.double()], [None if b is None else b.double()])[0]
+    for isa in each_cpu_isa():
+        ours = ops.linear(x, w, b, backend="cpu")
+        assert ours.shape == (rows, out) and ours.dtype == torch.float32, isa
+        assert_as_close_as_torch(ours, torch.nn.functional.linear(x, w, b), exact)
+
+
+@needs_cpu_backend
+def test_linear_group_is_one_linear_per_weight(gen):
+    x = torch.randn(2, 7, 64, generator=gen)
+    weights = [torch.randn(n, 64, generator=gen) for n in (40, 8, 8)]
+    biases = [torch.randn(40, generator=gen), None, torch.randn(8, generator=gen)]
+    for isa in each_cpu_isa():
+        group = ops.linear_group(x, weights, biases, backend="cpu")
+        for y, w, b in zip(group, weights, biases):
+            assert y.shape == (2, 7, w.shape[0]), isa
+            assert torch.equal(y, ops.linear(x, w, b, backend="cpu")), isa
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("op", ["linear", "rms_norm", "silu_mul", "apply_rope"])
+def test_cpu_rows_do_not_depend_on_their_neighbours(gen, op):
+    """Row invariance: each row computed alone equals, bit for bit, the same row computed among
+    up to 64 others, whatever its place, on every instruction set."""
+    width = 576
+    x = torch.randn(64, width, generator=gen)
+    w = torch.randn(200, width, generator=gen)
+    norm_weight = torch.randn(width, generator=gen)
+    up = torch.randn(64, width, generator=gen)
+    cos, sin = torch.randn(300, 64, generator=gen), torch.randn(300, 64, generator=gen)
+    positions = torch.randint(0, 300, (1, 64), generator=gen)
+
+    def run(rows):
+        if op == "linear":
+            return ops.linear(x[rows], w, backend="cpu")
+        if op == "rms_norm":
+            return ops.rms_norm(x[rows], norm_weight, 1e-5, residual=up[rows], backend="cpu")[0]
+        if op == "silu_mul":
+            return ops.silu_mul(x[rows], up[rows], backend="cpu")
+        heads = x[rows].view(1, -1, 9, 64)
+        return ops.apply_rope(heads, positions[:, rows].contiguous(), cos, sin, backend="cpu")[0]
+
+    for isa in each_cpu_isa():
+        for count in (1, 2, 3, 5, 16, 37, 64):
+            rows = torch.randperm(64, generator=gen)[:count]
+            together = run(rows)
+            for place in range(count):
+                alone = run(rows[place:place + 1])
+                assert torch.equal(alone.reshape(together[place].shape), together[place]), \
+                    (isa, count, place)
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("rows,width", [(1, 576), (7, 577), (3, 1), (0, 16)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_cpu_matches_reference(gen, rows, width, with_residual):
+    x = torch.randn(rows, width, generator=gen) * 3
+    weight = torch.randn(width, generator=gen)
+    residual = torch.randn(rows, width, generator=gen) if with_residual else None
+    exact = reference.rms_norm(x.double(), weight.double(), 1e-6,
+                               None if residual is None else residual.double())
+    torch_low = reference.rms_norm(x, weight, 1e-6, residual)
+    for isa in each_cpu_isa():
+        ours = ops.rms_norm(x, weight, 1e-6, residual=residual, backend="cpu")
+        if with_residual:
+            assert torch.equal(ours[1], torch_low[1]), isa  # x + residual: one exact add
+            ours, exact_y, torch_y = ours[0], exact[0], torch_low[0]
+        else:
+            exact_y, torch_y = exact, torch_low
+        assert_as_close_as_torch(ours, torch_y, exact_y)
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("rows,width", [(1, 1536), (5, 1537), (2, 3)])
+def test_silu_mul_cpu_matches_reference(gen, rows, width):
+    gate = torch.randn(rows, width, generator=gen) * 8
+    gate[0, :3] = torch.tensor([-100.0, 100.0, 0.0])[: min(3, width)]  # saturated and zero
+    up = torch.randn(rows, width, generator=gen)
+    exact = reference.silu_mul(gate.double(), up.double())
+    for isa in each_cpu_isa():
+        assert_as_close_as_torch(ops.silu_mul(gate, up, backend="cpu"),
+                                 reference.silu_mul(gate, up), exact)
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("heads,dim", [(9, 64), (2, 80), (1, 2), (4, 128)])
+def test_apply_rope_cpu_is_the_reference_bit_for_bit(gen, heads, dim):
+    x = torch.randn(2, 5, heads, dim, generator=gen)
+    positions = torch.randint(0, 50, (2, 5), generator=gen)
+    cos, sin = torch.randn(50, dim, generator=gen), torch.randn(50, dim, generator=gen)
+    expected = reference.apply_rope(x, positions, cos, sin)
+    for isa in each_cpu_isa():
+        assert torch.equal(ops.apply_rope(x, positions, cos, sin, backend="cpu"), expected), isa
+
+
+@needs_cpu_backend
+def test_apply_rope_cpu_stays_in_bounds_for_out_of_range_positions(gen):
+    """Positions outside the table are a caller bug; the kernel clamps them (no OOB read)."""
+    x = torch.randn(1, 3, 2, 8, generator=gen)
+    cos, sin = torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)
+    positions = torch.tensor([[-5, 2, 1000]])
+    out = ops.apply_rope(x, positions, cos, sin, backend="cpu")
+    clamped = reference.apply_rope(x, positions.clamp(0, 3), cos, sin)
+    assert torch.equal(out, clamped)
+
+
+def test_torch_backend_handles_low_precision(gen):
+    x = torch.randn(3, 32, generator=gen).to(torch.bfloat16)
+    w = torch.randn(8, 32, generator=gen).to(torch.bfloat16)
+    assert ops.linear(x, w).dtype == torch.bfloat16  # auto falls back to torch for bf16
+    with pytest.raises(ValueError, match="float32"):
+        ops.linear(x, w, backend="cpu")
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: ops.linear(torch.randn(2, 4), torch.randn(3, 5)), r"weights\[0\]: expected shape"),
+    (lambda: ops.linear(torch.randn(2, 4), torch.randn(3, 4).double()), "dtype"),
+    (lambda: ops.linear(torch.randn(4, 2).t(), torch.randn(3, 4)), "contiguous"),
+    (lambda: ops.linear_group(torch.randn(2, 4), []), "weights"),
+    (lambda: ops.linear_group(torch.randn(2, 4), [torch.randn(3, 4)], [None, None]), "biases"),
+    (lambda: ops.linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(4)), "biases"),
+    (lambda: ops.rms_norm(torch.randn(2, 4), torch.randn(5), 1e-6), "weight"),
+    (lambda: ops.rms_norm(torch.randn(2, 4), torch.randn(4), -1.0), "eps"),
+    (lambda: ops.rms_norm(torch.randn(2, 4), torch.randn(4), 1e-6, torch.randn(3, 4)), "residual"),
+    (lambda: ops.silu_mul(torch.randn(2, 4), torch.randn(2, 5)), "up"),
+    (lambda: ops.apply_rope(torch.randn(1, 2, 3), torch.zeros(1, 2, dtype=torch.int64),
+                            torch.randn(4, 3), torch.randn(4, 3)), r"\[B, T, H, D\]"),
+    (lambda: ops.apply_rope(torch.randn(1, 2, 1, 4), torch.zeros(1, 2, dtype=torch.int32),
+                            torch.randn(4, 4), torch.randn(4, 4)), "positions"),
+    (lambda: ops.apply_rope(torch.randn(1, 2, 1, 4), torch.zeros(1, 2, dtype=torch.int64),
+                            torch.randn(4, 4), torch.randn(5, 4)), "sin"),
+])
+def test_bad_input_raises_naming_the_argument(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
+
+
+def _layer_case(gen, config_overrides=None, count=5, offset=0):
+    from transformers import LlamaConfig
+
+    from eagle_kernels.runtime.layers import DecoderLayer, RotaryEmbedding
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=50, **(config_overrides or {}))
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
+    layer = DecoderLayer(config, layer_index=0).eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_()  # norms too: not all ones
+    from eagle_kernels.runtime.kv_cache import KVCache
+
+    cache = KVCache.allocate(1, 2, 40, 2, 16, torch.float32, "cpu")
+    cache.lens.copy_(torch.tensor([9, 3], dtype=torch.int32))
+    cache.keys[0].normal_(generator=gen)
+    cache.values[0].normal_(generator=gen)
+    x = torch.randn(2, count, 64, generator=gen)
+    positions = cache.lens.to(torch.int64).unsqueeze(1) + offset + torch.arange(count)
+    rope = RotaryEmbedding(config).tables(positions, torch.float32, 40)
+    from conftest import random_parents
+
+    _, mask, _ = ops.build_tree(random_parents(2, offset + count, gen))
+    return layer, cache, x, rope, mask[:, offset:].contiguous()
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("count,offset", [(1, 0), (5, 0), (3, 4)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_decoder_layer_fused_equals_op_by_op_bit_for_bit(gen, monkeypatch, count, offset, bias):
+    """The one-call cpu layer (csrc/cpu/decoder_layer.h) is the op-by-op cpu path, bit for bit
+    (output and the K/V it writes), and the reference composition within tolerance."""
+    overrides = {"attention_bias": True, "mlp_bias": True} if bias else None
+    layer, cache, x, rope, mask = _layer_case(gen, overrides, count, offset)
+    caches = [type(cache)([k.clone() for k in cache.keys], [v.clone() for v in cache.values],
+                          cache.lens.clone()) for _ in range(3)]
+    with torch.inference_mode():
+        fused = layer(x, rope, caches[0], mask, offset)
+        with monkeypatch.context() as patch:  # the runtime's op-by-op path
+            patch.setattr(ops, "decoder_layer_backend", lambda *_: "torch")
+            op_by_op = layer(x, rope, caches[1], mask, offset)
+        a = layer.self_attn
+        m = layer.mlp
+        projections = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
+                       m.down_proj]
+        want = reference.decoder_layer(
+            x.double(), [p.weight.double() for p in projections],
+            [None if p.bias is None else p.bias.double() for p in projections],
+            layer.input_layernorm.weight.double(), layer.post_attention_layernorm.weight.double(),
+            layer.post_attention_layernorm.eps, rope.positions, rope.cos.double(),
+            rope.sin.double(), caches[2].keys[0].double(), caches[2].values[0].double(),
+            caches[2].lens, mask, offset)
+        torch_fp32 = reference.decoder_layer(
+            x, [p.weight for p in projections], [p.bias for p in projections],
+            layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+            layer.post_attention_layernorm.eps, rope.positions, rope.cos, rope.sin,
+            caches[2].keys[0].clone(), caches[2].values[0].clone(), caches[2].lens, mask, offset)
+    assert torch.equal(fused, op_by_op)
+    assert torch.equal(caches[0].keys[0], caches[1].keys[0])
+    assert torch.equal(caches[0].values[0], caches[1].values[0])
+    assert_as_close_as_torch(fused, torch_fp32, want)
+
+
+@needs_cpu_backend
+def test_decoder_layer_with_separate_residual_and_wide_input(gen):
+    """EAGLE-3's midlayer shape: x is [B, T, 2H] (no input norm), the residual is [B, T, H]."""
+    layer, cache, x, rope, mask = _layer_case(gen)
+    wide = torch.randn(2, x.shape[1], 128, generator=gen)
+    weights = [torch.randn(64, 128, generator=gen), torch.randn(32, 128, generator=gen),
+               torch.randn(32, 128, generator=gen), torch.randn(64, 64, generator=gen),
+               torch.randn(96, 64, generator=gen), torch.randn(96, 64, generator=gen),
+               torch.randn(64, 96, generator=gen)]
+    biases = [None] * 7
+    args = (wide, weights, biases, None, torch.rand(64, generator=gen), 1e-6, rope.positions,
+            rope.cos, rope.sin)
+    cache_args = (cache.lens, mask, 0, x)
+    ours = ops.decoder_layer(*args, cache.keys[0].clone(), cache.values[0].clone(), *cache_args,
+                             backend="cpu")
+    want = ops.decoder_layer(*args, cache.keys[0].clone(), cache.values[0].clone(), *cache_args,
+                             backend="torch")
+    scale = float(want.abs().max())
+    torch.testing.assert_close(ours, want, rtol=0, atol=1e-5 * scale)
+    with pytest.raises(ValueError, match="residual"):
+        ops.decoder_layer(*args, cache.keys[0], cache.values[0], cache.lens, mask, 0, None)
+    with pytest.raises(ValueError, match="weights"):
+        ops.decoder_layer(wide, weights[:6], biases, *args[3:], cache.keys[0], cache.values[0],
+                          *cache_args)
+    with pytest.raises(ValueError, match="cache_lens"):
+        ops.decoder_layer(*args, cache.keys[0], cache.values[0],
+                          torch.tensor([39, 0], dtype=torch.int32), mask, 0, x)
