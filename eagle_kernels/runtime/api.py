@@ -23,7 +23,7 @@ import torch
 
 from .draft_heads import EAGLE1, EAGLE3, DraftHead, load_draft_head, new_draft_head
 from .drafting import TreeConfig
-from .generation import Engine, GenerationStats, SamplingConfig
+from .generation import Engine, GenerationStats, GenerationStream, SamplingConfig
 from .model import TargetModel, load_target
 from .tree_budget import choose_tree
 
@@ -124,20 +124,48 @@ class EagleGenerator:
 
     def stream(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, chat: bool = True,
-               speculative: bool = True) -> Iterator[str]:
-        """Yield the reply's text as it grows (one piece per cycle)."""
+               speculative: bool = True) -> "TextStream":
+        """Iterate over the reply's text as it grows (one piece per cycle); the returned
+        :class:`TextStream`'s ``output`` holds the whole :class:`TextOutput` once exhausted."""
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        tokens = self.engine.stream([self.encode(prompt, chat)], max_new_tokens, sampling,
+                                    self.eos_token_ids(), speculative)
+        return TextStream(self.tokenizer, tokens)
+
+
+class TextStream:
+    """Text pieces of one streamed reply; ``output`` (a :class:`TextOutput`) once exhausted.
+
+    The call's results live here, not on the engine, so streams and other calls on the same
+    generator may interleave.
+    """
+
+    def __init__(self, tokenizer, tokens: GenerationStream):
+        self._tokenizer, self._tokens = tokenizer, tokens
+        self._pieces = self._texts()
+
+    def _texts(self) -> Iterator[str]:
         tokens: list[int] = []
         shown = ""
-        for new in self.engine.stream([self.encode(prompt, chat)], max_new_tokens, sampling,
-                                      self.eos_token_ids(), speculative):
+        for new in self._tokens:
             tokens += new[0]
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            text = self._tokenizer.decode(tokens, skip_special_tokens=True)
             # A multi-byte character split across cycles decodes to U+FFFD: wait for the rest.
             if len(text) > len(shown) and not text.endswith("\ufffd"):
                 yield text[len(shown):]
                 shown = text
 
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    @property
+    def output(self) -> TextOutput:
+        out = self._tokens.output
+        texts = [self._tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
+        return TextOutput(texts, out.tokens, out.stop_reasons, out.stats)
 
 def from_pretrained(target=None, draft=None, dtype=torch.float32, device="cpu",
                     tree=None) -> EagleGenerator:

@@ -18,6 +18,7 @@ same number of entries, and frontier nodes of depth d + 1 sit at ``lens + d``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -67,16 +68,24 @@ class TreeConfig:
         return self.depth * self.top_k
 
 
-_CAUSAL_MASKS: dict[tuple, torch.Tensor] = {}
+# Packed causal masks are rebuilt from a dense [T, T] bool each time otherwise; keep the few
+# lengths a workload repeats (commit widths, a prompt length) in a small LRU so that a long run
+# of distinct prompt lengths cannot grow memory without bound.
+CAUSAL_MASK_CACHE_SIZE = 32
+
+
+@functools.lru_cache(maxsize=CAUSAL_MASK_CACHE_SIZE)
+def _packed_causal_mask(count: int, device: str) -> torch.Tensor:
+    """[count, ceil(count/32)] int32, shared between calls: callers never write to it."""
+    dense = torch.tril(torch.ones(count, count, dtype=torch.bool, device=device))
+    return pack_tree_mask(dense)
 
 
 def causal_tree_mask(batch: int, count: int, device: torch.device) -> torch.Tensor:
     """Packed mask of a chain of ``count`` tokens (each sees itself and all before): causal."""
-    key = (count, str(device))
-    if key not in _CAUSAL_MASKS:
-        dense = torch.tril(torch.ones(count, count, dtype=torch.bool, device=device))
-        _CAUSAL_MASKS[key] = pack_tree_mask(dense)
-    return _CAUSAL_MASKS[key].unsqueeze(0).expand(batch, -1, -1).contiguous()
+    # contiguous() copies, so the cached tensor is never handed out for writing.
+    mask = _packed_causal_mask(count, str(device))
+    return mask.unsqueeze(0).expand(batch, -1, -1).contiguous()
 
 
 def gather_rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,9 @@
 """The draft -> verify -> accept loop, and the autoregressive baseline on the same code.
 
-:class:`Engine` owns a target model, an optional draft head and their static caches. Both modes
+:class:`Engine` owns a target model and an optional draft head; each generate or stream call
+allocates its own static caches and keeps everything else it needs (settings, device buffers,
+random generator, statistics, output) in one per-call object, so calls are independent: a
+stream paused between two cycles is unaffected by another call on the same engine. Both modes
 share prefill, token selection (the same acceptance ops: greedy argmax, or the target's
 temperature / top-k / top-p distribution) and the stop rules (EOS, max new tokens, cache length),
 so a speedup compares like with like and greedy speculative output can be checked token for
@@ -10,8 +13,20 @@ One speculative cycle for B sequences, all on the device:
 draft tree (:func:`~.drafting.draft_tree`) -> target forward over the N tree nodes with the
 packed tree mask -> accept (greedy or rejection sampling) -> move the accepted path's K/V next to
 the prefix (:func:`eagle_kernels.ops.compact_kv`) -> feed the accepted features and tokens to
-the head (:func:`~.drafting.commit`) -> record the new tokens. The only host read per cycle is
-one small tensor for the stop decision and the statistics.
+the head (:func:`~.drafting.commit`) -> record the new tokens.
+
+Host reads (what makes a cycle wait for the device; on a CPU they cost nothing):
+
+* the loop itself reads one small tensor per cycle, stop flags and accepted lengths together
+  (:meth:`Engine.stream` also copies the cycle's new tokens);
+* the ops add their own when run eagerly: with value checks on (the default, see
+  :func:`eagle_kernels.ops.value_checks_enabled`) each op call scans its inputs on the host,
+  e.g. tree attention once per layer; and the ``"torch"`` reference backends read sizes and
+  indices on the host inside the op (tree attention reads ``cache_lens`` per sequence per
+  layer, tree construction and the acceptance references loop over the batch);
+* a cycle replayed from a CUDA graph (:mod:`.graphs`; kernel backends only, since capture fails
+  on the host reads of the torch backends and the engine then runs eagerly, saying why in
+  ``stats.graph_status``) performs none of these: its one host read is the loop's.
 """
 
 from __future__ import annotations
@@ -63,6 +78,8 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     capture_seconds: float = 0.0
+    # "captured", or why this call's decode loop ran eagerly (see Engine._graph_plan).
+    graph_status: str = "eager (not a CUDA device)"
 
     @property
     def tau(self) -> float:
@@ -82,7 +99,8 @@ class GenerationStats:
                 "accepted_histogram": self.accepted_histogram,
                 "prefill_seconds": round(self.prefill_seconds, 4),
                 "decode_seconds": round(self.decode_seconds, 4),
-                "capture_seconds": round(self.capture_seconds, 4)}
+                "capture_seconds": round(self.capture_seconds, 4),
+                "graph_status": self.graph_status}
 
 
 @dataclass
@@ -92,19 +110,29 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-class _Batch:
-    """Device state of one generate call: output buffer, counters, stop flags, sampling rng."""
+class _Call:
+    """Everything one generate / stream call owns: its settings, device buffers (output,
+    counters, stop flags), its sampling generator, its statistics and, once finished, its output.
+
+    It lives in the call, never on the :class:`Engine`, so that calls are independent and
+    re-entrant (a paused stream and a second call on the same engine do not see each other).
+    """
 
     def __init__(self, budgets: list[int], width: int, eos: Sequence[int],
-                 sampling: SamplingConfig, device: torch.device):
-        batch, max_new_tokens = len(budgets), max(budgets)
-        self.out = torch.full((batch, max_new_tokens + width), -1, dtype=torch.int64,
+                 sampling: SamplingConfig, tree: TreeConfig, max_new_tokens: int,
+                 stats: GenerationStats, device: torch.device):
+        batch = len(budgets)
+        self.out = torch.full((batch, max(budgets) + width), -1, dtype=torch.int64,
                               device=device)
         self.generated = torch.zeros(batch, dtype=torch.int64, device=device)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.eos = torch.tensor(sorted(set(eos)) or [-1], dtype=torch.int64, device=device)
         self.budgets = torch.tensor(budgets, dtype=torch.int64, device=device)
         self.sampling = sampling
+        self.tree = tree  # a snapshot: reassigning Engine.tree mid-stream changes nothing here
+        self.max_new_tokens = max_new_tokens
+        self.stats = stats
+        self.output: GenerationOutput | None = None
         self.rng = None
         if not sampling.greedy:
             self.rng = torch.Generator(device=device)
@@ -135,8 +163,40 @@ class _Batch:
         return torch.rand(*shape, generator=self.rng, device=self.out.device)
 
 
+class GenerationStream:
+    """The iterator :meth:`Engine.stream` returns: one item per prefill / cycle, each sequence's
+    newly generated tokens; :attr:`output` holds the call's :class:`GenerationOutput` once the
+    iterator is exhausted.
+
+    Every step runs under ``torch.inference_mode``, entered and left around each ``next`` rather
+    than held across yields, so the caller's own autograd mode is untouched between items.
+    """
+
+    def __init__(self, chunks: Iterator[list[list[int]]], call: _Call):
+        self._chunks, self._call = chunks, call
+
+    def __iter__(self) -> "GenerationStream":
+        return self
+
+    def __next__(self) -> list[list[int]]:
+        with torch.inference_mode():
+            return next(self._chunks)
+
+    @property
+    def output(self) -> GenerationOutput:
+        if self._call.output is None:
+            raise RuntimeError("output: available once the stream is exhausted")
+        return self._call.output
+
+
 class Engine:
-    """Target model + optional draft head, with static caches sized per generate call."""
+    """Target model + optional draft head; every call allocates its own static caches.
+
+    ``tree`` and ``cuda_graphs`` are settings read when a call starts. Calls keep no state on
+    the engine (see :class:`_Call`); :attr:`last_output` and :attr:`graph_status` only report
+    the call that finished most recently, for interactive use. With several calls in flight,
+    use what each call returns (``generate``'s output, ``stream(...).output``).
+    """
 
     def __init__(self, target: TargetModel, head: DraftHead | None = None,
                  tree: TreeConfig | None = None, cuda_graphs: bool = True):
@@ -144,45 +204,73 @@ class Engine:
         self.head = head
         self.tree = tree or TreeConfig()
         self.cuda_graphs = cuda_graphs  # on CUDA devices; CPU always runs eagerly
-        self.graph_status = "eager (not a CUDA device)"
+        self._last_output: GenerationOutput | None = None
 
     @property
     def device(self) -> torch.device:
         return self.target.device
 
+    @property
+    def last_output(self) -> GenerationOutput | None:
+        """Read-only: the output of the call that finished last (None before any). Prefer the
+        call's own result when calls may interleave."""
+        return self._last_output
+
+    @property
+    def graph_status(self) -> str:
+        """Read-only: ``stats.graph_status`` of the call that finished last."""
+        if self._last_output is None:
+            return "no call has finished yet"
+        return self._last_output.stats.graph_status
+
+    def _graph_plan(self) -> str | None:
+        """None when the decode loop should try CUDA-graph capture, else why it runs eagerly."""
+        if self.device.type != "cuda":
+            return "eager (not a CUDA device)"
+        if not self.cuda_graphs:
+            return "eager (cuda_graphs=False)"
+        return None
+
     # ----------------------------------------------------------------------- token choice
-    def _uniforms(self, state: _Batch, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Acceptance uniforms [B, nodes] and bonus uniforms [B] for one cycle (zeros: greedy)."""
-        batch = state.out.shape[0]
-        if state.sampling.greedy:
+    def _uniforms(self, call: _Call, nodes: int,
+                  draw: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Acceptance uniforms [B, nodes] and bonus uniforms [B] for one cycle.
+
+        Zeros when greedy, and when ``draw`` is False: graph capture only needs tensors of the
+        right shapes (their values are copied in at each replay), and drawing them from the
+        call's generator would shift its seeded stream, so that the same seed would sample
+        differently with and without CUDA graphs.
+        """
+        batch = call.out.shape[0]
+        if call.sampling.greedy or not draw:
             return (torch.zeros(batch, nodes, device=self.device),
                     torch.zeros(batch, device=self.device))
-        return state.uniforms(batch, nodes), state.uniforms(batch)
+        return call.uniforms(batch, nodes), call.uniforms(batch)
 
-    def _accept_root_only(self, logits, state: _Batch, accept_u, bonus_u) -> torch.Tensor:
+    def _accept_root_only(self, logits, call: _Call, accept_u, bonus_u) -> torch.Tensor:
         """The next token from last-position logits [B, V]: greedy or sampled, via the ops."""
         batch = logits.shape[0]
         tokens = torch.zeros(batch, 1, dtype=torch.int64, device=logits.device)
         logits = logits.unsqueeze(1)
-        if state.sampling.greedy:
+        if call.sampling.greedy:
             result = ops.greedy_accept_chain(tokens, logits)
         else:
-            s = state.sampling
+            s = call.sampling
             parents = torch.full((batch, 1), -1, dtype=torch.int32, device=logits.device)
             result = ops.stochastic_accept_tree(tokens, parents, logits, accept_u[:, :1], bonus_u,
                                                 0, s.temperature, s.top_k, s.top_p)
         return result.output_tokens[:, 0]
 
-    def _accept_tree(self, tree: ops.DraftTree, logits, state: _Batch, accept_u,
+    def _accept_tree(self, tree: ops.DraftTree, logits, call: _Call, accept_u,
                      bonus_u) -> ops.AcceptResult:
-        if state.sampling.greedy:
+        if call.sampling.greedy:
             return ops.greedy_accept_tree(tree.tokens, tree.paths, logits)
-        s = state.sampling
+        s = call.sampling
         return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits, accept_u, bonus_u,
-                                          self.tree.max_depth, s.temperature, s.top_k, s.top_p)
+                                          call.tree.max_depth, s.temperature, s.top_k, s.top_p)
 
     # --------------------------------------------------------------------------- prefill
-    def _prefill(self, prompts: list[list[int]], cache, state: _Batch,
+    def _prefill(self, prompts: list[list[int]], cache, call: _Call,
                  feature_layers: tuple[int, ...] = ()):
         """Run the prompts and pick the first token.
 
@@ -200,8 +288,8 @@ class Engine:
                                        causal_tree_mask(len(prompts), width, self.device),
                                        feature_layers)
         last_hidden = gather_rows(hidden, (lengths - 1).unsqueeze(1)).squeeze(1)
-        root = self._accept_root_only(self.target.logits(last_hidden), state,
-                                      *self._uniforms(state, 1))
+        root = self._accept_root_only(self.target.logits(last_hidden), call,
+                                      *self._uniforms(call, 1))
         cache.lens.copy_(lengths.to(torch.int32))
         return ids, lengths, root, hidden, features
 
@@ -214,26 +302,27 @@ class Engine:
         A sequence stops at an EOS token, after ``max_new_tokens``, or when prompt plus output
         reach ``max_length`` (default: the target's ``max_position_embeddings``).
         """
-        for _ in self._run(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
-                           max_length, emit=False):
+        stream = self._start_call(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
+                                  max_length, emit=False)
+        for _ in stream:
             pass
-        return self.last_output
+        return stream.output
 
     def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
                sampling: SamplingConfig | None = None, eos_token_ids: Sequence[int] = (),
-               speculative: bool = True,
-               max_length: int | None = None) -> Iterator[list[list[int]]]:
+               speculative: bool = True, max_length: int | None = None) -> GenerationStream:
         """Yield, after prefill and after every cycle, each sequence's newly generated tokens.
 
-        When the iterator is exhausted, :attr:`last_output` holds the full
+        Arguments are checked here, before the first item. When the returned
+        :class:`GenerationStream` is exhausted, its ``output`` holds the full
         :class:`GenerationOutput`. Streaming reads the new tokens every cycle (one more small
         host copy than :meth:`generate`).
         """
-        yield from self._run(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
-                             max_length, emit=True)
+        return self._start_call(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
+                                max_length, emit=True)
 
-    def _run(self, prompts, max_new_tokens, sampling, eos_token_ids, speculative, max_length,
-             emit):
+    def _start_call(self, prompts, max_new_tokens, sampling, eos_token_ids, speculative,
+                    max_length, emit) -> GenerationStream:
         prompts = [list(map(int, p)) for p in prompts]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: expected at least one non-empty token list")
@@ -246,125 +335,124 @@ class Engine:
             raise ValueError("speculative: no draft head loaded; pass speculative=False")
         max_length = max_length or self.target.config.max_position_embeddings
         budgets = [min(max_new_tokens, max_length - len(p)) for p in prompts]
-        self._max_new_tokens = max_new_tokens
         if min(budgets) < 1:
             raise ValueError(f"prompts: a prompt of {max(map(len, prompts))} tokens leaves no "
                              f"room under max_length {max_length}")
         sampling = sampling or SamplingConfig()
+        tree = self.tree
+        if speculative:
+            width, extra = tree.max_depth + 1, tree.total_tokens + tree.max_depth
+            stats = GenerationStats("speculative", accepted_histogram=[0] * width)
+        else:
+            width, extra = 1, 1
+            stats = GenerationStats("autoregressive", accepted_histogram=[0])
+        # Room past prompt + budget (speculative): the verify tree (total_tokens), plus
+        # max_depth because the cycle that reaches a budget still advances the cache by its
+        # whole accepted path, and a finished sequence keeps receiving (ignored) trees while
+        # others in the batch run.
+        max_len = max(map(len, prompts)) + max(budgets) + extra
+        with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
+            call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
+                         stats, self.device)
+            cache = self.target.allocate_cache(len(prompts), max_len)
         loop = self._speculative if speculative else self._autoregressive
-        with torch.inference_mode():
-            for counts, state in loop(prompts, budgets, sampling, list(eos_token_ids)):
-                if emit:
-                    yield self._new_tokens(state, counts)
+        steps = loop(prompts, call, cache)
+        chunks = (self._new_tokens(call, counts) for counts in steps) if emit else steps
+        return GenerationStream(chunks, call)
 
-    @property
-    def last_output(self) -> GenerationOutput:
-        return self._last_output
-
-    def _start(self, prompts, budgets, sampling, eos, width, extra):
-        batch = len(prompts)
-        max_len = max(len(p) for p in prompts) + max(budgets) + extra
-        state = _Batch(budgets, width, eos, sampling, self.device)
-        cache = self.target.allocate_cache(batch, max_len)
-        return state, cache
-
-    def _autoregressive(self, prompts, budgets, sampling, eos):
-        stats = GenerationStats("autoregressive", accepted_histogram=[0])
-        state, cache = self._start(prompts, budgets, sampling, eos, 1, 1)
+    def _autoregressive(self, prompts, call: _Call, cache):
         start = _now(self.device)
-        _, _, root, _, _ = self._prefill(prompts, cache, state)
-        counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
-        stats.prefill_seconds = _now(self.device) - start
-        yield counts, state
+        _, _, root, _, _ = self._prefill(prompts, cache, call)
+        counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
+        call.stats.prefill_seconds = _now(self.device) - start
+        yield counts
         ones = torch.ones(len(prompts), 1, 1, dtype=torch.int32, device=self.device)
-        step = functools.partial(self._step, cache, state, ones)
-        yield from self._decode(step, [root], 1, [cache.lens], state, stats)
+        step = functools.partial(self._step, cache, call, ones)
+        yield from self._decode(step, [root], 1, [cache.lens], call)
 
-    def _step(self, cache, state: _Batch, ones, root, accept_u, bonus_u):
+    def _step(self, cache, call: _Call, ones, root, accept_u, bonus_u):
         """One autoregressive step for the whole batch (same model code and ops as a cycle)."""
-        active = ~state.done
+        active = ~call.done
         positions = cache.lens.to(torch.int64).unsqueeze(1)
         hidden, _ = self.target(root.unsqueeze(1), positions, cache, ones)
         cache.lens += active.to(torch.int32)
-        root = self._accept_root_only(self.target.logits(hidden[:, 0]), state, accept_u, bonus_u)
-        counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
+        root = self._accept_root_only(self.target.logits(hidden[:, 0]), call, accept_u, bonus_u)
+        counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
         return root, counts, torch.zeros_like(counts), active.to(torch.int64)
 
-    def _speculative(self, prompts, budgets, sampling, eos):
-        tree = self.tree
-        width = tree.max_depth + 1
-        stats = GenerationStats("speculative", accepted_histogram=[0] * width)
-        # Room past prompt + budget: the verify tree (total_tokens), plus max_depth because the
-        # cycle that reaches a budget still advances the cache by its whole accepted path, and a
-        # finished sequence keeps receiving (ignored) trees while others in the batch run.
-        state, cache = self._start(prompts, budgets, sampling, eos, width,
-                                   tree.total_tokens + tree.max_depth)
-        draft_cache = self.head.allocate_cache(len(prompts), cache.max_len + tree.drafted_keys)
+    def _speculative(self, prompts, call: _Call, cache):
+        head, tree = self.head, call.tree
+        draft_cache = head.allocate_cache(len(prompts), cache.max_len + tree.drafted_keys)
         start = _now(self.device)
-        ids, lengths, root, hidden, features = self._prefill(prompts, cache, state,
-                                                             self.head.feature_layers)
-        counts = state.record(root.unsqueeze(1), torch.ones_like(state.generated))
+        ids, lengths, root, hidden, features = self._prefill(prompts, cache, call,
+                                                             head.feature_layers)
+        counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
         # Pairs (feature t, token t + 1): the prompt shifted by one, the first new token last.
         next_tokens = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)
         next_tokens.scatter_(1, (lengths - 1).unsqueeze(1), root.unsqueeze(1))
-        root_hidden = commit(self.head, draft_cache, next_tokens,
-                             self.head.project(hidden, features), lengths)
-        stats.prefill_seconds = _now(self.device) - start
-        yield counts, state
-        cycle = functools.partial(self._cycle, cache, draft_cache, state)
+        root_hidden = commit(head, draft_cache, next_tokens, head.project(hidden, features),
+                             lengths)
+        call.stats.prefill_seconds = _now(self.device) - start
+        yield counts
+        cycle = functools.partial(self._cycle, head, cache, draft_cache, call)
         yield from self._decode(cycle, [root, root_hidden], tree.total_tokens,
-                                [cache.lens, draft_cache.lens], state, stats)
+                                [cache.lens, draft_cache.lens], call)
 
-    def _decode(self, step, carry, nodes, lens, state: _Batch, stats: GenerationStats):
+    def _decode(self, step, carry, nodes, lens, call: _Call):
         """Run ``step`` until every sequence stops; captured in a CUDA graph where possible.
 
         ``step(*carry, accept_u, bonus_u)`` returns the next carry, then counts, accepted
-        lengths and the active mask. The one host read per cycle copies stop flags and
+        lengths and the active mask. The loop's one host read per cycle copies stop flags and
         accepted lengths together.
         """
+        stats = call.stats
         start = _now(self.device)
-        finished = bool(state.done.all())
+        finished = bool(call.done.all())
         runner = step
-        if not finished and self.cuda_graphs and self.device.type == "cuda":
-            mutable = [*lens, state.out, state.generated, state.done]
+        stats.graph_status = self._graph_plan() or "captured"
+        if not finished and stats.graph_status == "captured":
+            mutable = [*lens, call.out, call.generated, call.done]
+            # Placeholder uniforms (draw=False): capture must not consume the call's seeded
+            # random stream, or graphed and eager runs of one seed would sample differently.
             graphed, reason = GraphedStep.try_capture(
-                step, [*carry, *self._uniforms(state, nodes)], mutable)
-            self.graph_status = reason or "captured"
+                step, [*carry, *self._uniforms(call, nodes, draw=False)], mutable)
+            stats.graph_status = reason or "captured"
             runner = graphed or step
             stats.capture_seconds = _now(self.device) - start
             start = _now(self.device)  # decode time excludes the one-off capture
         while not finished:
-            outputs = runner(*carry, *self._uniforms(state, nodes))
+            outputs = runner(*carry, *self._uniforms(call, nodes))
             carry = list(outputs[:len(carry)])
             counts, accepted, active = outputs[len(carry):]
-            host = torch.stack([accepted, active, state.done.long()]).cpu()
+            host = torch.stack([accepted, active, call.done.long()]).cpu()
             finished = bool(host[2].all())
             for n in host[0][host[1].bool()].tolist():
                 stats.accepted_histogram[n] += 1
             stats.cycles += 1
-            yield counts, state
+            yield counts
         stats.decode_seconds = _now(self.device) - start
-        self._finish(state, stats)
+        self._finish(call)
 
-    def _cycle(self, cache, draft_cache, state: _Batch, root, root_hidden, accept_u, bonus_u):
+    def _cycle(self, head: DraftHead, cache, draft_cache, call: _Call, root, root_hidden,
+               accept_u, bonus_u):
         """One draft -> verify -> accept -> compact -> commit cycle for the whole batch."""
-        tree = draft_tree(self.head, draft_cache, root, root_hidden, self.tree)
+        tree = draft_tree(head, draft_cache, root, root_hidden, call.tree)
         positions = cache.lens.to(torch.int64).unsqueeze(1) + tree.depth
         hidden, features = self.target(tree.tokens, positions, cache, tree.tree_mask,
-                                       self.head.feature_layers)
-        result = self._accept_tree(tree, self.target.logits(hidden), state, accept_u, bonus_u)
-        active = ~state.done
+                                       head.feature_layers)
+        result = self._accept_tree(tree, self.target.logits(hidden), call, accept_u, bonus_u)
+        active = ~call.done
         ops.compact_kv(cache.all_tensors(), cache.lens, result.accepted_nodes,
                        result.num_accepted)
         produced = (result.num_accepted + 1) * active.to(torch.int32)
         cache.lens += produced
-        counts = state.record(result.output_tokens, produced)
+        counts = call.record(result.output_tokens, produced)
         nodes = result.accepted_nodes.clamp(min=0).to(torch.int64)
         picked_hidden = gather_rows(hidden, nodes)
         picked_features = None if features is None else gather_rows(features, nodes)
         tokens = result.output_tokens.clamp(min=0)
-        root_hidden = commit(self.head, draft_cache, tokens,
-                             self.head.project(picked_hidden, picked_features), produced)
+        root_hidden = commit(head, draft_cache, tokens,
+                             head.project(picked_hidden, picked_features), produced)
         last = (result.num_accepted.to(torch.int64)).unsqueeze(1)
         root = result.output_tokens.gather(1, last).squeeze(1)
         return (root, root_hidden, counts, result.num_accepted.to(torch.int64),
@@ -372,28 +460,29 @@ class Engine:
 
     # --------------------------------------------------------------------------- helpers
     @staticmethod
-    def _new_tokens(state: _Batch, counts: torch.Tensor) -> list[list[int]]:
+    def _new_tokens(call: _Call, counts: torch.Tensor) -> list[list[int]]:
         counts = counts.tolist()
-        ends = state.generated.tolist()
+        ends = call.generated.tolist()
         if not any(counts):
             return [[] for _ in counts]
         # Copy only the columns this cycle wrote, not the whole output buffer.
         first = min(e - c for e, c in zip(ends, counts) if c)
-        rows = state.out[:, first:max(ends)].tolist()
+        rows = call.out[:, first:max(ends)].tolist()
         return [rows[b][ends[b] - c - first: ends[b] - first] if c else []
                 for b, c in enumerate(counts)]
 
-    def _finish(self, state: _Batch, stats: GenerationStats) -> None:
-        generated = state.generated.tolist()
-        rows = state.out.tolist()
-        eos = set(state.eos.tolist())
+    def _finish(self, call: _Call) -> None:
+        generated = call.generated.tolist()
+        rows = call.out.tolist()
+        eos = set(call.eos.tolist())
         tokens = [rows[b][: generated[b]] for b in range(len(generated))]
-        budgets = state.budgets.tolist()
+        budgets = call.budgets.tolist()
         reasons = ["eos" if seq and seq[-1] in eos else
-                   "max_length" if len(seq) == budget < self._max_new_tokens else
+                   "max_length" if len(seq) == budget < call.max_new_tokens else
                    "max_new_tokens" for seq, budget in zip(tokens, budgets)]
-        stats.new_tokens = [len(t) for t in tokens]
-        self._last_output = GenerationOutput(tokens, reasons, stats)
+        call.stats.new_tokens = [len(t) for t in tokens]
+        call.output = GenerationOutput(tokens, reasons, call.stats)
+        self._last_output = call.output  # a report of the last finished call, never read here
 
 
 def _now(device: torch.device) -> float:

@@ -1,4 +1,9 @@
-"""Static, preallocated KV cache in the layout every op shares (see ``shared/DESIGN.md``).
+"""Static, preallocated KV cache in the layout every op shares.
+
+The layout is part of the contract defined in the docstring of
+:mod:`eagle_kernels.ops.reference` (the README gives the overview): a verify pass writes the
+tree nodes' K/V at ``[lens, lens + N)`` and :func:`eagle_kernels.ops.compact_kv` moves the
+accepted path next to the prefix.
 
 Per layer one K and one V tensor ``[B, max_len, kv_heads, head_dim]`` ("NHD"), contiguous, and
 one ``lens`` tensor ``[B]`` int32 with each sequence's committed length. Nothing is ever

@@ -1,0 +1,86 @@
+"""The command line reports user errors as one ``error: ...`` line on stderr, status 2.
+
+Every case here fails before any model loads (``from_pretrained`` is replaced by a function
+that fails the test), so they run in milliseconds in-process; one subprocess run checks the
+real ``python -m eagle_kernels`` entry point prints no traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from eagle_kernels import cli
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded: the error should have been caught before")
+
+    monkeypatch.setattr("eagle_kernels.runtime.api.from_pretrained", load)
+
+
+def run_cli(argv, capsys) -> str:
+    """stderr of ``main(argv)``, which must exit with status 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--draft", "/nonexistent/head"], r"--draft: .*config\.json.*/nonexistent/head"),
+    (["--temperature", "-1"], r"--temperature: expected >= 0.*-1"),
+    (["--temperature", "nan"], r"--temperature: expected >= 0"),
+    (["--top-p", "0"], r"--top-p: expected 0 < top_p <= 1, got 0"),
+    (["--top-k", "-2"], r"--top-k: expected >= 0"),
+    (["--max-new-tokens", "0"], r"--max-new-tokens: expected >= 1, got 0"),
+    (["--target", "/nonexistent/model"], r"--target: .*config\.json.*/nonexistent/model"),
+    (["--target", "/nonexistent/model.gguf"], r"--target: no such GGUF file"),
+    (["--tree", "4,3"], r"argument --tree: expected 'auto' or TOP_K,DEPTH,TOTAL_TOKENS"),
+    (["--tree", "a,b,c"], r"argument --tree: expected 'auto' or TOP_K,DEPTH,TOTAL_TOKENS"),
+    (["--tree", "2,1,50"], r"argument --tree: total_tokens: expected <= 7"),
+    (["--stream", "--compare"], r"--stream takes one prompt"),
+    (["--dtype", "int8"], r"argument --dtype: invalid choice"),
+])
+def test_generate_user_errors_are_one_line_and_status_2(argv, expected, capsys, no_model):
+    err = run_cli(["generate", *argv], capsys)
+    assert re.search(expected, err), err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_cuda_device_without_a_gpu_is_a_user_error(capsys, no_model):
+    assert "--device: cuda" in run_cli(["generate", "--device", "cuda"], capsys)
+
+
+def test_train_user_errors_are_one_line_and_status_2(capsys, no_model, tmp_path):
+    run_cli(["train"], capsys)  # --out is required
+    err = run_cli(["train", "--out", str(tmp_path), "--target", str(tmp_path / "absent")],
+                  capsys)
+    assert "--target" in err
+
+
+def test_errors_raised_after_loading_are_one_line_too(capsys, monkeypatch):
+    """A checkpoint that does not fit the target is only found while loading: ValueError."""
+    def load(*args, **kwargs):
+        raise ValueError("draft config.vocab_size: expected the target's 49152,\ngot 32000")
+
+    monkeypatch.setattr("eagle_kernels.runtime.api.from_pretrained", load)
+    err = run_cli(["generate", "--draft", "random-eagle3"], capsys)
+    assert err == "error: draft config.vocab_size: expected the target's 49152, got 32000\n"
+
+
+def test_module_entry_point_prints_no_traceback(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "eagle_kernels", "generate", "--draft",
+                             str(tmp_path / "missing")], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --draft")
