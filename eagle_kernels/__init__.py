@@ -10,7 +10,8 @@ from .ops import available_backends, backend_report
 
 __version__ = "0.1.0"
 
-__all__ = ["ops", "available_backends", "backend_report", "from_pretrained", "__version__"]
+__all__ = ["ops", "available_backends", "backend_report", "from_hf", "from_pretrained",
+           "__version__"]
 
 
 def from_pretrained(*args, **kwargs):
@@ -21,3 +22,10 @@ def from_pretrained(*args, **kwargs):
     from .runtime.api import from_pretrained as load
 
     return load(*args, **kwargs)
+
+
+def from_hf(*args, **kwargs):
+    """Wrap a loaded transformers model, sharing its weights: :func:`eagle_kernels.runtime.hf.from_hf`."""
+    from .runtime.hf import from_hf as wrap
+
+    return wrap(*args, **kwargs)

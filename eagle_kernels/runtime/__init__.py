@@ -13,9 +13,10 @@ It calls only :mod:`eagle_kernels.ops`, never a kernel directly.
 from .default_model import default_model_dir, load_default_model
 from .drafting import TreeConfig
 from .generation import Engine, GenerationOutput, GenerationStats, SamplingConfig
+from .hf import from_hf
 
 __all__ = ["Engine", "GenerationOutput", "GenerationStats", "SamplingConfig", "TreeConfig",
-           "default_model_dir", "from_pretrained", "load_default_model"]
+           "default_model_dir", "from_hf", "from_pretrained", "load_default_model"]
 
 
 def from_pretrained(*args, **kwargs):
