@@ -6,7 +6,7 @@ Rather than restating the Triton tests, the ``host`` fixture swaps ``ops.target_
 twins (any ``backend`` argument ignored), and the test bodies of test_acceptance.py (goldens,
 invariants) and test_acceptance_kernels.py (reference comparisons with its near-boundary
 excuse rule) run unchanged against them; the ``on_cuda`` fixture does the same with
-``backend="cuda"`` on a GPU, where the statistical 10^6-draw test also runs.
+``backend="cuda"`` on a GPU. The distribution tests are exact (bigram_harness.exact_reports).
 """
 
 from __future__ import annotations
@@ -187,17 +187,23 @@ def test_host_never_emits_zero_probability(host, gen):
             assert float(probs[b, count, bonus]) > 0, seed_note(gen)
 
 
-@pytest.mark.parametrize("cycle", [bigram_harness.tree_cycle, bigram_harness.chain_cycle],
-                         ids=["tree", "chain"])
-@pytest.mark.parametrize("params", [{}, {"temperature": 0.7}, {"top_p": 0.8},
-                                    {"temperature": 0.7, "top_p": 0.8}],
-                         ids=["t1", "t0.7", "t1-top_p0.8", "t0.7-top_p0.8"])
-def test_host_emitted_tokens_follow_the_target(host, gen, cycle, params):
-    """10^6 draws through the CUDA kernels' own code run natively on the host: the first token
-    and the joint of the first two within TV 0.01 of the target. Chi-square at 1e-6 rather than
-    the GPU test's 1e-3 because seeds are fresh every CI run (16 checks here)."""
-    bigram_harness.check_distribution(cycle, 1_000_000, params, gen, max_tv=0.01,
-                                      min_p_value=1e-6)
+def exact_check(gen, kind, op, device):
+    """The exact emitted-token distributions of the two-cycle bigram harness (see
+    bigram_harness.exact_reports: no draws, so no false failures; any sampler off by more than
+    ~1e-3 in total variation fails), every parameter set in one batched call."""
+    params_list = kernel_tests.EXACT_PARAMS
+    target, draft = bigram_harness.exact_tables(gen, params_list)
+    reports = bigram_harness.exact_reports(kind, op, target, draft, params_list, device=device)
+    for params, report in zip(params_list, reports):
+        assert bigram_harness.exact_ok(report), f"{params}: {report} {seed_note(gen)}"
+
+
+@pytest.mark.parametrize("kind", ["tree", "chain"])
+def test_host_emitted_tokens_follow_the_target_exactly(host, gen, kind):
+    """The CUDA kernels' own code run natively on the host: first token and the joint of the
+    first two exactly the target's, for temperature / top-k / top-p and combinations."""
+    op = ops.stochastic_accept_tree if kind == "tree" else ops.stochastic_accept_chain
+    exact_check(gen, kind, op, "cpu")
 
 
 def test_host_outputs_stay_in_bounds(ext, gen):
@@ -330,15 +336,9 @@ def test_gpu_stochastic_tree_in_cuda_graph(ext, gen):
         assert all(torch.equal(a, b) for a, b in zip(captured, again)), seed_note(gen)
 
 
-tree_cycle = functools.partial(bigram_harness.tree_cycle, backend="cuda", device="cuda")
-chain_cycle = functools.partial(bigram_harness.chain_cycle, backend="cuda", device="cuda")
-
-
 @needs_gpu
-@pytest.mark.parametrize("cycle", [tree_cycle, chain_cycle], ids=["tree", "chain"])
-@pytest.mark.parametrize("params", [{}, {"temperature": 0.7}, {"top_p": 0.8},
-                                    {"temperature": 0.7, "top_k": 3, "top_p": 0.8}],
-                         ids=["t1", "t0.7", "t1-top_p0.8", "t0.7-k3-top_p0.8"])
-def test_gpu_emitted_tokens_follow_the_target(ext, gen, cycle, params):
-    bigram_harness.check_distribution(cycle, 1_000_000, params, gen, max_tv=0.01,
-                                      min_p_value=1e-3)
+@pytest.mark.parametrize("kind", ["tree", "chain"])
+def test_gpu_emitted_tokens_follow_the_target_exactly(ext, gen, kind):
+    op = functools.partial(ops.stochastic_accept_tree if kind == "tree"
+                           else ops.stochastic_accept_chain, backend="cuda")
+    exact_check(gen, kind, op, "cuda")
