@@ -10,126 +10,151 @@
 
 // ------------------------------------------------------------------------------------ linear
 //
-// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]), the weight used in place (torch's [N, K]
-// layout, no packing). Each output is one vector accumulator: lane l gathers k = l (mod kW) in
-// increasing k with FMAs, then vhsum adds the lanes in its fixed order. A tile of MR rows x NR
-// columns runs MR * NR such chains side by side, sharing the loads; the tile shape changes the
-// speed, never the value. Threads split the columns (all segments laid end to end); within a
-// thread, columns go in blocks that fit L2 while the row tiles of x stay in L1.
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) over prepacked weights: w's rows in panels of
+// kPanel = 16 columns, [ceil(N / 16), K, 16] (zero-padded; eagle_kernels/ops/decoder.py packs
+// them once per weight). Each output y[m, n] lives in one vector lane: a sequential FMA chain
+// over each chunk of kChunk k's (acc = fma(x[m, k], w[n, k], acc)), the chunks added in order,
+// then + bias: no horizontal sums,
+// so the value does not depend on the tile shape, the row count, the thread count, nor even the
+// instruction set (every ISA runs the same chain of correctly rounded FMAs). A tile of MR rows x
+// J panels keeps MR * J * (16 / kW) such chains in registers: per k, J panel loads and MR
+// broadcasts feed MR * J * 16 / kW FMAs. Threads split the panels, never the reduction; with
+// many rows, panels go in blocks that stay in L2 while every row tile passes over them.
 
+constexpr int kPanel = 16;                        ///< columns per packed panel
+// k per partial sum: an output is sum over chunks (in order) of an FMA chain over 64 k's, so its
+// rounding error grows like K / 64 + 64 instead of K (torch's blocked GEMMs are about as
+// accurate); fixed, so every row count, thread count and ISA still gives the same bits.
+constexpr int kChunk = 64;
+constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 #if defined(EK_ISA_AVX512)
-constexpr int kTileRows = 4, kTileCols = 6;  // 24 accumulators of 32 registers
+constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
+#elif defined(EK_ISA_AVX2)
+constexpr int kRowTile = 6, kPanelTile = 1;       // 12 accumulators of 16 registers
 #else
-constexpr int kTileRows = 4, kTileCols = 3;  // 12 accumulators of 16 registers
+constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
 #endif
-constexpr int kSingleRowCols = 8;             // m == 1: streaming, memory-bound
-constexpr int64_t kColumnBlockBytes = 160 * 1024;
+constexpr int kSingleRowPanels = 8 / kPanelVectors;  // m == 1: 8 chains, memory-bound
+constexpr int kMaxPanels = kSingleRowPanels > kPanelTile ? kSingleRowPanels : kPanelTile;
+constexpr int64_t kPanelBlockBytes = 256 * 1024;  // panels per L2 block, many-row case
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
 
-template <int MR, int NR>
-static void dot_tile(const float* x, int64_t ldx, const float* w, int64_t k, const float* bias,
-                     float* y, int64_t ldy) {
-  vf acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
-  int64_t kk = 0;
-  for (; kk + kW <= k; kk += kW) {
-    vf wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = vload(w + j * k + kk);
+/// Rows [0, MR) x panels [0, J) of y; `cols` valid columns from the first panel's first.
+template <int MR, int J>
+static void panel_tile(const float* x, int64_t ldx, const float* panels, int64_t k,
+                       const float* bias, float* y, int64_t ldy, int64_t cols) {
+  constexpr int V = J * kPanelVectors;
+  const int64_t panel_stride = k * kPanel;
+  // Chunk sums go through memory (L1): keeping them in registers beside the accumulators
+  // would spill the accumulators themselves.
+  alignas(64) float total[MR * V * kW];
+  for (int i = 0; i < MR * V; ++i) vstore(total + i * kW, vzero());
+  for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
+    const int64_t k1 = k0 + kChunk < k ? k0 + kChunk : k;
+    vf acc[MR][V];
+    for (int i = 0; i < MR; ++i)
+      for (int v = 0; v < V; ++v) acc[i][v] = vzero();
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      vf w[V];
+      for (int j = 0; j < J; ++j)
+        for (int v = 0; v < kPanelVectors; ++v)
+          w[j * kPanelVectors + v] = vload(panels + j * panel_stride + kk * kPanel + v * kW);
+      for (int i = 0; i < MR; ++i) {
+        const vf xv = vset1(x[i * ldx + kk]);
+        for (int v = 0; v < V; ++v) acc[i][v] = vfma(xv, w[v], acc[i][v]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int v = 0; v < V; ++v) {
+        float* t = total + (i * V + v) * kW;
+        vstore(t, vadd(vload(t), acc[i][v]));
+      }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int64_t col = static_cast<int64_t>(v) * kW;
+    if (col >= cols) break;
+    const int n = static_cast<int>(cols - col < kW ? cols - col : kW);
+    const vf b = bias != nullptr ? vload_n(bias + col, n) : vzero();
     for (int i = 0; i < MR; ++i) {
-      const vf xv = vload(x + i * ldx + kk);
-      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+      const vf sum = vload(total + (i * V + v) * kW);
+      const vf value = bias != nullptr ? vadd(sum, b) : sum;
+      vstore_n(y + i * ldy + col, value, n);
     }
   }
-  if (kk < k) {  // the same chain, zero-padded: 0 * 0 adds nothing to a lane
-    const int rest = static_cast<int>(k - kk);
-    vf wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = vload_n(w + j * k + kk, rest);
-    for (int i = 0; i < MR; ++i) {
-      const vf xv = vload_n(x + i * ldx + kk, rest);
-      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
-      float value = vhsum(acc[i][j]);
-      if (bias != nullptr) value += bias[j];
-      y[i * ldy + j] = value;
-    }
 }
 
+/// panel_tile<MR, panels> for a run-time panel count in [1, J].
+template <int MR, int J>
+static void panel_tile_panels(int panels, const float* x, int64_t ldx, const float* w, int64_t k,
+                              const float* bias, float* y, int64_t ldy, int64_t cols) {
+  if (panels == J) return panel_tile<MR, J>(x, ldx, w, k, bias, y, ldy, cols);
+  if constexpr (J > 1) panel_tile_panels<MR, J - 1>(panels, x, ldx, w, k, bias, y, ldy, cols);
+}
+
+/// panel_tile<rows, panels> for run-time counts in [1, MR] x [1, kPanelTile].
 template <int MR>
-static void dot_tile_cols(int cols, const float* x, int64_t ldx, const float* w, int64_t k,
-                          const float* bias, float* y, int64_t ldy) {
-  switch (cols) {
-    case 1: dot_tile<MR, 1>(x, ldx, w, k, bias, y, ldy); break;
-    case 2: dot_tile<MR, 2>(x, ldx, w, k, bias, y, ldy); break;
-    case 3: dot_tile<MR, 3>(x, ldx, w, k, bias, y, ldy); break;
-#if defined(EK_ISA_AVX512)
-    case 4: dot_tile<MR, 4>(x, ldx, w, k, bias, y, ldy); break;
-    case 5: dot_tile<MR, 5>(x, ldx, w, k, bias, y, ldy); break;
-    case 6: dot_tile<MR, 6>(x, ldx, w, k, bias, y, ldy); break;
-#endif
-    default: break;
-  }
+static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, const float* w,
+                           int64_t k, const float* bias, float* y, int64_t ldy, int64_t cols) {
+  if (rows == MR)
+    return panel_tile_panels<MR, kPanelTile>(panels, x, ldx, w, k, bias, y, ldy, cols);
+  if constexpr (MR > 1) panel_tile_any<MR - 1>(rows, panels, x, ldx, w, k, bias, y, ldy, cols);
 }
 
-static void dot_tile_any(int rows, int cols, const float* x, int64_t ldx, const float* w,
-                         int64_t k, const float* bias, float* y, int64_t ldy) {
-  switch (rows) {
-    case 1: dot_tile_cols<1>(cols, x, ldx, w, k, bias, y, ldy); break;
-    case 2: dot_tile_cols<2>(cols, x, ldx, w, k, bias, y, ldy); break;
-    case 3: dot_tile_cols<3>(cols, x, ldx, w, k, bias, y, ldy); break;
-    default: dot_tile_cols<4>(cols, x, ldx, w, k, bias, y, ldy); break;
-  }
-}
-
-/// Columns [c0, c1) of one segment, every row of x.
-static void linear_columns(const LinearArgs& a, const LinearSegment& s, int64_t c0, int64_t c1) {
-  if (a.m == 1) {
-    int64_t c = c0;
-    for (; c + kSingleRowCols <= c1; c += kSingleRowCols)
-      dot_tile<1, kSingleRowCols>(a.x, a.ldx, s.w + c * a.k, a.k, s.bias ? s.bias + c : nullptr,
-                                  s.y + c, s.ldy);
-    for (; c < c1; c += kTileCols) {
-      const int cols = static_cast<int>(c1 - c < kTileCols ? c1 - c : kTileCols);
-      dot_tile_any(1, cols, a.x, a.ldx, s.w + c * a.k, a.k, s.bias ? s.bias + c : nullptr,
-                   s.y + c, s.ldy);
+/// One row, panels [p0, p1) of a segment: kSingleRowPanels streams at a time.
+static void linear_single_row(const LinearArgs& a, const LinearSegment& s, int64_t p0,
+                              int64_t p1) {
+  for (int64_t p = p0; p < p1; p += kSingleRowPanels) {
+    const int panels = static_cast<int>(p1 - p < kSingleRowPanels ? p1 - p : kSingleRowPanels);
+    const int64_t col = p * kPanel;
+    const float* w = s.w + p * a.k * kPanel;
+    const float* bias = s.bias ? s.bias + col : nullptr;
+    if (panels == kSingleRowPanels) {
+      panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col);
+    } else {
+      for (int j = 0; j < panels; ++j)  // the tail, one panel at a time: same chains
+        panel_tile<1, 1>(a.x, a.ldx, w + j * a.k * kPanel, a.k, bias ? bias + j * kPanel : nullptr,
+                         s.y + col + j * kPanel, s.ldy, s.n - col - j * kPanel);
     }
-    return;
   }
-  int64_t block = kColumnBlockBytes / (a.k * 4) / kTileCols * kTileCols;
-  if (block < kTileCols) block = kTileCols;
-  for (int64_t b0 = c0; b0 < c1; b0 += block) {
-    const int64_t b1 = b0 + block < c1 ? b0 + block : c1;
-    for (int64_t r = 0; r < a.m; r += kTileRows) {
-      const int rows = static_cast<int>(a.m - r < kTileRows ? a.m - r : kTileRows);
-      for (int64_t c = b0; c < b1; c += kTileCols) {
-        const int cols = static_cast<int>(b1 - c < kTileCols ? b1 - c : kTileCols);
-        dot_tile_any(rows, cols, a.x + r * a.ldx, a.ldx, s.w + c * a.k, a.k,
-                     s.bias ? s.bias + c : nullptr, s.y + r * s.ldy + c, s.ldy);
+}
+
+/// Every row, panels [p0, p1) of a segment.
+static void linear_panels(const LinearArgs& a, const LinearSegment& s, int64_t p0, int64_t p1) {
+  if (a.m == 1) return linear_single_row(a, s, p0, p1);
+  int64_t block = kPanelBlockBytes / (a.k * kPanel * 4) / kPanelTile * kPanelTile;
+  if (block < kPanelTile) block = kPanelTile;
+  for (int64_t b0 = p0; b0 < p1; b0 += block) {
+    const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
+    for (int64_t r = 0; r < a.m; r += kRowTile) {
+      const int rows = static_cast<int>(a.m - r < kRowTile ? a.m - r : kRowTile);
+      for (int64_t p = b0; p < b1; p += kPanelTile) {
+        const int panels = static_cast<int>(b1 - p < kPanelTile ? b1 - p : kPanelTile);
+        const int64_t col = p * kPanel;
+        panel_tile_any<kRowTile>(rows, panels, a.x + r * a.ldx, a.ldx, s.w + p * a.k * kPanel, a.k,
+                       s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col, s.ldy, s.n - col);
       }
     }
   }
 }
 
 static void linear(const LinearArgs& a) {
-  int64_t total = 0;
-  for (int i = 0; i < a.num_segments; ++i) total += a.segments[i].n;
-#pragma omp parallel num_threads(a.threads) if (a.m * a.k * total >= kParallelMinMacs)
+  int64_t total = 0;  // panels of all segments end to end
+  for (int i = 0; i < a.num_segments; ++i) total += (a.segments[i].n + kPanel - 1) / kPanel;
+  int64_t columns = 0;
+  for (int i = 0; i < a.num_segments; ++i) columns += a.segments[i].n;
+#pragma omp parallel num_threads(a.threads) if (a.m * a.k * columns >= kParallelMinMacs)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    // Column range of this thread over all segments end to end, cut at multiples of 8.
-    const int64_t begin = total * t / threads / 8 * 8;
-    const int64_t end = t + 1 == threads ? total : total * (t + 1) / threads / 8 * 8;
+    const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
     int64_t offset = 0;
     for (int i = 0; i < a.num_segments; ++i) {
       const LinearSegment& s = a.segments[i];
-      const int64_t c0 = begin > offset ? begin - offset : 0;
-      const int64_t c1 = end - offset < s.n ? end - offset : s.n;
-      if (c0 < c1) linear_columns(a, s, c0, c1);
-      offset += s.n;
+      const int64_t panels = (s.n + kPanel - 1) / kPanel;
+      const int64_t p0 = begin > offset ? begin - offset : 0;
+      const int64_t p1 = end - offset < panels ? end - offset : panels;
+      if (p0 < p1) linear_panels(a, s, p0, p1);
+      offset += panels;
     }
   }
 }

@@ -7,11 +7,10 @@
  * there). All tensors are fp32 and row-major.
  *
  * Row invariance. Each output row of every kernel here is computed by code that does not depend
- * on how many rows are computed with it, nor on the thread count: GEMM rows and columns are
- * split across threads, never the reduction; each dot product is a fixed lane-wise FMA chain over
- * k followed by one fixed horizontal sum (simd.h); attention reduces over a query's visible
- * keys in position order (prefix, then tree ancestors by index), whatever the other queries
- * are. So a token's logits in a verify pass over N tree nodes equal, bit for bit, its logits in
+ * on how many rows are computed with it, nor on the thread count: GEMM columns are split across
+ * threads, never the reduction; each GEMM output is one sequential FMA chain over k
+ * (decoder.h); attention reduces over a query's visible keys in position order (prefix, then
+ * tree ancestors by index), whatever the other queries are. So a token's logits in a verify pass over N tree nodes equal, bit for bit, its logits in
  * a one-token decode step over the same prefix.
  */
 #pragma once
@@ -23,7 +22,8 @@ namespace cpu {
 
 /// One weight matrix of a (fused) linear layer: y[:, :n] = x @ w^T (+ bias).
 struct LinearSegment {
-  const float* w;     ///< [n, k] row-major (torch nn.Linear weight), row stride k
+  const float* w;     ///< packed [ceil(n / 16), k, 16]: panel p holds w[16p : 16p + 16, :]^T
+                      ///< (zero-padded), see decoder.h
   const float* bias;  ///< [n] or nullptr
   float* y;           ///< [m, n] with row stride ldy
   int64_t n;

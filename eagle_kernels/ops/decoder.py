@@ -17,6 +17,7 @@ construction. torch's GEMMs give no such guarantee (their blocking follows the r
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import torch
@@ -243,6 +244,54 @@ def decoder_layer(x: torch.Tensor, weights: Sequence[torch.Tensor],
 # cpu backend (csrc/cpu/decoder.h, csrc/cpu/decoder_layer.h)
 # --------------------------------------------------------------------------------------------
 
+PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder.h kPanel)
+
+
+class _PackedWeights:
+    """The cpu GEMM's weight layout, made once per weight and kept while the weight lives.
+
+    ``w`` [N, K] becomes panels [ceil(N / 16), K, 16] (zero-padded): the GEMM then streams each
+    panel row by row and keeps every output as one FMA chain over k (see decoder.h). The pack is
+    a copy (the original stays what training and the other backends use); it is remade when the
+    weight changes in place (version counter) or its storage is replaced, and dropped with the
+    weight (weakref callback), so a freed weight's id can never hand back a stale pack.
+    """
+
+    def __init__(self):
+        self._entries: dict[int, tuple] = {}
+
+    def get(self, w: torch.Tensor) -> torch.Tensor:
+        key = id(w)
+        stamp = (w.data_ptr(), _version_of(w), tuple(w.shape))
+        entry = self._entries.get(key)
+        if entry is not None and entry[1] == stamp and stamp[1] is not None:
+            return entry[2]
+        packed = pack_weight(w)
+        if stamp[1] is not None:  # an inference tensor has no version: pack per call
+            ref = weakref.ref(w, lambda _, key=key: self._entries.pop(key, None))
+            self._entries[key] = (ref, stamp, packed)
+        return packed
+
+
+def _version_of(w: torch.Tensor) -> int | None:
+    try:
+        return w._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N / 16), K, 16]: panel p holds columns 16p..16p+15 of ``w.T``."""
+    rows, width = w.shape
+    padded_rows = -(-rows // PANEL) * PANEL
+    with torch.no_grad():
+        padded = w.new_zeros(padded_rows, width)
+        padded[:rows] = w
+        return padded.view(padded_rows // PANEL, PANEL, width).transpose(1, 2).contiguous()
+
+
+_PACKS = _PackedWeights()
+
 
 def _rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -251,11 +300,12 @@ def _rows(x: torch.Tensor) -> int:
 def _linear_group_cpu(x, weights, biases):
     rows, width = _rows(x), x.shape[-1]
     outputs, segments = [], []
-    for w, b in zip(weights, biases):
+    packs = [_PACKS.get(w) for w in weights]  # held until the call returns
+    for w, packed, b in zip(weights, packs, biases):
         y = torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype)
         outputs.append(y)
-        segments += [w.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(), w.shape[0],
-                     w.shape[0]]
+        segments += [packed.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+                     w.shape[0], w.shape[0]]
     if rows and width:
         cpu_extension().linear(x.data_ptr(), rows, width, width, segments)
     elif rows:
@@ -299,9 +349,10 @@ def _decoder_layer_cpu(x, weights, biases, input_norm, post_norm, eps, positions
     _, max_len, kv_heads, head_dim = k_cache.shape
     hidden, intermediate = weights[3].shape[0], weights[4].shape[0]
     out = torch.empty(batch, count, hidden, dtype=x.dtype)
+    packs = [_PACKS.get(w) for w in weights]  # held until the call returns
     pointers = [x.data_ptr(), (x if residual is None else residual).data_ptr(), out.data_ptr(),
                 0 if input_norm is None else input_norm.data_ptr(), post_norm.data_ptr(),
-                *(w.data_ptr() for w in weights),
+                *(packed.data_ptr() for packed in packs),
                 *(0 if b is None else b.data_ptr() for b in biases),
                 positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
                 v_cache.data_ptr(), cache_lens.data_ptr(), tree_mask.data_ptr()]
