@@ -16,7 +16,6 @@ import torch
 
 from eagle_kernels.runtime import Engine, SamplingConfig, TreeConfig
 from eagle_kernels.runtime.draft_heads import EAGLE1, EAGLE3, new_draft_head
-from eagle_kernels.runtime.tree_budget import choose_tree, expected_tau
 from runtime_helpers import oracle_head, tiny_target
 
 TREE = TreeConfig(top_k=4, depth=3, total_tokens=16)
@@ -173,16 +172,6 @@ def test_bad_input(target):
         SamplingConfig(temperature=1.0, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=-1.0)
-
-
-def test_tree_budget_picks_a_valid_tree(target):
-    budget = choose_tree(target, new_draft_head(EAGLE3, target), repeats=1, context=32)
-    assert budget.tree.total_tokens in budget.verify_seconds
-    assert budget.expected_tau == pytest.approx(expected_tau(
-        budget.tree.total_tokens, budget.tree.depth, budget.alpha, budget.tree.top_k))
-    assert "total_tokens=" in budget.report()
-    assert expected_tau(1, 0, 0.7, 10) == 1.0
-    assert expected_tau(60, 7, 0.7, 10) > expected_tau(16, 3, 0.7, 10) > 1.0
 
 
 def test_max_length_stops_each_sequence_at_its_own_limit(target, gen):

@@ -85,14 +85,23 @@ class EagleGenerator:
         head = _load_head(draft, model, default_target)
         engine = Engine(model, head)
         generator = cls(engine, tokenizer)
-        if tree == "auto" and head is not None:
-            generator.budget = choose_tree(model, head)
-            engine.tree = generator.budget.tree
+        generator.set_tree(tree)
+        return generator
+
+    def set_tree(self, tree: TreeConfig | str | None) -> None:
+        """``"auto"``: measure every candidate tree's cycle on this device and adapt the choice
+        to the acceptance observed while generating (:class:`~.tree_budget.AdaptiveTree`,
+        kept in ``self.budget``); a :class:`TreeConfig`: that tree; None: the default tree."""
+        engine = self.engine
+        engine.tree_policy = None
+        if tree == "auto" and engine.head is not None:
+            self.budget = choose_tree(engine.target, engine.head)
+            engine.tree_policy = self.budget
+            engine.tree = self.budget.current
         elif isinstance(tree, TreeConfig):
             engine.tree = tree
         elif tree not in (None, "auto"):
             raise ValueError(f"tree: expected a TreeConfig, 'auto' or None, got {tree!r}")
-        return generator
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, as a user turn of the chat template when ``chat``."""

@@ -19,11 +19,12 @@ Host reads (what makes a cycle wait for the device; on a CPU they cost nothing):
 
 * the loop itself reads one small tensor per cycle, stop flags and accepted lengths together
   (:meth:`Engine.stream` also copies the cycle's new tokens);
-* the ops add their own when run eagerly: with value checks on (the default, see
-  :func:`eagle_kernels.ops.value_checks_enabled`) each op call scans its inputs on the host,
-  e.g. tree attention once per layer; and the ``"torch"`` reference backends read sizes and
-  indices on the host inside the op (tree attention reads ``cache_lens`` per sequence per
-  layer, tree construction and the acceptance references loop over the batch);
+* the ops' value checks (scans of index ranges on the host, see
+  :func:`eagle_kernels.ops.value_checks_enabled`) are off inside the loop: its inputs are
+  checked once when the call starts, and everything else is made by the ops themselves;
+* the ``"torch"`` reference backends read sizes and indices on the host inside the op (tree
+  attention reads ``cache_lens`` once per layer, tree construction and the acceptance
+  references loop over the batch); the ``"cpu"`` kernels read nothing back (host memory);
 * a cycle replayed from a CUDA graph (:mod:`.graphs`; kernel backends only, since capture fails
   on the host reads of the torch backends and the engine then runs eagerly, saying why in
   ``stats.graph_status``) performs none of these: its one host read is the loop's.
@@ -39,10 +40,12 @@ from typing import Iterator, Sequence
 import torch
 
 from .. import ops
+from ..ops._validate import no_value_checks
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
 from .graphs import GraphedStep
 from .model import TargetModel
+from .tree_budget import AdaptiveTree
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class GenerationStats:
     capture_seconds: float = 0.0
     # "captured", or why this call's decode loop ran eagerly (see Engine._graph_plan).
     graph_status: str = "eager (not a CUDA device)"
+    tree_cycles: dict[str, int] = field(default_factory=dict)  # "top_k/depth/nodes" -> cycles
 
     @property
     def tau(self) -> float:
@@ -100,7 +104,7 @@ class GenerationStats:
                 "prefill_seconds": round(self.prefill_seconds, 4),
                 "decode_seconds": round(self.decode_seconds, 4),
                 "capture_seconds": round(self.capture_seconds, 4),
-                "graph_status": self.graph_status}
+                "graph_status": self.graph_status, "tree_cycles": self.tree_cycles}
 
 
 @dataclass
@@ -120,7 +124,8 @@ class _Call:
 
     def __init__(self, budgets: list[int], width: int, eos: Sequence[int],
                  sampling: SamplingConfig, tree: TreeConfig, max_new_tokens: int,
-                 stats: GenerationStats, device: torch.device):
+                 stats: GenerationStats, device: torch.device,
+                 policy: AdaptiveTree | None = None):
         batch = len(budgets)
         self.out = torch.full((batch, max(budgets) + width), -1, dtype=torch.int64,
                               device=device)
@@ -130,6 +135,7 @@ class _Call:
         self.budgets = torch.tensor(budgets, dtype=torch.int64, device=device)
         self.sampling = sampling
         self.tree = tree  # a snapshot: reassigning Engine.tree mid-stream changes nothing here
+        self.policy = policy  # when set, re-picks self.tree between cycles (AdaptiveTree)
         self.max_new_tokens = max_new_tokens
         self.stats = stats
         self.output: GenerationOutput | None = None
@@ -168,8 +174,11 @@ class GenerationStream:
     newly generated tokens; :attr:`output` holds the call's :class:`GenerationOutput` once the
     iterator is exhausted.
 
-    Every step runs under ``torch.inference_mode``, entered and left around each ``next`` rather
-    than held across yields, so the caller's own autograd mode is untouched between items.
+    Every step runs under ``torch.inference_mode`` and with the ops' value checks off, both
+    entered and left around each ``next`` rather than held across yields, so the caller's own
+    modes are untouched between items. Value checks are off because everything the loop feeds
+    the ops is either checked once at the call's start (prompts, settings) or made by the ops
+    themselves; the scans would cost host time (and a sync per op on a GPU) every cycle.
     """
 
     def __init__(self, chunks: Iterator[list[list[int]]], call: _Call):
@@ -179,7 +188,7 @@ class GenerationStream:
         return self
 
     def __next__(self) -> list[list[int]]:
-        with torch.inference_mode():
+        with torch.inference_mode(), no_value_checks():
             return next(self._chunks)
 
     @property
@@ -199,11 +208,16 @@ class Engine:
     """
 
     def __init__(self, target: TargetModel, head: DraftHead | None = None,
-                 tree: TreeConfig | None = None, cuda_graphs: bool = True):
+                 tree: TreeConfig | None = None, cuda_graphs: bool = True,
+                 tree_policy: AdaptiveTree | None = None):
         self.target = target
         self.head = head
         self.tree = tree or TreeConfig()
         self.cuda_graphs = cuda_graphs  # on CUDA devices; CPU always runs eagerly
+        # tree="auto": the tree is re-picked between cycles from measured costs and the
+        # acceptance observed (eager loops only; a captured CUDA graph keeps one shape). The
+        # policy's estimate of acceptance carries over from call to call: it is the head's.
+        self.tree_policy = tree_policy
         self._last_output: GenerationOutput | None = None
 
     @property
@@ -229,6 +243,8 @@ class Engine:
             return "eager (not a CUDA device)"
         if not self.cuda_graphs:
             return "eager (cuda_graphs=False)"
+        if self.tree_policy is not None:
+            return "eager (adaptive tree: one graph per shape is not worth it)"
         return None
 
     # ----------------------------------------------------------------------- token choice
@@ -339,9 +355,11 @@ class Engine:
             raise ValueError(f"prompts: a prompt of {max(map(len, prompts))} tokens leaves no "
                              f"room under max_length {max_length}")
         sampling = sampling or SamplingConfig()
-        tree = self.tree
+        policy = self.tree_policy if speculative else None
+        tree = self.tree if policy is None else policy.current
+        bound = tree if policy is None else policy.largest  # every tree the call may use
         if speculative:
-            width, extra = tree.max_depth + 1, tree.total_tokens + tree.max_depth
+            width, extra = bound.max_depth + 1, bound.total_tokens + bound.max_depth
             stats = GenerationStats("speculative", accepted_histogram=[0] * width)
         else:
             width, extra = 1, 1
@@ -353,7 +371,7 @@ class Engine:
         max_len = max(map(len, prompts)) + max(budgets) + extra
         with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
             call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
-                         stats, self.device)
+                         stats, self.device, policy)
             cache = self.target.allocate_cache(len(prompts), max_len)
         loop = self._speculative if speculative else self._autoregressive
         steps = loop(prompts, call, cache)
@@ -382,7 +400,8 @@ class Engine:
 
     def _speculative(self, prompts, call: _Call, cache):
         head, tree = self.head, call.tree
-        draft_cache = head.allocate_cache(len(prompts), cache.max_len + tree.drafted_keys)
+        bound = tree if call.policy is None else call.policy.largest
+        draft_cache = head.allocate_cache(len(prompts), cache.max_len + bound.drafted_keys)
         start = _now(self.device)
         ids, lengths, root, hidden, features = self._prefill(prompts, cache, call,
                                                              head.feature_layers)
@@ -421,13 +440,22 @@ class Engine:
             stats.capture_seconds = _now(self.device) - start
             start = _now(self.device)  # decode time excludes the one-off capture
         while not finished:
+            if call.policy is not None:
+                nodes = call.tree.total_tokens
             outputs = runner(*carry, *self._uniforms(call, nodes))
             carry = list(outputs[:len(carry)])
             counts, accepted, active = outputs[len(carry):]
             host = torch.stack([accepted, active, call.done.long()]).cpu()
             finished = bool(host[2].all())
-            for n in host[0][host[1].bool()].tolist():
+            accepted_counts = host[0][host[1].bool()].tolist()
+            for n in accepted_counts:
                 stats.accepted_histogram[n] += 1
+            if stats.mode == "speculative":
+                name = f"{call.tree.top_k}/{call.tree.depth}/{call.tree.total_tokens}"
+                stats.tree_cycles[name] = stats.tree_cycles.get(name, 0) + 1
+            if call.policy is not None:  # eager only (see _graph_plan)
+                call.policy.observe(call.tree, accepted_counts)
+                call.tree = call.policy.current
             stats.cycles += 1
             yield counts
         stats.decode_seconds = _now(self.device) - start

@@ -23,7 +23,6 @@ from .drafting import TreeConfig
 from .generation import Engine
 from .layers import RotaryEmbedding
 from .model import TargetModel, check_model_type
-from .tree_budget import choose_tree
 
 
 def target_from_hf(hf_model) -> TargetModel:
@@ -98,11 +97,5 @@ def from_hf(model, tokenizer, draft: str | None = None, tree: TreeConfig | str |
     head = _load_head(draft, target, default_target=False)
     engine = Engine(target, head)
     generator = EagleGenerator(engine, tokenizer)
-    if tree == "auto" and head is not None:
-        generator.budget = choose_tree(target, head)
-        engine.tree = generator.budget.tree
-    elif isinstance(tree, TreeConfig):
-        engine.tree = tree
-    elif tree not in (None, "auto"):
-        raise ValueError(f"tree: expected a TreeConfig, 'auto' or None, got {tree!r}")
+    generator.set_tree(tree)
     return generator

@@ -1,51 +1,46 @@
-"""Hardware-aware tree budget: pick total_tokens / depth from timings on this device.
+"""Hardware- and head-aware tree budget: which draft tree a cycle should use, from measurements.
 
-A verify pass over N tree nodes costs about one decode step where the device is memory-bound
-(an H100 at batch 1 up to N ~ 64) and about N steps where it is compute-bound (a CPU). The
-best tree is the one that maximises expected tokens per cycle over cycle time:
+The best tree maximises expected tokens per second,
 
-    rate(N, depth) = tau(N, depth) / (t_draft(depth) + t_verify(N))
+    rate(tree) = tau(tree, alpha) / cycle_seconds(tree),
 
-``t_verify`` and the per-step drafting time are measured here (target forward over N nodes at
-the given context; one draft-head step over top_k rows). ``tau`` comes from a heuristic model of a dynamic tree with per-token acceptance ``alpha``
-(the chance the target agrees with the draft's best child): a tree of N nodes over
-``depth + 1`` levels holds ``w = (N - 1) / (depth + 1)`` nodes per level, of which about
-``sqrt(w)`` hang under the path the target takes; each extra sibling there removes a quarter
-of the remaining miss probability, and levels accept independently. With alpha 0.7 this gives
-tau ~ 4.4 for EAGLE-2's 60 nodes / depth 7, in line with published EAGLE-2 numbers. ``alpha``
-defaults to 0.7; pass a measured one when you have it.
+where ``cycle_seconds`` is what one cycle with that tree really costs on this device (drafting:
+head forwards + top-k + expand + rerank; verify: the target over the tree's nodes with its real
+packed mask; measured here, :func:`measure_cycle`) and ``tau`` is the expected number of tokens
+a cycle produces with a head whose per-token acceptance is ``alpha``. A verify pass over N nodes
+costs about one decode step where the device is memory-bound (a GPU at batch 1) and grows with
+N where it is compute-bound (a CPU), so the best tree differs per device, and per head.
+
+``alpha`` is not assumed: :class:`AdaptiveTree` starts from a weak prior and updates it from the
+accepted lengths the generation loop observes, re-picking among a fixed set of tree shapes
+(:data:`CANDIDATE_TREES`) as acceptance turns out better or worse. Only the shapes change, never
+what is emitted: every tree is verified by the target, so output stays exact.
+
+``tau`` model (a heuristic of a dynamic EAGLE-2 tree): a tree of N nodes over ``depth + 1``
+levels holds ``w = (N - 1) / (depth + 1)`` nodes per level, of which about ``sqrt(w)`` hang under
+the path the target takes; each extra sibling there removes a quarter of the remaining miss
+probability, and levels accept independently. With alpha 0.7 this gives tau ~ 4.4 for
+EAGLE-2's 60 nodes / depth 7, in line with published EAGLE-2 numbers.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..ops.reference import pack_tree_mask
-from .drafting import TreeConfig, causal_tree_mask
+from .drafting import TreeConfig, draft_tree
 
-CANDIDATE_NODES = (4, 8, 12, 16, 24, 32, 48, 60, 80)
-CANDIDATE_DEPTHS = (2, 3, 4, 5, 6, 7)
-
-
-@dataclass
-class TreeBudget:
-    """The chosen tree and the measurements behind it."""
-
-    tree: TreeConfig
-    verify_seconds: dict[int, float]
-    draft_step_seconds: float
-    expected_tau: float
-    alpha: float
-
-    def report(self) -> str:
-        times = ", ".join(f"N={n}: {t * 1e3:.1f} ms" for n, t in self.verify_seconds.items())
-        return (f"tree budget: top_k={self.tree.top_k} depth={self.tree.depth} "
-                f"total_tokens={self.tree.total_tokens} (expected tau {self.expected_tau:.2f} at "
-                f"alpha {self.alpha}); verify forward {times}; draft step "
-                f"{self.draft_step_seconds * 1e3:.1f} ms")
+# The shapes a CPU or GPU may pick from: chains and small trees (compute-bound devices, weak
+# heads) up to EAGLE-2's default (memory-bound devices, strong heads). (top_k, depth, nodes).
+CANDIDATE_TREES = tuple(TreeConfig(*shape) for shape in (
+    (1, 1, 2), (2, 1, 3), (2, 2, 4), (3, 2, 6), (4, 3, 8), (4, 3, 12), (6, 4, 16),
+    (8, 5, 24), (8, 5, 32), (10, 6, 48), (10, 6, 60)))
+PRIOR_ALPHA = 0.5  # before any observation: a mediocre head
+PRIOR_WEIGHT = 8  # cycles' worth of evidence the prior counts for
+REPICK_EVERY = 4  # cycles between re-picks
+MEMORY = 64  # cycles of history the estimate keeps (acceptance drifts along a reply)
 
 
 def expected_tau(nodes: int, depth: int, alpha: float, top_k: int) -> float:
@@ -57,6 +52,35 @@ def expected_tau(nodes: int, depth: int, alpha: float, top_k: int) -> float:
     siblings = min(per_level ** 0.5, top_k)
     level_accept = 1.0 - (1.0 - alpha) * 0.75 ** (siblings - 1.0)
     return sum(level_accept ** level for level in range(levels + 1))
+
+
+def tree_tau(tree: TreeConfig, alpha: float) -> float:
+    return expected_tau(tree.total_tokens, tree.depth, alpha, tree.top_k)
+
+
+def alpha_for_tau(tree: TreeConfig, tau: float) -> float:
+    """The alpha under which ``tree`` is expected to give ``tau`` (bisection; tau is monotone
+    in alpha), clamped to [0.01, 0.99]."""
+    low, high = 0.01, 0.99
+    for _ in range(40):
+        middle = (low + high) / 2
+        if tree_tau(tree, middle) < tau:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+@dataclass
+class CycleCost:
+    """Seconds of one cycle with a tree: drafting (head + top-k + expand + rerank), verify."""
+
+    draft: float
+    verify: float
+
+    @property
+    def total(self) -> float:
+        return self.draft + self.verify
 
 
 def _median_seconds(fn, repeats: int, device: torch.device) -> float:
@@ -73,46 +97,103 @@ def _median_seconds(fn, repeats: int, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure_verify(target, nodes: int, context: int, batch: int, repeats: int) -> float:
-    """Median seconds of one target forward over ``nodes`` chain nodes after ``context``."""
-    cache = target.allocate_cache(batch, context + nodes)
+def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int = 1,
+                  repeats: int = 3) -> CycleCost:
+    """Median seconds of drafting one ``tree`` and verifying it, as a cycle runs them: the
+    head's drafting over its cache, then the target over the drafted tokens with the tree's
+    own packed mask and positions, over ``context`` committed tokens."""
+    device = target.device
+    cache = target.allocate_cache(batch, context + tree.total_tokens)
+    draft_cache = head.allocate_cache(batch, context + tree.drafted_keys + 1)
     cache.lens.fill_(context)
-    ids = torch.zeros(batch, nodes, dtype=torch.int64, device=target.device)
-    positions = torch.arange(context, context + nodes, device=target.device).expand(batch, -1)
-    mask = causal_tree_mask(batch, nodes, target.device)
+    draft_cache.lens.fill_(context)
+    root = torch.zeros(batch, dtype=torch.int64, device=device)
+    root_hidden = torch.zeros(batch, head.config.hidden_size, dtype=target.dtype, device=device)
     with torch.inference_mode():
-        return _median_seconds(lambda: target(ids, positions, cache, mask), repeats,
-                               target.device)
+        drafted = draft_tree(head, draft_cache, root, root_hidden, tree)
+        positions = cache.lens.to(torch.int64).unsqueeze(1) + drafted.depth
+
+        def verify():
+            hidden, _ = target(drafted.tokens, positions, cache, drafted.tree_mask,
+                               head.feature_layers)
+            return target.logits(hidden)
+
+        draft = _median_seconds(lambda: draft_tree(head, draft_cache, root, root_hidden, tree),
+                                repeats, device)
+        return CycleCost(draft, _median_seconds(verify, repeats, device))
 
 
-def measure_draft_step(head, top_k: int, context: int, batch: int, repeats: int) -> float:
-    """Median seconds of one drafting step: head forward + logits over ``top_k`` rows."""
-    cache = head.allocate_cache(batch, context + top_k)
-    cache.lens.fill_(context)
-    device = head.fc.weight.device
-    ids = torch.zeros(batch, top_k, dtype=torch.int64, device=device)
-    hidden = torch.zeros(batch, top_k, head.config.hidden_size, dtype=head.fc.weight.dtype,
-                         device=device)
-    positions = torch.full((batch, top_k), context, dtype=torch.int64, device=device)
-    mask = pack_tree_mask(torch.eye(top_k, dtype=torch.bool, device=device)).expand(
-        batch, -1, -1).contiguous()
-    with torch.inference_mode():
-        return _median_seconds(
-            lambda: head.draft_logits(head(ids, hidden, positions, cache, mask)), repeats, device)
+@dataclass
+class AdaptiveTree:
+    """Picks the tree with the best expected rate, from measured cycle costs and the acceptance
+    observed so far; :meth:`observe` feeds it each cycle's accepted lengths."""
+
+    costs: dict[TreeConfig, CycleCost]
+    prior_alpha: float = PRIOR_ALPHA
+    history: list[tuple[TreeConfig, float]] = field(default_factory=list)
+    current: TreeConfig | None = None
+    _since_pick: int = 0
+
+    def __post_init__(self):
+        if not self.costs:
+            raise ValueError("costs: expected at least one measured tree")
+        self.current = self.best()
+
+    @property
+    def trees(self) -> list[TreeConfig]:
+        return list(self.costs)
+
+    @property
+    def largest(self) -> TreeConfig:
+        """A tree whose every size bounds every candidate's (for buffer sizing)."""
+        return TreeConfig(max(t.top_k for t in self.costs), max(t.depth for t in self.costs),
+                          max(t.total_tokens for t in self.costs))
+
+    def alpha(self) -> float:
+        """Per-token acceptance implied by the cycles seen (each cycle's observed tau inverted
+        through its own tree's model), averaged with the prior's weight."""
+        recent = self.history[-MEMORY:]
+        implied = [alpha_for_tau(tree, tau) for tree, tau in recent]
+        return (self.prior_alpha * PRIOR_WEIGHT + sum(implied)) / (PRIOR_WEIGHT + len(implied))
+
+    def rate(self, tree: TreeConfig, alpha: float | None = None) -> float:
+        alpha = self.alpha() if alpha is None else alpha
+        return tree_tau(tree, alpha) / self.costs[tree].total
+
+    def best(self) -> TreeConfig:
+        alpha = self.alpha()
+        return max(self.costs, key=lambda tree: self.rate(tree, alpha))
+
+    def observe(self, tree: TreeConfig, accepted: list[int]) -> None:
+        """Record one cycle: ``accepted[b]`` draft tokens accepted by each active sequence."""
+        for count in accepted:
+            self.history.append((tree, count + 1.0))
+        del self.history[:-MEMORY]
+        self._since_pick += 1
+        if self._since_pick >= REPICK_EVERY:
+            self._since_pick = 0
+            self.current = self.best()
+
+    def report(self) -> str:
+        alpha = self.alpha()
+        rows = ", ".join(f"{t.top_k}/{t.depth}/{t.total_tokens}: draft "
+                         f"{c.draft * 1e3:.1f} + verify {c.verify * 1e3:.1f} ms"
+                         for t, c in self.costs.items())
+        tree = self.current
+        return (f"tree budget: top_k={tree.top_k} depth={tree.depth} "
+                f"total_tokens={tree.total_tokens} (expected tau {tree_tau(tree, alpha):.2f} at "
+                f"alpha {alpha:.2f}, adapted online from accepted lengths); cycle costs {rows}")
 
 
-def choose_tree(target, head, batch: int = 1, context: int = 256, alpha: float = 0.7,
-                top_k: int = 10, repeats: int = 3) -> TreeBudget:
-    """Measure, then return the tree with the best expected tokens per second."""
-    verify = {n: measure_verify(target, n, context, batch, repeats) for n in CANDIDATE_NODES}
-    step = measure_draft_step(head, top_k, context, batch, repeats)
-    best, best_rate = None, -1.0
-    for nodes in CANDIDATE_NODES:
-        for depth in CANDIDATE_DEPTHS:
-            k = min(top_k, max(nodes - 1, 1))
-            tree = TreeConfig(top_k=k, depth=depth, total_tokens=min(nodes, k + depth * k * k + 1))
-            tau = expected_tau(tree.total_tokens, depth, alpha, k)
-            rate = tau / (verify[nodes] + (depth + 1) * step)
-            if rate > best_rate:
-                best, best_rate = (tree, tau), rate
-    return TreeBudget(best[0], verify, step, best[1], alpha)
+def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: int = 256,
+                  repeats: int = 3) -> dict[TreeConfig, CycleCost]:
+    """Cycle costs of every candidate tree on this device."""
+    return {tree: measure_cycle(target, head, tree, context, batch, repeats) for tree in trees}
+
+
+def choose_tree(target, head, batch: int = 1, context: int = 256,
+                alpha: float = PRIOR_ALPHA, repeats: int = 3,
+                trees=CANDIDATE_TREES) -> AdaptiveTree:
+    """Measure every candidate tree's cycle here; return the policy (its ``current`` tree is the
+    best under the prior ``alpha`` until acceptance is observed)."""
+    return AdaptiveTree(measure_trees(target, head, trees, batch, context, repeats), alpha)

@@ -1,0 +1,71 @@
+"""Tree budget: cycle costs measured as a cycle runs them, the acceptance estimate learned from
+the accepted lengths the loop observes, the tree re-picked among fixed shapes, and output that
+stays exact whichever trees a call uses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_kernels.runtime import Engine, TreeConfig
+from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
+from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, AdaptiveTree, CycleCost,
+                                               alpha_for_tau, choose_tree, expected_tau,
+                                               measure_cycle, tree_tau)
+from runtime_helpers import tiny_target
+
+SMALL, MEDIUM, LARGE = TreeConfig(1, 0, 2), TreeConfig(4, 3, 12), TreeConfig(10, 6, 60)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(seed=5)
+
+
+def synthetic_costs() -> dict[TreeConfig, CycleCost]:
+    """Verify grows slowly with the node count (a memory-bound device), drafting with depth."""
+    return {tree: CycleCost(draft=0.002 * (tree.depth + 1), verify=0.03 + 0.0005 * tree.total_tokens)
+            for tree in (SMALL, MEDIUM, LARGE)}
+
+
+def test_tau_model_and_its_inverse():
+    assert expected_tau(1, 0, 0.7, 10) == 1.0
+    assert expected_tau(60, 7, 0.7, 10) > expected_tau(16, 3, 0.7, 10) > 1.0
+    for tree in (SMALL, MEDIUM, LARGE):
+        for alpha in (0.05, 0.3, 0.8):
+            assert alpha_for_tau(tree, tree_tau(tree, alpha)) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_weak_acceptance_picks_small_trees_and_strong_acceptance_large_ones():
+    policy = AdaptiveTree(synthetic_costs(), prior_alpha=0.5)
+    for _ in range(40):  # the head accepts nothing: cheapest cycle wins
+        policy.observe(policy.current, [0])
+    assert policy.current == SMALL and policy.alpha() < 0.2
+    for _ in range(80):  # now every draft is accepted: deeper trees pay for themselves
+        policy.observe(policy.current, [policy.current.max_depth])
+    assert policy.current in (MEDIUM, LARGE) and policy.alpha() > 0.9
+    assert "adapted online" in policy.report()
+
+
+def test_measured_cycle_costs_cover_drafting_and_verify(target):
+    head = new_draft_head(EAGLE3, target)
+    cost = measure_cycle(target, head, MEDIUM, context=16, repeats=1)
+    assert cost.draft > 0 and cost.verify > 0
+    policy = choose_tree(target, head, context=16, repeats=1, trees=CANDIDATE_TREES[:3])
+    assert policy.current in CANDIDATE_TREES[:3] and set(policy.costs) == set(CANDIDATE_TREES[:3])
+
+
+def test_adaptive_trees_stay_exact(target, gen):
+    """A call that switches tree shapes between cycles still emits the autoregressive tokens:
+    an optimistic prior picks a branching tree, the random head's misses shrink it."""
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (7, 12)]
+    reference = Engine(target).generate(prompts, 24, speculative=False)
+    big = TreeConfig(4, 3, 16)
+    costs = {SMALL: CycleCost(0.001, 0.009), big: CycleCost(0.002, 0.02)}
+    policy = AdaptiveTree(costs, prior_alpha=0.97)
+    assert policy.current == big
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
+    out = engine.generate(prompts, 24)
+    assert out.tokens == reference.tokens
+    assert set(out.stats.tree_cycles) == {"4/3/16", "1/0/2"}, out.stats.tree_cycles
+    assert policy.current == SMALL and policy.history
