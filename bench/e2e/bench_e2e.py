@@ -85,6 +85,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
     eos = generator.eos_token_ids()
     totals = {m: {"tokens": 0, "seconds": 0.0} for m in METHODS}
     histogram, cycles, same_as_ar, same_as_hf = None, 0, 0, 0
+    trees: dict[str, int] = {}  # tree shape -> cycles (the adaptive tree changes between cycles)
     for prompt in prompts:
         ids = generator.encode(prompt)
         outputs = {}
@@ -102,6 +103,8 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
                     histogram = hist if histogram is None else [a + b for a, b in
                                                                 zip(histogram, hist)]
                     cycles += stats.cycles
+                    for name, count in stats.tree_cycles.items():
+                        trees[name] = trees.get(name, 0) + count
             else:
                 tokens, seconds = run_hf(hf, ids, args.max_new_tokens, eos,
                                          method == "hf-lookup", args.device)
@@ -110,7 +113,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
             totals[method]["seconds"] += seconds
         same_as_ar += outputs["ours-eagle"] == outputs["ours-ar"]
         same_as_hf += outputs["ours-eagle"] == outputs.get("hf-greedy")
-    return {"totals": totals, "histogram": histogram, "cycles": cycles,
+    return {"totals": totals, "histogram": histogram, "cycles": cycles, "trees": trees,
             "identical_to_ours_ar": same_as_ar, "identical_to_hf_greedy": same_as_hf,
             "prompts": len(prompts)}
 
@@ -120,7 +123,8 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
     rate = {m: t["tokens"] / t["seconds"] for m, t in totals.items() if t["seconds"] > 0}
     histogram = result["histogram"]
     tau = sum((n + 1) * c for n, c in enumerate(histogram)) / max(sum(histogram), 1)
-    tree = generator.engine.tree
+    trees = sorted(result["trees"].items(), key=lambda item: -item[1])
+    tree_column = " ".join(f"{name}x{count}" for name, count in trees)
     rows = []
     for method, tokens_per_second in rate.items():
         row = {"set": set_name, "method": method, "prompts": result["prompts"],
@@ -133,7 +137,7 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
                if method == "ours-eagle" else "",
                "accepted_histogram": " ".join(map(str, histogram))
                if method == "ours-eagle" else "",
-               "tree": f"{tree.top_k}/{tree.depth}/{tree.total_tokens}",
+               "tree": tree_column,  # top_k/depth/nodes x cycles, most used first
                "draft": args.draft or "default",
                "identical_to_ours_ar": f"{result['identical_to_ours_ar']}/{result['prompts']}",
                "identical_to_hf_greedy": f"{result['identical_to_hf_greedy']}/{result['prompts']}"}
@@ -178,7 +182,8 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, generator=None) -> int:
+    """``generator``: an already loaded EagleGenerator (bench_cpu.py passes its own)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", nargs="+", default=["humaneval", "sharegpt"],
                         help="humaneval, sharegpt (held-out split) or a question.jsonl path")
@@ -196,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.prompts, args.max_new_tokens = 1, 8
     dtype = DTYPES[args.dtype]
-    generator = from_pretrained(args.target, args.draft, dtype, args.device, args.tree)
+    if generator is None:
+        generator = from_pretrained(args.target, args.draft, dtype, args.device, args.tree)
     if hasattr(generator, "budget"):
         print(generator.budget.report())
     hf = None if args.no_hf else hf_model(args.target, dtype, args.device)

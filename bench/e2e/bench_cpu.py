@@ -1,0 +1,260 @@
+"""The CPU fast path against its floors and its baselines, measured in one run.
+
+    python bench/e2e/bench_cpu.py --out bench/results/<date>_cpu-2core      # ~10 min, 2 cores
+    python bench/e2e/bench_cpu.py --smoke                                   # seconds, CI
+
+On the default target (SmolLM2-135M-Instruct, fp32, batch 1, context 256) with the bundled
+EAGLE-3 head, every ratio against something measured in the same process:
+
+* floors: DRAM read bandwidth (a 1 GiB reduction, median of repeats) -> memory floor = bytes of
+  the weights a decode step reads / bandwidth; GEMM rate on an in-cache matrix (the faster of
+  torch's matmul and ours, [64 x 1536] x [1536 x 576]) -> compute floor(N) = FLOPs of N tokens /
+  that rate;
+* ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax), against
+  the memory floor;
+* ``verify`` for N = 1..64 tree nodes (a random EAGLE-like tree's real packed mask): against
+  the AR step and against max(memory floor, compute floor(N));
+* ``draft``: drafting as a cycle runs it (head forwards, top-k, expand, rerank) per candidate
+  tree, per step against the AR step;
+* end to end (unless ``--no-e2e``): bench_e2e.py's four methods (ours-EAGLE with the adaptive
+  tree, ours-AR, transformers greedy, transformers prompt lookup) on held-out ShareGPT and
+  HumanEval prompts, outputs checked identical.
+
+Writes ``cpu.csv`` (one row per measurement, with device / versions / date / commit),
+``cpu.json``, ``cpu.png`` (verify(N) against the floors), and the e2e files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import append_rows, environment  # noqa: E402
+
+from eagle_kernels import ops  # noqa: E402
+from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
+from eagle_kernels.runtime.tree_budget import CANDIDATE_TREES, measure_cycle  # noqa: E402
+
+VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def read_bandwidth(megabytes: int, repeats: int) -> float:
+    """Bytes per second a reduction streams from DRAM (all of torch's threads)."""
+    data = torch.ones(megabytes << 18)  # float32: megabytes MiB
+    return data.numel() * 4 / median_seconds(lambda: data.sum(), repeats)
+
+
+def gemm_rate(repeats: int) -> float:
+    """FLOP/s of the faster of torch's and our GEMM on an in-cache [64 x 1536] x [1536 x 576]."""
+    x, w = torch.randn(64, 1536), torch.randn(576, 1536)
+    wt = w.t().contiguous()
+    flops = 2 * 64 * 1536 * 576
+    best = min(median_seconds(lambda: x @ wt, repeats),
+               median_seconds(lambda: ops.linear(x, w), repeats))
+    return flops / best
+
+
+def step_bytes(target) -> int:
+    """Bytes of weights one decode step reads: every parameter once (a tied embedding is the
+    lm_head's matrix), except an untied embedding table, of which it reads one row."""
+    seen, total = set(), 0
+    embedding = target.model.embed_tokens.weight
+    tied = target.lm_head.weight.data_ptr() == embedding.data_ptr()
+    for parameter in target.parameters():
+        if parameter.data_ptr() in seen or (parameter is embedding and not tied):
+            continue
+        seen.add(parameter.data_ptr())
+        total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def token_flops(target, context: int) -> float:
+    """FLOPs of one token: 2 per weight of every linear layer (lm_head included) plus
+    attention's 4 * context * heads * head_dim per layer."""
+    config = target.config
+    linear = sum(m.weight.numel() for m in target.modules() if isinstance(m, torch.nn.Linear))
+    head_dim = config.hidden_size // config.num_attention_heads
+    attention = 4 * context * config.num_attention_heads * head_dim * config.num_hidden_layers
+    return 2 * linear + attention
+
+
+def random_tree(nodes: int, generator: torch.Generator):
+    """An EAGLE-like tree (parent among the last few nodes) and its packed mask / depths."""
+    parents = torch.full((1, nodes), -1, dtype=torch.int32)
+    for i in range(1, nodes):
+        parents[0, i] = int(torch.randint(max(0, i - 3), i, (1,), generator=generator))
+    depth, mask, _ = ops.build_tree(parents)
+    return depth, mask
+
+
+def verify_seconds(target, nodes: int, context: int, repeats: int, generator) -> float:
+    cache = target.allocate_cache(1, context + nodes)
+    cache.lens.fill_(context)
+    depth, mask = random_tree(nodes, generator)
+    tokens = torch.randint(0, target.vocab_size, (1, nodes), generator=generator)
+    positions = context + depth.to(torch.int64)
+
+    def run():
+        hidden, _ = target(tokens, positions, cache, mask)
+        return target.logits(hidden)
+
+    return median_seconds(run, repeats)
+
+
+def ar_step_seconds(target, context: int, repeats: int) -> float:
+    """One engine autoregressive step: target over one token, logits, greedy choice."""
+    cache = target.allocate_cache(1, context + 1)
+    cache.lens.fill_(context)
+    token = torch.zeros(1, 1, dtype=torch.int64)
+    position = torch.full((1, 1), context, dtype=torch.int64)
+    ones = torch.ones(1, 1, 1, dtype=torch.int32)
+
+    def run():
+        hidden, _ = target(token, position, cache, ones)
+        return ops.greedy_accept_chain(token, target.logits(hidden[:, :1]))
+
+    return median_seconds(run, repeats)
+
+
+def measure(generator, args) -> tuple[list[dict], dict]:
+    target, head = generator.engine.target, generator.engine.head
+    draw = torch.Generator().manual_seed(0)
+    bandwidth = read_bandwidth(args.bandwidth_mb, args.repeats)
+    rate = gemm_rate(args.repeats)
+    weight_bytes = step_bytes(target)
+    memory_floor = weight_bytes / bandwidth
+    flops = token_flops(target, args.context)
+    rows = []
+    with torch.inference_mode(), no_value_checks():
+        ar = ar_step_seconds(target, args.context, args.repeats)
+        rows.append({"what": "ar_step", "nodes": 1, "ms": ar * 1e3,
+                     "floor_ms": memory_floor * 1e3, "x_floor": ar / memory_floor,
+                     "x_ar_step": 1.0})
+        for nodes in args.nodes:
+            seconds = verify_seconds(target, nodes, args.context, args.repeats, draw)
+            floor = max(memory_floor, nodes * flops / rate)
+            rows.append({"what": "verify", "nodes": nodes, "ms": seconds * 1e3,
+                         "floor_ms": floor * 1e3, "x_floor": seconds / floor,
+                         "x_ar_step": seconds / ar})
+        for tree in args.trees:
+            cost = measure_cycle(target, head, tree, args.context, repeats=args.repeats)
+            per_step = cost.draft / (tree.depth + 1)
+            rows.append({"what": "draft", "tree": f"{tree.top_k}/{tree.depth}/{tree.total_tokens}",
+                         "nodes": tree.total_tokens, "ms": cost.draft * 1e3,
+                         "step_ms": per_step * 1e3, "x_ar_step": per_step / ar,
+                         "verify_ms": cost.verify * 1e3, "cycle_x_ar_step": cost.total / ar})
+    columns = ("what", "tree", "nodes", "ms", "floor_ms", "x_floor", "x_ar_step", "step_ms",
+               "verify_ms", "cycle_x_ar_step")
+    rows = [{key: (round(row[key], 4) if isinstance(row.get(key), float) else row.get(key, ""))
+             for key in columns} for row in rows]
+    floors = {"read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+              "gemm_gflop_s": round(rate / 1e9, 1), "weight_bytes": weight_bytes,
+              "memory_floor_ms": round(memory_floor * 1e3, 3),
+              "token_gflop": round(flops / 1e9, 4), "context": args.context,
+              "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa()}
+    return rows, floors
+
+
+def _cpu_isa() -> str:
+    status = ops.available_backends()["cpu"]
+    return status.reason if status.available else f"cpu backend missing: {status.reason}"
+
+
+def print_report(rows: list[dict], floors: dict) -> None:
+    print(f"read bandwidth {floors['read_bandwidth_gb_s']} GB/s, in-cache GEMM "
+          f"{floors['gemm_gflop_s']} GFLOP/s, weights read per step "
+          f"{floors['weight_bytes'] / 1e6:.0f} MB -> memory floor {floors['memory_floor_ms']} ms "
+          f"({floors['cpu_isa']})")
+    for row in rows:
+        if row["what"] == "draft":
+            print(f"draft {row['tree']:>9}: {row['ms']:8.2f} ms ({row['step_ms']:.2f} ms/step = "
+                  f"{row['x_ar_step']:.2f} x AR step); cycle {row['cycle_x_ar_step']:.2f} x AR")
+        else:
+            print(f"{row['what']:>7} N={row['nodes']:>3}: {row['ms']:8.2f} ms = "
+                  f"{row['x_floor']:.2f} x floor ({row['floor_ms']:.1f} ms), "
+                  f"{row['x_ar_step']:.2f} x AR step")
+
+
+def plot(rows: list[dict], floors: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    verify = [r for r in rows if r["what"] == "verify"]
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    nodes = [r["nodes"] for r in verify]
+    axes.plot(nodes, [r["ms"] for r in verify], marker="o", label="verify (target + logits)")
+    axes.plot(nodes, [r["floor_ms"] for r in verify], linestyle="--",
+              label="max(memory floor, compute floor)")
+    ar = next(r["ms"] for r in rows if r["what"] == "ar_step")
+    axes.axhline(ar, color="gray", linestyle=":", label=f"AR step {ar:.1f} ms")
+    axes.set_xlabel("tree nodes N")
+    axes.set_ylabel("ms")
+    axes.set_title(f"verify(N) on {environment()['device']}: "
+                   f"{floors['read_bandwidth_gb_s']} GB/s, {floors['gemm_gflop_s']} GFLOP/s")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench/results/local")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--prompts", type=int, default=10, help="e2e prompts per set")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--no-e2e", action="store_true", help="floors, verify and draft only")
+    parser.add_argument("--no-hf", action="store_true", help="e2e without transformers")
+    parser.add_argument("--smoke", action="store_true", help="tiny: proves the script runs")
+    args = parser.parse_args(argv)
+    args.nodes, args.trees, args.bandwidth_mb = VERIFY_NODES, CANDIDATE_TREES, 1024
+    if args.smoke:
+        args.nodes, args.trees, args.bandwidth_mb = (1, 4), CANDIDATE_TREES[:2], 64
+        args.repeats, args.prompts, args.max_new_tokens, args.context = 1, 1, 4, 16
+    from eagle_kernels.runtime.api import from_pretrained
+
+    generator = from_pretrained(tree="auto")
+    print(generator.budget.report())
+    rows, floors = measure(generator, args)
+    print_report(rows, floors)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    append_rows(out / "cpu.csv", rows)
+    command = "python bench/e2e/bench_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    (out / "cpu.json").write_text(json.dumps({"environment": environment(), "floors": floors,
+                                              "rows": rows, "command": command}, indent=2))
+    plot(rows, floors, out / "cpu.png")
+    if not args.no_e2e:
+        import bench_e2e
+
+        e2e_args = ["--prompts", str(args.prompts), "--max-new-tokens",
+                    str(args.max_new_tokens), "--out", str(out)]
+        bench_e2e.main(e2e_args + (["--no-hf"] if args.no_hf else []), generator=generator)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
