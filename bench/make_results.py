@@ -56,14 +56,14 @@ def e2e_section(run: Path, report: dict) -> list[str]:
     return lines + [""]
 
 
-def csv_section(path: Path) -> list[str]:
+def csv_section(path: Path, run: Path) -> list[str]:
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle))
     if not rows:
         return []
     columns = [c for c in KERNEL_COLUMNS if c in rows[0]] or list(rows[0])[:8]
     env = rows[0]
-    lines = [f"### `{path.parent.name}/{path.name}`", "",
+    lines = [f"### `{run.name}/{path.relative_to(run)}`", "",
              f"{env.get('device', '?')}, torch {env.get('torch', '?')}, triton "
              f"{env.get('triton', '?')}, {env.get('date', '?')}", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -83,9 +83,12 @@ def build(results: Path = RESULTS) -> str:
             lines += tau_section(run, json.loads((run / "tau.json").read_text()))
         if (run / "e2e.json").is_file():
             lines += e2e_section(run, json.loads((run / "e2e.json").read_text()))
-        for path in sorted(run.glob("*.csv")):
+        if (run / "verdict.txt").is_file():
+            lines += [f"### Kernel verdict — `{run.name}`", "", "```",
+                      (run / "verdict.txt").read_text().rstrip(), "```", ""]
+        for path in sorted(run.rglob("*.csv")):
             if path.name != "e2e.csv":
-                lines += csv_section(path)
+                lines += csv_section(path, run)
     return "\n".join(lines).rstrip() + "\n"
 
 

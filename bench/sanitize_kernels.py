@@ -76,25 +76,25 @@ def _planted_tokens(parents: torch.Tensor, logits: torch.Tensor, gen) -> torch.T
     return tokens
 
 
-def tree_cases(device, gen) -> dict[str, Case]:
+def tree_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """build_tree on 45-node trees: two mask words, the second one partly used."""
     parents = _random_parents(3, 45, gen).to(device)
     return {"build_tree": _simple("build_tree", (parents,))}
 
 
-def acceptance_cases(device, gen) -> dict[str, Case]:
+def acceptance_cases(device, gen, dtype=torch.bfloat16) -> dict[str, Case]:
     """Greedy and stochastic verification of 13-node trees / chains over a 1000-token vocab."""
     batch, nodes, vocab = 3, 13, 1000
     parents = _random_parents(batch, nodes, gen)
     chain = torch.arange(-1, nodes - 1, dtype=torch.int32).expand(batch, -1).contiguous()
-    logits = (3 * torch.randn(batch, nodes, vocab, generator=gen)).to(torch.bfloat16)
+    logits = (3 * torch.randn(batch, nodes, vocab, generator=gen)).to(dtype)
     tree_tokens = _planted_tokens(parents, logits, gen).to(device)
     chain_tokens = _planted_tokens(chain, logits, gen).to(device)
     paths = ops.build_tree(parents)[2].to(device)
     draft = torch.softmax(torch.randn(batch, nodes - 1, vocab, generator=gen), -1).to(device)
     uniforms = torch.rand(batch, nodes, generator=gen).to(device)
     bonus = torch.rand(batch, generator=gen).to(device)
-    rows = torch.randn(7, vocab, generator=gen).to(device)
+    rows = torch.randn(7, vocab, generator=gen).to(dtype).to(device)
     logits, parents = logits.to(device), parents.to(device)
     sampling = dict(temperature=0.8)
     return {
@@ -109,9 +109,9 @@ def acceptance_cases(device, gen) -> dict[str, Case]:
     }
 
 
-def topk_cases(device, gen) -> dict[str, Case]:
+def topk_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """Top-k of 1000-token rows (with an EAGLE-3 d2t map), one expansion step, one rerank."""
-    logits = torch.randn(5, 1000, generator=gen).to(device)
+    logits = torch.randn(5, 1000, generator=gen).to(dtype).to(device)
     d2t = torch.arange(1000, dtype=torch.int64).to(device)  # draft id i -> target id 2 i
     frontier = -torch.rand(3, 5, generator=gen).to(device)
     children = torch.log_softmax(torch.randn(3, 5, 9, generator=gen), -1).to(device)
@@ -134,7 +134,7 @@ def topk_cases(device, gen) -> dict[str, Case]:
     }
 
 
-def attention_cases(device, gen) -> dict[str, Case]:
+def attention_cases(device, gen, dtype=torch.bfloat16) -> dict[str, Case]:
     """Tree attention, bf16, GQA 6:2 heads of 64, 13 tree keys after prefixes of up to 530
     keys (max_len 560: two key splits and the merge kernel)."""
     batch, nodes, max_len = 2, 13, 560
@@ -142,12 +142,12 @@ def attention_cases(device, gen) -> dict[str, Case]:
     lens = torch.tensor([530, 17], dtype=torch.int32)
     q = torch.randn(batch, nodes, 6, 64, generator=gen)
     k, v = (torch.randn(batch, max_len, 2, 64, generator=gen) for _ in range(2))
-    args = [t.to(torch.bfloat16).to(device) for t in (q, k, v)] + [lens.to(device),
+    args = [t.to(dtype).to(device) for t in (q, k, v)] + [lens.to(device),
                                                                   mask.to(device)]
     return {"tree_attention": _simple("tree_attention", tuple(args), tolerance=(2e-2, 2e-2))}
 
 
-def kv_cases(device, gen) -> dict[str, Case]:
+def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """compact_kv in place over three caches of different dtypes and odd row sizes."""
     batch, max_len, width = 3, 40, 6
     caches = [torch.randn(batch, max_len, 2, 24, generator=gen).to(torch.bfloat16),
@@ -171,10 +171,10 @@ def kv_cases(device, gen) -> dict[str, Case]:
     return {"compact_kv": Case(call, None)}
 
 
-def loss_cases(device, gen) -> dict[str, Case]:
+def loss_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """soft_cross_entropy forward and backward, 7 rows of 1000 fp32 logits."""
-    draft = (4 * torch.randn(7, 1000, generator=gen)).to(device)
-    target = (4 * torch.randn(7, 1000, generator=gen)).to(device)
+    draft = (4 * torch.randn(7, 1000, generator=gen)).to(dtype).to(device)
+    target = (4 * torch.randn(7, 1000, generator=gen)).to(dtype).to(device)
     weights = torch.rand(7, generator=gen).to(device)
 
     def call(backend):
@@ -186,6 +186,7 @@ def loss_cases(device, gen) -> dict[str, Case]:
     return {"soft_cross_entropy": Case(call, (1e-4, 1e-5))}
 
 
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 FAMILIES = (tree_cases, acceptance_cases, topk_cases, attention_cases, kv_cases, loss_cases)
 
 
@@ -216,7 +217,8 @@ def _skip_reason(backend: str, device: torch.device) -> str | None:
 
 
 def check_all(device: torch.device, seed: int = 0) -> list[tuple[str, str, str, str]]:
-    """(op, backend, status, detail) for every op and non-torch backend; status is one of
+    """(op, backend, status, detail) for every op and GPU backend (cuda, triton; the cpu
+    backend is proven by the test suite on CPU); status is one of
     ok / MISMATCH / ERROR / skipped / MISSING (no example inputs here)."""
     gen = torch.Generator().manual_seed(seed)
     cases: dict[str, Case] = {}
@@ -225,9 +227,11 @@ def check_all(device: torch.device, seed: int = 0) -> list[tuple[str, str, str, 
     results = []
     for op, backends in ops.op_backends().items():
         if op not in cases:
+            if not {"cuda", "triton"} & set(backends):
+                continue  # no GPU kernel (e.g. the cpu backend's decoder ops): nothing to check
             results.append((op, "-", "MISSING", "no example inputs: add them to this script"))
             continue
-        for backend in (name for name in backends if name != "torch"):
+        for backend in (name for name in backends if name in ("cuda", "triton")):
             reason = _skip_reason(backend, device)
             if reason is not None:
                 results.append((op, backend, "skipped", reason))
@@ -245,16 +249,112 @@ def check_all(device: torch.device, seed: int = 0) -> list[tuple[str, str, str, 
     return results
 
 
+# The float dtypes each family's inputs are swept over in the verdict pass; ops whose inputs
+# have no float dtype to choose carry a fixed label instead (compact_kv moves mixed caches).
+FAMILY_DTYPES = {tree_cases: ("int32",), acceptance_cases: FLOAT_DTYPES,
+                 topk_cases: FLOAT_DTYPES, attention_cases: FLOAT_DTYPES,
+                 kv_cases: ("mixed",), loss_cases: FLOAT_DTYPES}
+FIXED_DTYPE = {"eagle2_expand": "float32", "eagle2_rerank": "float32"}
+HALF_TOLERANCE = (1e-2, 1e-2)  # fp16 / bf16 inputs: the floor for every float comparison
+
+
+def _max_error(got: list, want: list) -> float:
+    """Largest absolute difference over the float outputs (integers: 0 or inf)."""
+    error = 0.0
+    for a, b in zip(got, want):
+        a, b = a.detach().cpu(), b.detach().cpu()
+        if a.shape != b.shape:
+            return float("inf")
+        if a.is_floating_point():
+            difference = (a.float() - b.float()).abs()
+            finite = torch.isfinite(a.float()) == torch.isfinite(b.float())
+            error = max(error, float(difference[torch.isfinite(difference)].max())
+                        if difference.numel() else 0.0)
+            if not bool(finite.all()):
+                return float("inf")
+        elif not torch.equal(a, b):
+            return float("inf")
+    return error
+
+
+def _dtype_cases(device, seed: int) -> list[tuple[str, str, Case]]:
+    """(op, dtype label, case) for every family at every dtype it is swept over."""
+    cases, seen = [], set()
+    for family, dtypes in FAMILY_DTYPES.items():
+        for label in dtypes:
+            gen = torch.Generator().manual_seed(seed)
+            dtype = getattr(torch, label) if label in FLOAT_DTYPES else torch.float32
+            for op, case in family(device, gen, dtype).items():
+                op_label = FIXED_DTYPE.get(op, label)
+                if (op, op_label) in seen:
+                    continue
+                seen.add((op, op_label))
+                if label in ("float16", "bfloat16") and case.tolerance is not None:
+                    case = case._replace(tolerance=tuple(map(max, case.tolerance,
+                                                             HALF_TOLERANCE)))
+                cases.append((op, op_label, case))
+    return cases
+
+
+def verdict_rows(device: torch.device, seed: int = 0) -> list[dict]:
+    """One row per (op, non-torch backend, dtype): status correct / wrong / error / not run,
+    the largest absolute difference from the torch reference, and why (not)."""
+    registered = ops.op_backends()
+    rows = []
+    for op, label, case in _dtype_cases(device, seed):
+        for backend in (name for name in registered.get(op, {}) if name != "torch"):
+            row = dict(op=op, backend=backend, dtype=label, status="not run", max_error=None,
+                       detail=_skip_reason(backend, device) or "")
+            if not row["detail"]:
+                row.update(_run_case(case, backend, device))
+            rows.append(row)
+    return rows
+
+
+def _run_case(case: Case, backend: str, device: torch.device) -> dict:
+    try:
+        got = case.call(backend)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        want = case.call("torch")
+    except ValueError as error:  # the backend declares it cannot take these inputs
+        return dict(status="not run", detail=f"unsupported: {error}")
+    except Exception as error:
+        return dict(status="error", detail=f"{type(error).__name__}: {error}")
+    difference = _compare(got, want, case.tolerance)
+    return dict(status="correct" if difference is None else "wrong",
+                max_error=_max_error(got, want), detail=difference or "")
+
+
+def write_verdict_rows(path: str, device: torch.device, seed: int) -> int:
+    """Write the verdict pass as JSON (bench/verdict.py reads it); 1 if any row is wrong."""
+    import json
+
+    rows = verdict_rows(device, seed)
+    for row in rows:
+        error = "" if row["max_error"] is None else f" max error {row['max_error']:.3g}"
+        print(f"{row['op']:<24} {row['backend']:<7} {row['dtype']:<9} {row['status']}{error}"
+              + (f": {row['detail']}" if row["detail"] else ""), flush=True)
+    with open(path, "w") as handle:
+        json.dump({"device": str(device), "seed": seed, "rows": rows}, handle, indent=1,
+                  default=lambda value: None)
+    return 1 if any(row["status"] in ("wrong", "error") for row in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print one line per (op, backend); 1 on any mismatch, error or missing op, else 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="device of the example inputs (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
+    parser.add_argument("--verdict", metavar="JSON",
+                        help="instead: every op at every dtype it takes, rows to JSON")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
+    if args.verdict:
+        return write_verdict_rows(args.verdict, device, args.seed)
     print(f"device {device}; {_backend.backend_status('triton').reason}; "
           f"{_backend.backend_status('cuda').reason}")
     results = check_all(device, args.seed)

@@ -16,30 +16,50 @@ from triton.compiler import ASTSource  # noqa: E402
 from eagle_kernels.ops import acceptance, attention, kv, loss, sampling, topk, tree  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
+H100_SHARED_BYTES = 232448  # 227 KiB: the most shared memory one block may use on sm_90
+TOO_MUCH_SHARED = []
 
 
-def build(fn, signature, constexprs):
+def build(fn, signature, constexprs, label="default"):
+    """Compile one specialization; ``constexprs`` also holds integer arguments equal to 1,
+    which the runtime specializes as constants (so they compile differently)."""
     start = time.time()
-    signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    signature = {**{k: v for k, v in signature.items() if k not in constexprs},
+                 **{name: "constexpr" for name in constexprs}}
     source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(name),): value
                                                   for name, value in constexprs.items()})
     kernel = triton.compile(source, target=TARGET, options={"num_warps": 4})
-    print(f"{fn.__name__}: compiled for sm_90 in {time.time() - start:.1f} s "
-          f"(shared {kernel.metadata.shared} B)")
+    shared = kernel.metadata.shared
+    if shared > H100_SHARED_BYTES:
+        TOO_MUCH_SHARED.append(f"{fn.__name__} [{label}]: {shared} B")
+    print(f"{fn.__name__} [{label}]: compiled for sm_90 in {time.time() - start:.1f} s "
+          f"(shared {shared} B)", flush=True)
 
 
-build(topk._topk_log_softmax_kernel,
-      {"logits_ptr": "*bf16", "d2t_ptr": "*i64", "values_ptr": "*fp32", "ids_ptr": "*i64",
-       "vocab": "i32"},
-      {"K": 10, "KP": 16, "BLOCK": 4096, "HAS_D2T": True})
-build(topk._expand_kernel,
-      {"frontier_ptr": "*fp32", "child_ptr": "*fp32", "candidate_ptr": "*fp32",
-       "next_index_ptr": "*i64", "next_scores_ptr": "*fp32", "frontier": "i32", "children": "i32"},
-      {"TOP": 10, "BLOCK": 128, "RB": 128})
-build(tree._build_tree_kernel,
-      {"parents_ptr": "*i32", "depth_ptr": "*i32", "mask_ptr": "*i32", "paths_ptr": "*i32",
-       "flags_ptr": "*i32", "num_nodes": "i32", "words": "i32", "width": "i32"},
-      {"NP": 64, "WP": 2, "JB": 32})
+def variants(fn, signature, constexprs, **changes):
+    """The default build plus one build per named change ({argument: dtype or value})."""
+    build(fn, signature, constexprs)
+    for label, change in changes.items():
+        types = {k: v for k, v in change.items() if isinstance(v, str) and v[:1] in "*fi"
+                 and k in signature and k not in constexprs}
+        values = {k: v for k, v in change.items() if k not in types}
+        build(fn, {**signature, **types}, {**constexprs, **values}, label)
+
+
+variants(topk._topk_log_softmax_kernel,
+         {"logits_ptr": "*bf16", "d2t_ptr": "*i64", "values_ptr": "*fp32", "ids_ptr": "*i64",
+          "vocab": "i32"},
+         {"K": 10, "KP": 16, "BLOCK": 4096, "HAS_D2T": True},
+         no_d2t={"HAS_D2T": False, "logits_ptr": "*fp32"}, k_one={"K": 1, "KP": 1})
+variants(topk._expand_kernel,
+         {"frontier_ptr": "*fp32", "child_ptr": "*fp32", "candidate_ptr": "*fp32",
+          "next_index_ptr": "*i64", "next_scores_ptr": "*fp32", "frontier": "i32",
+          "children": "i32"},
+         {"TOP": 10, "BLOCK": 128, "RB": 128}, ones={"frontier": 1, "children": 1})
+variants(tree._build_tree_kernel,
+         {"parents_ptr": "*i32", "depth_ptr": "*i32", "mask_ptr": "*i32", "paths_ptr": "*i32",
+          "flags_ptr": "*i32", "num_nodes": "i32", "words": "i32", "width": "i32"},
+         {"NP": 64, "WP": 2, "JB": 32}, ones={"words": 1, "width": 1, "WP": 1})
 RERANK_ARGS = {
     "root_ptr": "*i64", "cand_tokens_ptr": "*i64", "cand_scores_ptr": "*fp32",
     "cand_parents_ptr": "*i32", "tokens_ptr": "*i64", "parents_ptr": "*i32", "depth_ptr": "*i32",
@@ -52,47 +72,73 @@ OUTPUTS = {"out_tokens_ptr": "*i64", "num_acc_ptr": "*i32", "out_nodes_ptr": "*i
 STATS = {"m_ptr": "*fp32", "kkey_ptr": "*i32", "tau_ptr": "*fp32", "z_ptr": "*fp32"}
 build(acceptance._argmax_kernel, {"logits_ptr": "*bf16", "out_ptr": "*i64", "vocab": "i32"},
       {"BLOCK": 2048})
-build(acceptance._greedy_paths_kernel,
-      {"tokens_ptr": "*i64", "paths_ptr": "*i32", "target_ptr": "*i64", **OUTPUTS,
-       "num_nodes": "i32", "num_paths": "i32", "width": "i32"}, {"BLOCK_P": 64, "BLOCK_W": 8})
+variants(acceptance._greedy_paths_kernel,
+         {"tokens_ptr": "*i64", "paths_ptr": "*i32", "target_ptr": "*i64", **OUTPUTS,
+          "num_nodes": "i32", "num_paths": "i32", "width": "i32"},
+         {"BLOCK_P": 64, "BLOCK_W": 8}, ones={"num_paths": 1, "width": 1})
 SAMPLING_PARAMS = {"temp_ptr": "*fp32", "temp": "fp32", "top_k_ptr": "*i64", "top_k": "i32",
                    "top_p_ptr": "*fp32", "top_p": "fp32"}
 SAMPLING_FLAGS = {"TEMP_PER_ROW": True, "TOP_K_PER_ROW": True, "TOP_P_PER_ROW": True,
                   "HAS_TOP_K": True, "HAS_TOP_P": True, "BLOCK": 2048}
-build(sampling._target_probs_kernel,
-      {"logits_ptr": "*bf16", "out_ptr": "*fp32", **SAMPLING_PARAMS, "vocab": "i32"},
-      SAMPLING_FLAGS)
-build(sampling._row_stats_kernel,
-      {"logits_ptr": "*bf16", **STATS, **SAMPLING_PARAMS, "vocab": "i32",
-       "rows_per_param": "i32"}, SAMPLING_FLAGS)
+NO_TOP_K_NOR_P = {"TEMP_PER_ROW": False, "TOP_K_PER_ROW": False, "TOP_P_PER_ROW": False,
+                  "HAS_TOP_K": False, "HAS_TOP_P": False, "logits_ptr": "*fp32"}
+variants(sampling._target_probs_kernel,
+         {"logits_ptr": "*bf16", "out_ptr": "*fp32", **SAMPLING_PARAMS, "vocab": "i32"},
+         SAMPLING_FLAGS, neither_top_k_nor_top_p=NO_TOP_K_NOR_P)
+variants(sampling._row_stats_kernel,
+         {"logits_ptr": "*bf16", **STATS, **SAMPLING_PARAMS, "vocab": "i32",
+          "rows_per_param": "i32"}, SAMPLING_FLAGS,
+         neither_top_k_nor_top_p={**NO_TOP_K_NOR_P, "rows_per_param": 1})
 ACCEPT_INPUTS = {"logits_ptr": "*bf16", "accept_u_ptr": "*fp32", "bonus_u_ptr": "*fp32",
                  **STATS, "temp_ptr": "*fp32", "temp": "fp32", **OUTPUTS, "num_nodes": "i32",
                  "vocab": "i32"}
-build(acceptance._stochastic_tree_kernel,
-      {"tokens_ptr": "*i64", "parents_ptr": "*i32", **ACCEPT_INPUTS, "width": "i32"},
-      {"TEMP_PER_ROW": True, "BLOCK_N": 64, "BLOCK_W": 8, "BLOCK": 2048})
+variants(acceptance._stochastic_tree_kernel,
+         {"tokens_ptr": "*i64", "parents_ptr": "*i32", **ACCEPT_INPUTS, "width": "i32"},
+         {"TEMP_PER_ROW": True, "BLOCK_N": 64, "BLOCK_W": 8, "BLOCK": 2048},
+         scalar_temperature_fp32={"TEMP_PER_ROW": False, "logits_ptr": "*fp32", "width": 1})
 build(acceptance._stochastic_chain_kernel,
       {"tokens_ptr": "*i64", "draft_ptr": "*fp32", **ACCEPT_INPUTS},
       {"TEMP_PER_ROW": True, "BLOCK_W": 8, "BLOCK": 2048})
-build(kv._compact_kv_kernel,
-      {"base_ptr": "*bf16", "offsets_ptr": "*i64", "row_words_ptr": "*i64",
-       "cache_lens_ptr": "*i32", "nodes_ptr": "*i32", "num_accepted_ptr": "*i32",
-       "max_len": "i32", "width": "i32"}, {"WORD_BYTES": 8, "BLOCK": 1024})
+variants(kv._compact_kv_kernel,
+         {"base_ptr": "*bf16", "offsets_ptr": "*i64", "row_words_ptr": "*i64",
+          "cache_lens_ptr": "*i32", "nodes_ptr": "*i32", "num_accepted_ptr": "*i32",
+          "max_len": "i32", "width": "i32"}, {"WORD_BYTES": 8, "BLOCK": 1024},
+         words_4={"WORD_BYTES": 4}, words_2={"WORD_BYTES": 2},
+         words_1={"WORD_BYTES": 1, "width": 1})
 ATTENTION_ARGS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
     "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "num_queries": "i32",
     "q_heads": "i32", "tree_keys": "i32", "words": "i32", "num_splits": "i32",
     "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32", "stride_qh": "i32",
     "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
-build(attention._tree_attention_kernel, ATTENTION_ARGS,
-      {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64, "SPLIT": True,
-       "DOT_PRECISION": "tf32", "UPCAST": False})
-build(attention._merge_splits_kernel,
-      {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
-       "rows_per_batch": "i32"}, {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 32, "UPCAST": False})
+FP32_ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "out_ptr": "*fp32",
+                  "DOT_PRECISION": "ieee"}
+variants(attention._tree_attention_kernel, ATTENTION_ARGS,
+         {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64,
+          "SPLIT": True, "DOT_PRECISION": "tf32", "UPCAST": False},
+         head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64},
+         head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
+         no_split_ones={"SPLIT": False, "num_splits": 1, "words": 1, "GROUP": 1,
+                        "BLOCK_M": 16},
+         fp32={**FP32_ATTENTION},
+         fp32_head_dim_256={**FP32_ATTENTION, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
+         fp16_head_dim_64_small={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",
+                                 "out_ptr": "*fp16", "HEAD_DIM": 64, "BLOCK_D": 64,
+                                 "BLOCK_M": 32})
+variants(attention._merge_splits_kernel,
+         {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
+          "rows_per_batch": "i32"},
+         {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 32, "UPCAST": False},
+         head_dim_64_fp32={"HEAD_DIM": 64, "BLOCK_D": 64, "out_ptr": "*fp32"},
+         head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_S": 2})
 build(loss._soft_ce_forward_kernel,
       {"x_ptr": "*bf16", "y_ptr": "*bf16", "loss_ptr": "*fp32", "stats_ptr": "*fp32",
        "rows": "i32", "vocab": "i32"}, {"NEG_BIG": -1.0e30, "BLOCK": 4096})
 build(loss._soft_ce_backward_kernel,
       {"x_ptr": "*bf16", "y_ptr": "*bf16", "stats_ptr": "*fp32", "grad_loss_ptr": "*fp32",
        "grad_x_ptr": "*bf16", "rows": "i32", "vocab": "i32"}, {"BLOCK": 4096})
+
+print(f"triton {triton.__version__}: every specialization compiled for sm_90")
+if TOO_MUCH_SHARED:
+    raise SystemExit("over the H100's shared memory per block "
+                     f"({H100_SHARED_BYTES} B): " + "; ".join(TOO_MUCH_SHARED))

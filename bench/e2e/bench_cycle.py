@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from common import append_rows, copy_bandwidth, plot_rows  # noqa: E402
 
-from eagle_kernels.ops import BACKEND_ENV  # noqa: E402
+from eagle_kernels.ops import BACKEND_ENV, op_backends  # noqa: E402
 from eagle_kernels.runtime import Engine, TreeConfig  # noqa: E402
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head  # noqa: E402
 from eagle_kernels.runtime.model import TargetModel  # noqa: E402
@@ -40,6 +40,9 @@ SHAPES = {
                         rope_scaling={"rope_type": "llama3", "factor": 8.0,
                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                       "original_max_position_embeddings": 8192}),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         max_position_embeddings=8192, rope_theta=100000.0),
     "smoke": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=7,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
 }
@@ -99,6 +102,28 @@ def time_generation(engine: Engine, prompt: list[int], new_tokens: int, speculat
     return statistics.median(per_cycle), engine.graph_status
 
 
+def ops_off_torch(backend: str) -> str:
+    """Which ops run on a GPU kernel under this EAGLE_KERNELS_BACKEND value: all of them when
+    one is forced, else those this GPU's verdict put into auto (bench/results/*/verdict.json)."""
+    if backend != "auto":
+        return f"all ({backend} forced)"
+    chosen = [f"{op}:{name}" for op, impls in op_backends().items()
+              for name, how in impls.items() if name in ("cuda", "triton") and how == "auto"]
+    return " ".join(chosen) or "none (no verdict for this GPU: torch reference)"
+
+
+def _measure(target, head, tree, backend, context, args) -> dict:
+    """One (backend, context) row; a backend that fails records its error instead."""
+    prompt = torch.randint(0, target.vocab_size, (context,)).tolist()
+    try:
+        engine = Engine(target, head, tree)
+        cycle, cycle_graph = time_generation(engine, prompt, args.new_tokens, True, args.repeats)
+        step, step_graph = time_generation(engine, prompt, args.new_tokens, False, args.repeats)
+    except Exception as error:  # keep the other backends' rows
+        return {"error": f"{type(error).__name__}: {error}"[:300]}
+    return {"cycle": cycle, "step": step, "graph_cycle": cycle_graph, "graph_step": step_graph}
+
+
 def run(args) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -113,12 +138,13 @@ def run(args) -> list[dict]:
     for backend in args.backends:
         os.environ[BACKEND_ENV] = backend
         for context in args.contexts:
-            prompt = torch.randint(0, target.vocab_size, (context,)).tolist()
-            engine = Engine(target, head, tree)
-            cycle, cycle_graph = time_generation(engine, prompt, args.new_tokens, True,
-                                                 args.repeats)
-            step, step_graph = time_generation(engine, prompt, args.new_tokens, False,
-                                               args.repeats)
+            measured = _measure(target, head, tree, backend, context, args)
+            if "error" in measured:
+                rows.append({"shape": shape, "backend": backend, "context": context,
+                             "ops_off_torch": ops_off_torch(backend), **measured})
+                print(rows[-1], flush=True)
+                continue
+            cycle, step = measured["cycle"], measured["step"]
             roofline = roofline_ratio(target, head, tree, context)
             step_bytes = weight_bytes(target)  # KV at these contexts is < 1 % of the weights
             rows.append({
@@ -130,7 +156,8 @@ def run(args) -> list[dict]:
                 "roofline_cycle_over_step": round(roofline, 3),
                 "step_bw_fraction": round(step_bytes / step / 1e9 / bandwidth, 3)
                 if bandwidth == bandwidth else "",
-                "graph_cycle": cycle_graph, "graph_step": step_graph,
+                "graph_cycle": measured["graph_cycle"], "graph_step": measured["graph_step"],
+                "ops_off_torch": ops_off_torch(backend), "error": "",
             })
             print(rows[-1], flush=True)
     return rows
@@ -143,7 +170,8 @@ def main() -> int:
     parser.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024])
     parser.add_argument("--backends", nargs="+", default=["auto", "triton"],
-                        help="values of EAGLE_KERNELS_BACKEND to run (auto = torch reference)")
+                        help="values of EAGLE_KERNELS_BACKEND to run (auto: what this GPU's "
+                        "verdict proved, else the torch reference)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -152,8 +180,9 @@ def main() -> int:
         args.backends = ["auto"]
     rows = run(args)
     out = Path(args.out)
-    append_rows(out / "cycle.csv", rows)
-    plot_rows(rows, "context", "cycle_over_step", "backend", out / "cycle.png",
+    columns = list(max(rows, key=len))  # error rows have fewer columns: one header for all
+    append_rows(out / "cycle.csv", [{c: row.get(c, "") for c in columns} for row in rows])
+    plot_rows([row for row in rows if not row.get("error")], "context", "cycle_over_step", "backend", out / "cycle.png",
               "speculative cycle / autoregressive step (1.0 = free drafting)", logy=False)
     return 0
 

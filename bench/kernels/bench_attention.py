@@ -146,7 +146,8 @@ def main():
             timings[name], notes[name] = time_method(fn, device, repeats), note
         base, causal = timings["sdpa_dense"], timings["causal_sdpa"]
         for name, timing in timings.items():
-            row = dict(op="tree_attention", model=model, method=name, batch=batch,
+            row = dict(op="tree_attention", model=model, method=name, backend=name,
+                       dtype="bfloat16", batch=batch,
                        context=context, num_nodes=num_nodes,
                        **timing_columns(timing, base, floor_us),
                        ratio_to_causal=round(timing.median_us / causal.median_us, 3),

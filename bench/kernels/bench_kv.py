@@ -72,7 +72,8 @@ def main():
                                        warmup=1 if device.type == "cpu" else 3)
         base = timings.get("torch")
         for backend, timing in timings.items():
-            row = dict(op="compact_kv", model=model, backend=backend, batch=batch,
+            row = dict(op="compact_kv", model=model, backend=backend, dtype="bfloat16",
+                       batch=batch,
                        accepted=accepted, caches=len(caches),
                        **timing_columns(timing, base, floor_us))
             rows.append(row)

@@ -103,6 +103,14 @@ def cases(smoke: bool, device):
                     for b in backends()})
 
 
+def input_dtype(op: str, shape: str) -> str:
+    """The dtype column: top-k's logits dtype ends its shape label; the tree ops take fp32
+    scores (build_tree int32 parents), as the verdict pass labels them."""
+    if op == "topk_log_softmax":
+        return shape.split()[-1]
+    return "int32" if op == "build_tree" else "float32"
+
+
 def launch_us(device) -> float:
     """One graphed launch of a trivial kernel: the fixed cost every kernel pays."""
     if device.type != "cuda":
@@ -129,6 +137,7 @@ def main() -> None:
             achieved = moved / (timing.median_us * 1e3)
             rows.setdefault(op, []).append({
                 "op": op, "shape": shape, "batch": batch, "backend": backend,
+                "dtype": input_dtype(op, shape),
                 "mode": "graph" if device.type == "cuda" and backend != "torch" else "eager",
                 **timing_columns(timing, timings["torch"], floor_us),
                 "bytes": moved, "gb_per_s": round(achieved, 2),

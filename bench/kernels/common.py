@@ -166,12 +166,15 @@ def plot_rows(rows: list[dict], x: str, y: str, series: str, png_path: str | os.
 def timing_columns(timing: Timing, baseline: Timing | None, floor_us: float) -> dict:
     """The columns every benchmark row carries: median and spread, speedup over the torch
     reference timed in the same run (blank when it was not timed), and the memory-bound floor
-    (``x_floor`` = time / floor; 1.0 is the roofline)."""
+    (``x_floor`` = time / floor, 1.0 is the roofline; ``floor_fraction`` = floor / time, the
+    fraction of the roofline reached). Every kernel CSV also has ``op``, ``backend`` and
+    ``dtype`` columns: bench/verdict.py reads the speedups by them."""
     return {"median_us": round(timing.median_us, 3), "p20_us": round(timing.p20_us, 3),
             "p80_us": round(timing.p80_us, 3), "repeats": timing.repeats,
             "speedup_vs_torch": round(baseline.median_us / timing.median_us, 2)
             if baseline else "",
-            "floor_us": round(floor_us, 3), "x_floor": round(timing.median_us / floor_us, 2)}
+            "floor_us": round(floor_us, 3), "x_floor": round(timing.median_us / floor_us, 2),
+            "floor_fraction": round(floor_us / timing.median_us, 3)}
 
 
 def bench_arguments(description: str):

@@ -20,15 +20,24 @@ to the next backend, and an explicit (or forced) request for an unsupported case
 ValueError naming the limit. CUDA limits come from the ``_C`` module (:func:`cuda_limit`),
 Triton limits from one named constant in the module that owns the kernel.
 
-A kernel is enabled for ``auto`` only once it has been proven against the reference on a GPU;
-until then it is reachable by naming its backend explicitly.
+A GPU kernel (``cuda``, ``triton``) joins ``auto`` on a CUDA device only where a committed
+verdict for that GPU says it was proven equal to the reference and faster than it
+(:func:`verdict_allows`); the ``auto=`` given at registration does not apply to them. Verdicts
+are the ``verdict.json`` files under ``bench/results/<date>_<gpu>/`` (written from a GPU run by
+``bench/collect_results.py``, never by hand), found by ``torch.cuda.get_device_name``; the
+newest one for this GPU counts. With none for this GPU, ``auto`` stays on torch there, and every
+GPU kernel is reachable by naming its backend explicitly. ``EAGLE_KERNELS_VERDICTS`` names
+another folder to search (``off``: none). The Triton interpreter (CPU tensors under
+``TRITON_INTERPRET=1``) is never chosen by ``auto``.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
@@ -38,6 +47,10 @@ from ._triton import MISSING_REASON as TRITON_MISSING
 
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "EAGLE_KERNELS_BACKEND"
+GPU_BACKENDS = ("cuda", "triton")  # join auto on CUDA devices by verdict only
+VERDICT_ENV = "EAGLE_KERNELS_VERDICTS"
+VERDICT_SCHEMA = 1
+DEFAULT_VERDICTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 class BackendStatus(NamedTuple):
@@ -93,9 +106,12 @@ def cuda_limit(name: str):
     return getattr(cuda_extension(), name)
 
 
+CPU_MODULE = "eagle_kernels._cpu"
+
+
 def cpu_extension():
     """The compiled ``eagle_kernels._cpu`` module; raises ImportError if it was not built."""
-    return importlib.import_module("eagle_kernels._cpu")
+    return importlib.import_module(CPU_MODULE)
 
 
 def cuda_stream(device: torch.device) -> int:
@@ -116,7 +132,7 @@ def backend_status(backend: str) -> BackendStatus:
             return BackendStatus(True, "triton interpreter on CPU (TRITON_INTERPRET=1)")
         return BackendStatus(False, "no CUDA device (TRITON_INTERPRET=1 runs kernels on CPU)")
     if backend == "cpu":
-        imported = _import_status("eagle_kernels._cpu")
+        imported = _import_status(CPU_MODULE)
         if not imported.available:
             return BackendStatus(False, "eagle_kernels._cpu not built (no C++ compiler at "
                                  "install time?): " + imported.reason)
@@ -162,6 +178,66 @@ def _unsupported(impl: _Implementation, facts: dict) -> str | None:
     return impl.supports(**facts) if impl.supports is not None else None
 
 
+def verdict_allows(entry: dict) -> bool:
+    """The rule by which a verdict entry puts a GPU kernel into ``auto``: proven equal to the
+    reference at that dtype on that GPU, and its median speedup over torch above 1."""
+    speedup = entry.get("speedup_vs_torch")
+    return bool(entry.get("proven")) and speedup is not None and speedup > 1.0
+
+
+def _verdict_folder() -> Path | None:
+    setting = os.environ.get(VERDICT_ENV, "").strip()
+    if setting.lower() == "off":
+        return None
+    return Path(setting) if setting else DEFAULT_VERDICTS
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_verdict(gpu_name: str, folder: str | None = None) -> dict:
+    """The newest verdict for the GPU called ``gpu_name`` ({} if none): its ``kernels`` entries
+    keyed by (op, backend, dtype), plus the file it came from under key ``"path"``."""
+    root = Path(folder) if folder is not None else _verdict_folder()
+    if root is None or not root.is_dir():
+        return {}
+    found = []
+    for path in sorted(root.glob("*/verdict.json")):
+        try:
+            verdict = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a broken file must not break every op: it proves nothing
+        if verdict.get("schema") == VERDICT_SCHEMA and verdict.get("gpu") == gpu_name:
+            found.append((str(verdict.get("date", "")), str(path), verdict))
+    if not found:
+        return {}
+    _, path, verdict = max(found)
+    entries = {(e["op"], e["backend"], e["dtype"]): e for e in verdict.get("kernels", [])}
+    return {"path": path, "entries": entries}
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _proven_here(op: str, backend: str, device: torch.device, facts: dict) -> bool:
+    """Whether this GPU's verdict lets ``backend``'s ``op`` into auto for these facts: the
+    entry of the inputs' dtype, or every entry of the op when the op passes no dtype."""
+    folder = _verdict_folder()
+    if device.type != "cuda" or folder is None:
+        return False
+    verdict = gpu_verdict(torch.cuda.get_device_name(device), str(folder))
+    entries = [entry for (name, impl, dtype), entry in verdict.get("entries", {}).items()
+               if name == op and impl == backend
+               and ("dtype" not in facts or dtype == _dtype_name(facts["dtype"]))]
+    return bool(entries) and all(verdict_allows(entry) for entry in entries)
+
+
+def _auto_allowed(op: str, name: str, impl: _Implementation, device: torch.device,
+                  facts: dict) -> bool:
+    if name in GPU_BACKENDS:  # never the interpreter; on a GPU only by verdict
+        return _proven_here(op, name, device, facts)
+    return impl.auto
+
+
 def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, Callable]:
     """Pick the implementation of ``op`` for tensors on ``device`` with these ``facts``.
 
@@ -174,8 +250,10 @@ def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, 
     if requested == "auto":
         for name in BACKENDS:
             impl = implementations.get(name)
-            if (impl is not None and impl.auto and backend_status(name).available
-                    and _supports_device(name, device) and _unsupported(impl, facts) is None):
+            if (impl is not None and backend_status(name).available
+                    and _supports_device(name, device)
+                    and _auto_allowed(op, name, impl, device, facts)
+                    and _unsupported(impl, facts) is None):
                 return name, impl.fn
         return "torch", implementations["torch"].fn
     impl = implementations.get(requested)
@@ -193,10 +271,18 @@ def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, 
     return requested, impl.fn
 
 
+def _auto_label(op: str, name: str, impl: _Implementation) -> str:
+    if name not in GPU_BACKENDS:
+        return "auto" if impl.auto else "explicit only"
+    if torch.cuda.is_available() and _proven_here(op, name, torch.device("cuda"), {}):
+        return "auto"  # proven and faster at every dtype of this GPU's verdict
+    return "explicit only"
+
+
 def op_backends() -> dict[str, dict[str, str]]:
-    """For each op: backend -> 'auto' (chosen by auto when available) or 'explicit only'."""
-    return {op: {name: ("auto" if impl.auto else "explicit only")
-                 for name, impl in sorted(impls.items())}
+    """For each op: backend -> 'auto' (chosen by auto when available) or 'explicit only'
+    (GPU kernels: 'auto' where this GPU's verdict proves them at every dtype)."""
+    return {op: {name: _auto_label(op, name, impl) for name, impl in sorted(impls.items())}
             for op, impls in sorted(_REGISTRY.items())}
 
 
@@ -208,6 +294,11 @@ def backend_report() -> str:
     lines.append("ops (backend: used by auto / explicit only):")
     for op, impls in op_backends().items():
         lines.append(f"  {op:<24} " + ", ".join(f"{b}: {how}" for b, how in impls.items()))
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        folder = _verdict_folder()
+        verdict = gpu_verdict(name, str(folder)) if folder is not None else {}
+        lines.append(f"GPU verdict for {name}: {verdict.get('path', 'none (auto stays torch)')}")
     forced = os.environ.get(BACKEND_ENV)
     if forced:
         lines.append(f"{BACKEND_ENV}={forced} forces that backend for backend='auto'")

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Stage 1, the most valuable evidence: build, every kernel against the torch reference on the
+# GPU (the verdict pass at every dtype, then the GPU tests), one compute-sanitizer memcheck
+# pass, and the verdict table op x backend x dtype. Returns the build for later stages.
+#   run(command="bash bench/gpu_suite.sh stage1")            (no carried paths)
+STAGE=stage1
+source "$(dirname "$0")/lib.sh"
+environment
+build_or_restore
+step backends 60 "$PY" -c "import eagle_kernels; print(eagle_kernels.backend_report())"
+
+device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
+step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
+  --verdict "$WORK/kernel-check.json"
+
+# GPU tests only (-m gpu: nothing CPU-only collected). In the dry run they are collected and
+# skip (no CUDA device), which proves the selection and the XML.
+step gpu-tests 200 "$PY" -m pytest tests -m gpu -q -rfEs -p no:cacheprovider \
+  --junitxml="$WORK/gpu-tests.xml"
+
+if [ "$DRY_RUN" = 1 ]; then
+  step memcheck-left-out 60 "$PY" -c "print('dry run: no compute-sanitizer')"
+else
+  # No caching allocator: an access past a tensor lands outside any allocation and is reported.
+  step memcheck 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$PY" bench/sanitize_kernels.py
+fi
+
+step verdict 30 "$PY" bench/verdict.py stage "$WORK" --table "$WORK/summary-extra.txt"
+step pack-build 60 "$PY" bench/stages/build_carry.py pack "$OUT"
+finish

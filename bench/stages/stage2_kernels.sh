@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Stage 2: kernel microbenchmarks, every family: speedup over torch and fraction of the memory
+# floor (columns op, backend, dtype, median_us, speedup_vs_torch, x_floor, floor_fraction),
+# then this stage's verdict (correctness re-checked here, so the speedups sit beside it).
+#   run(command="bash bench/gpu_suite.sh stage2", carry=[".carry/build"])
+# (.carry/build: build.tar.gz from stage 1; without it this stage builds first.)
+STAGE=stage2
+source "$(dirname "$0")/lib.sh"
+environment
+build_or_restore
+smoke=(); [ "$DRY_RUN" = 1 ] && smoke=(--smoke)
+device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
+step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
+  --verdict "$WORK/kernel-check.json"
+for family in topk acceptance kv attention; do
+  step "bench_$family" 75 "$PY" "bench/kernels/bench_$family.py" --out "$WORK/kernels" "${smoke[@]}"
+done
+step verdict 30 "$PY" bench/verdict.py stage "$WORK" --table "$WORK/summary-extra.txt"
+finish

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Stage 3: one speculative cycle against one autoregressive step at Llama-3.1-8B and SmolLM2
+# shapes (random bf16 weights, CUDA graphs) for each backend, with the roofline ratio.
+#   run(command="bash bench/gpu_suite.sh stage3", carry=[".carry/build"])
+STAGE=stage3
+source "$(dirname "$0")/lib.sh"
+environment
+build_or_restore
+if [ "$DRY_RUN" = 1 ]; then
+  step cycle-smoke 120 "$PY" bench/e2e/bench_cycle.py --smoke --out "$WORK/cycle"
+else
+  step cycle-smollm2 120 "$PY" bench/e2e/bench_cycle.py --shape smollm2-135m \
+    --backends auto torch triton cuda --contexts 1024 --out "$WORK/cycle"
+  step cycle-llama 240 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
+    --backends auto torch triton cuda --contexts 1024 4096 --out "$WORK/cycle"
+fi
+step cycle-table 30 "$PY" bench/stages/cycle_table.py "$WORK/cycle/cycle.csv" \
+  --write "$WORK/summary-extra.txt"
+finish

@@ -1,0 +1,197 @@
+"""The verdict of a GPU run: per op x backend x dtype, proven equal to the reference or not,
+its largest error, and its speedup over torch. The backend registry reads it
+(``eagle_kernels.ops._backend.verdict_allows``: proven and faster joins ``auto`` on that GPU).
+
+    python3 bench/verdict.py stage WORK [--table FILE]   # a stage's own verdict (in its tarball)
+    python3 bench/verdict.py run RUN_DIR                  # bench/collect_results.py: the run's
+
+Evidence read from the folders given (each stage's unpacked tarball):
+
+* ``kernel-check.json``: bench/sanitize_kernels.py --verdict (every op at every dtype it takes);
+* ``gpu-tests.xml``: pytest -m gpu; a failure in a family's test file counts against that
+  family's ops (against every op for files of no one family), for the backend its parameters
+  name (both GPU backends when they name none);
+* ``steps.tsv``: the stage's steps; a memcheck step that did not pass proves nothing;
+* ``*.csv`` with ``op``, ``backend``, ``dtype``, ``speedup_vs_torch`` columns: the kernel
+  benchmarks; an entry's speedup is the median over its rows (of its dtype when there are any).
+
+Schema of ``verdict.json`` (``schema`` 1)::
+
+    {"schema": 1, "gpu": "<torch.cuda.get_device_name()>", "date": "YYYY-MM-DD",
+     "environment": {...}, "rule": "...",
+     "kernels": [{"op", "backend", "dtype", "proven": bool, "check": "correct|wrong|error|not
+                  run", "max_error": float|null, "gpu_tests": "P passed, F failed",
+                  "memcheck": "clean|failed|not run", "speedup_vs_torch": float|null,
+                  "auto": bool, "detail": str}]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import statistics
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCHEMA = 1
+RULE = ("proven: the kernel check matched the torch reference at this dtype on this GPU, the "
+        "GPU tests of the op's family for this backend passed (at least one ran) and the "
+        "memcheck pass was clean; auto: proven and median speedup_vs_torch > 1")
+# Which ops a test file's failures count against, by a word in its name.
+FAMILY_WORDS = {
+    "attention": ("tree_attention",),
+    "topk": ("topk_log_softmax", "eagle2_expand", "eagle2_rerank"),
+    "tree": ("build_tree",),
+    "acceptance": ("greedy_accept_tree", "greedy_accept_chain", "stochastic_accept_tree",
+                   "stochastic_accept_chain", "target_probs"),
+    "sampling": ("target_probs", "stochastic_accept_tree", "stochastic_accept_chain"),
+    "kv": ("compact_kv",),
+    "loss": ("soft_cross_entropy",),
+}
+GPU_BACKENDS = ("cuda", "triton")
+
+
+def _find(folders: list[Path], pattern: str) -> list[Path]:
+    return sorted(path for folder in folders for path in folder.rglob(pattern))
+
+
+def kernel_checks(folders: list[Path]) -> tuple[list[dict], str]:
+    """The verdict-pass rows and the device they ran on ('' when none ran)."""
+    for path in _find(folders, "kernel-check.json"):
+        report = json.loads(path.read_text())
+        return report["rows"], report["device"]
+    return [], ""
+
+
+def _families(test_file: str) -> tuple[str, ...] | None:
+    """Ops a test file covers, or None for a file of no one family (counts against all)."""
+    ops = [op for word, family in FAMILY_WORDS.items() if word in test_file for op in family]
+    return tuple(ops) or None
+
+
+def test_tally(folders: list[Path]) -> list[tuple[tuple | None, tuple, str]]:
+    """(ops or None, backends, passed / failed / skipped) per GPU test case."""
+    tally = []
+    for path in _find(folders, "gpu-tests.xml"):
+        for case in ElementTree.parse(path).getroot().iter("testcase"):
+            name = case.get("name", "")
+            backends = tuple(b for b in GPU_BACKENDS if f"{b}" in name.split("[", 1)[-1]) \
+                if "[" in name else ()
+            outcome = "passed"
+            if case.find("failure") is not None or case.find("error") is not None:
+                outcome = "failed"
+            elif case.find("skipped") is not None:
+                outcome = "skipped"
+            source = case.get("file") or case.get("classname", "").replace(".", "/")
+            tally.append((_families(source), backends or GPU_BACKENDS, outcome))
+    return tally
+
+
+def memcheck_status(folders: list[Path]) -> str:
+    for path in _find(folders, "steps.tsv"):
+        for line in path.read_text().splitlines()[1:]:
+            name, status = line.split("\t")[:2]
+            if name == "memcheck":
+                return "clean" if status == "ok" else "failed"
+    return "not run"
+
+
+def speedups(folders: list[Path]) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    """(op, backend) -> [(dtype, speedup_vs_torch)] over every kernel benchmark row."""
+    found: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for path in _find(folders, "*.csv"):
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                value = row.get("speedup_vs_torch") or ""
+                if not value or "op" not in row or "backend" not in row:
+                    continue
+                found.setdefault((row["op"], row["backend"]), []).append(
+                    (row.get("dtype", ""), float(value)))
+    return found
+
+
+def _speedup(rows: list[tuple[str, float]], dtype: str) -> float | None:
+    same = [value for kind, value in rows if kind == dtype]
+    values = same or [value for _, value in rows]
+    return round(statistics.median(values), 3) if values else None
+
+
+def _tests_for(tally, op: str, backend: str) -> tuple[int, int]:
+    counted = [outcome for ops, backends, outcome in tally
+               if (ops is None or op in ops) and backend in backends]
+    return counted.count("passed"), counted.count("failed")
+
+
+def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dict:
+    """The verdict from the evidence in ``folders`` (see the module docstring)."""
+    from eagle_kernels.ops._backend import verdict_allows
+
+    checks, device = kernel_checks(folders)
+    tally, memcheck, timed = test_tally(folders), memcheck_status(folders), speedups(folders)
+    kernels = []
+    for row in checks:
+        if row["backend"] not in GPU_BACKENDS:
+            continue
+        passed, failed = _tests_for(tally, row["op"], row["backend"])
+        proven = (device.startswith("cuda") and row["status"] == "correct" and passed > 0
+                  and failed == 0 and memcheck == "clean")
+        entry = dict(op=row["op"], backend=row["backend"], dtype=row["dtype"], proven=proven,
+                     check=row["status"], max_error=row["max_error"],
+                     gpu_tests=f"{passed} passed, {failed} failed", memcheck=memcheck,
+                     speedup_vs_torch=_speedup(timed.get((row["op"], row["backend"]), []),
+                                               row["dtype"]),
+                     detail=row.get("detail", ""))
+        entry["auto"] = verdict_allows(entry)
+        kernels.append(entry)
+    return {"schema": SCHEMA, "gpu": gpu, "device": device,
+            "date": datetime.date.today().isoformat(), "environment": environment or {},
+            "rule": RULE, "kernels": kernels}
+
+
+def table(verdict: dict) -> str:
+    """The verdict as an aligned text table (stage summaries, RESULTS.md)."""
+    lines = [f"verdict for {verdict['gpu']} (kernel check on {verdict['device'] or 'nothing'})",
+             f"{'op':<24} {'backend':<7} {'dtype':<9} {'check':<8} {'max error':<10} "
+             f"{'gpu tests':<20} {'memcheck':<8} {'speedup':<8} auto"]
+    for e in verdict["kernels"]:
+        error = "" if e["max_error"] is None else f"{e['max_error']:.3g}"
+        speedup = "" if e["speedup_vs_torch"] is None else f"{e['speedup_vs_torch']:.2f}"
+        lines.append(f"{e['op']:<24} {e['backend']:<7} {e['dtype']:<9} {e['check']:<8} "
+                     f"{error:<10} {e['gpu_tests']:<20} {e['memcheck']:<8} {speedup:<8} "
+                     f"{'yes' if e['auto'] else 'no'}")
+    return "\n".join(lines)
+
+
+def _gpu_name(folders: list[Path]) -> str:
+    """torch.cuda.get_device_name() as the stage recorded it: what the registry matches."""
+    for path in _find(folders, "environment.txt"):
+        for line in path.read_text().splitlines():
+            if line.startswith("gpu: ") and line != "gpu: none":
+                return line[len("gpu: "):].strip()
+    return "no GPU (dry run)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("mode", choices=("stage", "run"))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--table", type=Path, help="also write the text table here")
+    args = parser.parse_args(argv)
+    folders = [args.folder]
+    verdict = build(folders, _gpu_name(folders))
+    (args.folder / "verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
+    text = table(verdict)
+    if args.table:
+        args.table.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

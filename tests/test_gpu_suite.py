@@ -1,0 +1,94 @@
+"""The staged GPU suite rehearsed on CPU, the device limits it is checked against, and the
+verdict that lets a GPU kernel into ``auto``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import device_limits  # noqa: E402
+
+from eagle_kernels.ops import _backend  # noqa: E402
+
+
+def test_rehearsal_runs_every_stage_within_the_device_limits():
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("TRITON_INTERPRET", None)  # the stages set it themselves in a dry run
+    result = subprocess.run(["bash", "bench/gpu_suite.sh", "rehearse"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    for stage in ("stage1", "stage2", "stage3", "stage4", "stage5"):
+        assert f"{stage}: " in result.stdout and "PROBLEMS" not in result.stdout, result.stdout
+
+
+def test_check_out_names_every_broken_limit(tmp_path):
+    for index in range(device_limits.MAX_FILES_BACK + 1):
+        (tmp_path / f"f{index}.txt").write_text("x")
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "c" / "deep.txt").write_text("x")
+    (tmp_path / "bad name.txt").write_text("x")
+    with open(tmp_path / "big.bin", "wb") as handle:
+        handle.truncate(device_limits.MAX_FILE_BYTES + 1)
+    problems = "\n".join(device_limits.check_out(tmp_path))
+    for expected in ("files >", "folders down", "name outside", "MiB >"):
+        assert expected in problems, problems
+
+
+def test_send_size_counts_the_tree_and_carried_paths(tmp_path):
+    assert device_limits.check_send([]) == []  # the tree alone fits
+    too_many = [f"p{index}" for index in range(device_limits.MAX_CARRY_PATHS + 1)]
+    assert "carried paths" in "".join(device_limits.check_send(too_many))
+    assert "sends" in "".join(device_limits.check_send([], device_limits.MAX_SEND_BYTES))
+
+
+def _verdict(folder: Path, gpu: str, date: str, **entry) -> None:
+    kernel = dict(op="build_tree", backend="triton", dtype="int32", proven=True,
+                  speedup_vs_torch=3.0, **entry)
+    (folder / f"{date}_x").mkdir(parents=True)
+    (folder / f"{date}_x" / "verdict.json").write_text(json.dumps(
+        {"schema": _backend.VERDICT_SCHEMA, "gpu": gpu, "date": date, "kernels": [kernel]}))
+
+
+def _resolve_on_fake_gpu(monkeypatch, folder: Path, gpu: str) -> str:
+    """What auto picks for build_tree on a CUDA device called ``gpu`` (no GPU needed)."""
+    monkeypatch.setenv(_backend.VERDICT_ENV, str(folder))
+    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    monkeypatch.setattr(_backend, "backend_status",
+                        lambda name: _backend.BackendStatus(name != "cuda", "test"))
+    _backend.gpu_verdict.cache_clear()
+    try:
+        return _backend.resolve("build_tree", "auto", torch.device("cuda"), num_nodes=4)[0]
+    finally:
+        _backend.gpu_verdict.cache_clear()
+
+
+def test_a_proven_faster_kernel_joins_auto_on_its_gpu_only(monkeypatch, tmp_path):
+    _verdict(tmp_path, "GPU A", "2026-01-01")
+    assert _resolve_on_fake_gpu(monkeypatch, tmp_path, "GPU A") == "triton"
+    assert _resolve_on_fake_gpu(monkeypatch, tmp_path, "GPU B") == "torch"
+
+
+def test_the_newest_verdict_counts_and_unproven_or_slower_stays_torch(monkeypatch, tmp_path):
+    _verdict(tmp_path, "GPU A", "2026-01-01")
+    _verdict(tmp_path, "GPU A", "2026-02-01", memcheck="failed")
+    data = json.loads((tmp_path / "2026-02-01_x" / "verdict.json").read_text())
+    data["kernels"][0]["proven"] = False
+    (tmp_path / "2026-02-01_x" / "verdict.json").write_text(json.dumps(data))
+    assert _resolve_on_fake_gpu(monkeypatch, tmp_path, "GPU A") == "torch"
+    assert not _backend.verdict_allows({"proven": True, "speedup_vs_torch": 0.9})
+    assert not _backend.verdict_allows({"proven": True, "speedup_vs_torch": None})
+
+
+def test_the_interpreter_is_never_chosen_by_auto(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))
+    _verdict(tmp_path, "GPU A", "2026-01-01")
+    assert _backend.resolve("build_tree", "auto", torch.device("cpu"), num_nodes=4)[0] == "torch"
