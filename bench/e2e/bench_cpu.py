@@ -58,9 +58,16 @@ def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
 
 
 def read_bandwidth(megabytes: int, repeats: int) -> float:
-    """Bytes per second a reduction streams from DRAM (all of torch's threads)."""
+    """Bytes per second streamed from DRAM: the better of a torch reduction over a buffer and
+    our one-row GEMM over a weight of the same size (each far larger than the caches), so the
+    floor is never flattered by a slow way of reading."""
     data = torch.ones(megabytes << 18)  # float32: megabytes MiB
-    return data.numel() * 4 / median_seconds(lambda: data.sum(), repeats)
+    by_sum = data.numel() * 4 / median_seconds(lambda: data.sum(), repeats)
+    weight = data.view(-1, 1024)
+    x = torch.ones(1, 1024)
+    ops.linear(x, weight)  # packs the weight once, outside the timing
+    by_gemm = data.numel() * 4 / median_seconds(lambda: ops.linear(x, weight), repeats)
+    return max(by_sum, by_gemm)
 
 
 def gemm_rate(repeats: int) -> float:
