@@ -66,7 +66,7 @@ RERANK_ARGS = {
     "scores_ptr": "*fp32", "mask_ptr": "*i32", "paths_ptr": "*i32", "selected_ptr": "*i64",
     "node_of_ptr": "*i32", "flags_ptr": "*i32", "candidates": "i32", "num_nodes": "i32",
     "words": "i32", "width": "i32"}
-build(topk._rerank_kernel, RERANK_ARGS, {"MP": 1024, "RB": 16, "NP": 64, "WP": 2, "JB": 32})
+build(tree._rerank_kernel, RERANK_ARGS, {"MP": 1024, "RB": 16, "NP": 64, "WP": 2, "JB": 32})
 
 OUTPUTS = {"out_tokens_ptr": "*i64", "num_acc_ptr": "*i32", "out_nodes_ptr": "*i32"}
 STATS = {"m_ptr": "*fp32", "kkey_ptr": "*i32", "tau_ptr": "*fp32", "z_ptr": "*fp32"}

@@ -10,15 +10,16 @@ from . import reference
 from ._backend import BACKEND_ENV, BACKENDS, available_backends, backend_report, op_backends
 from ._validate import CHECK_VALUES_ENV, value_checks_enabled
 from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_accept_chain,
-                         stochastic_accept_tree, target_probs)
+                         stochastic_accept_tree)
 from .attention import tree_attention
 from .decoder import (apply_rope, decoder_layer, decoder_layer_backend, linear, linear_group,
                       rms_norm, silu_mul)
 from .kv import compact_kv
 from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree, pack_tree_mask, unpack_tree_mask
-from .topk import eagle2_expand, eagle2_rerank, topk_log_softmax
-from .tree import build_tree
+from .sampling import target_probs
+from .topk import eagle2_expand, topk_log_softmax
+from .tree import build_tree, eagle2_rerank
 
 __all__ = [
     "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DraftTree", "apply_rope",

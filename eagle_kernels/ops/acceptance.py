@@ -25,9 +25,8 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .sampling import (LOGIT_DTYPE_CODES, _target_probs_cuda, row_stats_cuda,
-                       row_stats_triton, sample_row, target_probs_triton, temperature_args,
-                       token_prob, vocab_block)
+from .sampling import (LOGIT_DTYPE_CODES, check_sampling, row_stats_cuda, row_stats_triton,
+                       sample_row, temperature_args, token_prob, vocab_block)
 from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
 from ._triton import tl, triton
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
@@ -48,41 +47,11 @@ def _check_tree_logits(tokens: torch.Tensor, target_logits: torch.Tensor) -> tup
     return batch, num_nodes, vocab
 
 
-def _check_sampling(batch: int, device: torch.device, temperature, top_k, top_p) -> None:
-    """Sampling parameters: Python scalars or [B] tensors on the inputs' device."""
-    specs = (("temperature", temperature, (torch.float32,)),
-             ("top_k", top_k, (torch.int32, torch.int64)),
-             ("top_p", top_p, (torch.float32,)))
-    for name, value, dtypes in specs:
-        if isinstance(value, torch.Tensor):
-            check_tensor(name, value, dtypes, (batch,), device)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name}: expected a number or a [B] tensor, got "
-                            f"{type(value).__name__}")
-    if not value_checks_enabled():
-        return
-    if bool(torch.as_tensor(temperature <= 0).any()):
-        raise ValueError("temperature: expected > 0 (use the greedy ops for temperature 0)")
-    if bool(torch.as_tensor(top_k < 0).any()):
-        raise ValueError("top_k: expected >= 0 (0 disables top-k)")
-    if bool(torch.as_tensor((top_p <= 0) | (top_p > 1)).any()):
-        raise ValueError("top_p: expected values in (0, 1] (1 disables top-p)")
-
-
 def _check_uniforms(batch: int, num_nodes: int, device, accept_uniforms, bonus_uniforms) -> None:
     check_tensor("accept_uniforms", accept_uniforms, (torch.float32,), (batch, num_nodes), device)
     check_tensor("bonus_uniforms", bonus_uniforms, (torch.float32,), (batch,), device)
     check_uniforms("accept_uniforms", accept_uniforms)
     check_uniforms("bonus_uniforms", bonus_uniforms)
-
-
-def target_probs(logits, temperature=1.0, top_k=0, top_p=1.0, backend: str = "auto"):
-    """The target sampling distribution [R, V] float32 (see :func:`reference.target_probs`)."""
-    check_tensor("logits", logits, FLOAT_DTYPES, (None, None))
-    check_logits("logits", logits)
-    _check_sampling(logits.shape[0], logits.device, temperature, top_k, top_p)
-    _, implementation = resolve("target_probs", backend, logits.device)
-    return implementation(logits, temperature, top_k, top_p)
 
 
 def greedy_accept_tree(tokens, paths, target_logits, backend: str = "auto") -> AcceptResult:
@@ -121,7 +90,7 @@ def stochastic_accept_tree(tokens, parents, target_logits, accept_uniforms, bonu
     check_parents("parents", parents)
     max_depth = check_max_depth(parents, max_depth)
     _check_uniforms(batch, num_nodes, tokens.device, accept_uniforms, bonus_uniforms)
-    _check_sampling(batch, tokens.device, temperature, top_k, top_p)
+    check_sampling(batch, tokens.device, temperature, top_k, top_p)
     _, implementation = resolve("stochastic_accept_tree", backend, tokens.device,
                                 num_nodes=num_nodes)
     return implementation(tokens, parents, target_logits, accept_uniforms, bonus_uniforms,
@@ -139,7 +108,7 @@ def stochastic_accept_chain(tokens, draft_probs, target_logits, accept_uniforms,
     if value_checks_enabled() and bool(((draft_probs < 0) | draft_probs.isnan()).any()):
         raise ValueError("draft_probs: expected non-negative probabilities, got negative or NaN")
     _check_uniforms(batch, num_nodes, tokens.device, accept_uniforms, bonus_uniforms)
-    _check_sampling(batch, tokens.device, temperature, top_k, top_p)
+    check_sampling(batch, tokens.device, temperature, top_k, top_p)
     _, implementation = resolve("stochastic_accept_chain", backend, tokens.device,
                                 num_nodes=num_nodes)
     return implementation(tokens, draft_probs, target_logits, accept_uniforms, bonus_uniforms,
@@ -500,9 +469,6 @@ def _stochastic_accept_chain_triton(tokens, draft_probs, target_logits, accept_u
     return result
 
 
-register("target_probs", "torch", reference.target_probs)
-register("target_probs", "cuda", _target_probs_cuda, auto=False)
-register("target_probs", "triton", target_probs_triton, auto=False)
 register("greedy_accept_tree", "torch", reference.greedy_accept_tree)
 register("greedy_accept_tree", "cuda", _greedy_accept_tree_cuda, auto=False)
 register("greedy_accept_tree", "triton", _greedy_accept_tree_triton, auto=False)

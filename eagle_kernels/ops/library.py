@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import acceptance, attention, decoder, kv, loss, topk, tree
+from . import acceptance, attention, decoder, kv, loss, sampling, topk, tree
 
 NAMESPACE = "eagle_kernels"
 OPS = ("tree_attention", "topk_log_softmax", "eagle2_expand", "eagle2_rerank", "build_tree",
@@ -121,7 +121,7 @@ def _eagle2_rerank(root_tokens: Tensor, candidate_tokens: Tensor, candidate_scor
                    candidate_parents: Tensor, num_nodes: int, max_depth: Optional[int] = None,
                    backend: str = "auto"
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    draft_tree, selected = topk.eagle2_rerank(root_tokens, candidate_tokens, candidate_scores,
+    draft_tree, selected = tree.eagle2_rerank(root_tokens, candidate_tokens, candidate_scores,
                                               candidate_parents, num_nodes, max_depth, backend)
     return _contiguous(*draft_tree, selected)
 
@@ -232,7 +232,7 @@ def _target_probs(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_
                   temperatures: Optional[Tensor] = None, top_ks: Optional[Tensor] = None,
                   top_ps: Optional[Tensor] = None, backend: str = "auto") -> Tensor:
     params = _sampling(temperature, top_k, top_p, temperatures, top_ks, top_ps)
-    return acceptance.target_probs(logits, *params, backend=backend).contiguous()
+    return sampling.target_probs(logits, *params, backend=backend).contiguous()
 
 
 @_target_probs.register_fake

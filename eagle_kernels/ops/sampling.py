@@ -1,7 +1,8 @@
 """Sort-free target sampling distribution and inverse-CDF sampling: Triton building blocks
 (and the CUDA launchers of ``csrc/sampling.cu``, which implement the same algorithm).
 
-The Triton backend of :func:`eagle_kernels.ops.target_probs` and the per-row helpers the
+The public op :func:`target_probs` (its torch, Triton and CUDA backends are registered here),
+and the per-row helpers the
 stochastic acceptance kernels (:mod:`eagle_kernels.ops.acceptance`) share. The contract is
 :func:`eagle_kernels.ops.reference.target_probs` / :func:`~.reference.sample_from_probs`.
 
@@ -30,8 +31,41 @@ from __future__ import annotations
 
 import torch
 
+from . import reference
+from ._backend import cuda_extension, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._backend import cuda_extension, cuda_stream
+from ._validate import FLOAT_DTYPES, check_logits, check_tensor, value_checks_enabled
+
+
+def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p) -> None:
+    """Sampling parameters: Python scalars or [B] tensors on the inputs' device."""
+    specs = (("temperature", temperature, (torch.float32,)),
+             ("top_k", top_k, (torch.int32, torch.int64)),
+             ("top_p", top_p, (torch.float32,)))
+    for name, value, dtypes in specs:
+        if isinstance(value, torch.Tensor):
+            check_tensor(name, value, dtypes, (batch,), device)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name}: expected a number or a [B] tensor, got "
+                            f"{type(value).__name__}")
+    if not value_checks_enabled():
+        return
+    if bool(torch.as_tensor(temperature <= 0).any()):
+        raise ValueError("temperature: expected > 0 (use the greedy ops for temperature 0)")
+    if bool(torch.as_tensor(top_k < 0).any()):
+        raise ValueError("top_k: expected >= 0 (0 disables top-k)")
+    if bool(torch.as_tensor((top_p <= 0) | (top_p > 1)).any()):
+        raise ValueError("top_p: expected values in (0, 1] (1 disables top-p)")
+
+
+def target_probs(logits, temperature=1.0, top_k=0, top_p=1.0, backend: str = "auto"):
+    """The target sampling distribution [R, V] float32 (see :func:`reference.target_probs`)."""
+    check_tensor("logits", logits, FLOAT_DTYPES, (None, None))
+    check_logits("logits", logits)
+    check_sampling(logits.shape[0], logits.device, temperature, top_k, top_p)
+    _, implementation = resolve("target_probs", backend, logits.device)
+    return implementation(logits, temperature, top_k, top_p)
+
 
 ONE_BITS = 0x3F800000  # bit pattern of 1.0f: the largest e = exp(s - m)
 
@@ -382,3 +416,8 @@ def row_stats_cuda(target_logits, temperature, top_k, top_p) -> tuple:
         *(a.data_ptr() for a in params), rows, vocab, num_nodes,
         LOGIT_DTYPE_CODES[target_logits.dtype], cuda_stream(device))
     return params[0], stats
+
+
+register("target_probs", "torch", reference.target_probs)
+register("target_probs", "cuda", _target_probs_cuda, auto=False)
+register("target_probs", "triton", target_probs_triton, auto=False)

@@ -1,9 +1,10 @@
-"""Draft-tree growth: fused log-softmax + top-k, EAGLE-2 expansion and rerank.
+"""Draft-tree growth: fused log-softmax + top-k and EAGLE-2 expansion.
 
 Public ops with the contracts of the same-named functions in :mod:`eagle_kernels.ops.reference`:
-:func:`topk_log_softmax`, :func:`eagle2_expand`, :func:`eagle2_rerank`. All orders are
-deterministic: best first, equal values by lowest index. Backends: ``torch`` (reference),
-``triton`` (below) and ``cuda`` (``csrc/topk.cu``, rerank in ``csrc/tree.cu``); the kernels are
+:func:`topk_log_softmax`, :func:`eagle2_expand` (the final rerank into a tree,
+:func:`~eagle_kernels.ops.tree.eagle2_rerank`, lives with tree construction, as its CUDA kernel
+does). All orders are deterministic: best first, equal values by lowest index. Backends:
+``torch`` (reference), ``triton`` (below) and ``cuda`` (``csrc/topk.cu``); the kernels are
 explicit only until they have been proven on a GPU.
 
 Ordering keys. Every kernel ranks an fp32 value v at index i by one int64 key,
@@ -26,11 +27,8 @@ import torch
 from . import reference
 from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
-                        check_same_device, check_tensor, value_checks_enabled)
-from .reference import DraftTree
+from ._validate import FLOAT_DTYPES, check_int, check_logits, check_tensor, value_checks_enabled
 from .sampling import LOGIT_DTYPE_CODES, ordered_bits
-from .tree import triton_nodes_unsupported, tree_block_sizes, tree_body
 
 
 def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
@@ -87,69 +85,6 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
     _, implementation = resolve("eagle2_expand", backend, frontier_scores.device,
                                 candidates=frontier * child_log_probs.shape[2])
     return implementation(frontier_scores, child_log_probs, top_k)
-
-
-def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
-                  num_nodes: int, max_depth: int | None = None,
-                  backend: str = "auto") -> tuple[DraftTree, torch.Tensor]:
-    """Best ``num_nodes - 1`` candidates -> a topologically ordered draft tree.
-
-    Parameters
-    ----------
-    root_tokens : [B] int64.   candidate_tokens : [B, M] int64.
-    candidate_scores : [B, M] float32 (non-increasing from parent to child).
-    candidate_parents : [B, M] int32, ``-1 <= candidate_parents[b, i] < i``.
-    num_nodes : int, 1 <= N <= M + 1.   max_depth : int, optional (default N - 1).
-    backend : "auto", "cuda" (M <= ``_C.RERANK_MAX_CANDIDATES``, 2048), "triton" (N <=
-        :data:`~eagle_kernels.ops.tree.TRITON_MAX_NODES`, 1024) or "torch"; all exact. The
-        kernels build the whole tree (depth, mask, paths included) in one launch.
-
-    Returns
-    -------
-    (DraftTree, selected [B, N - 1] int64); see :func:`reference.eagle2_rerank`.
-    """
-    check_tensor("candidate_tokens", candidate_tokens, (torch.int64,), (None, None))
-    batch, candidates = candidate_tokens.shape
-    device = candidate_tokens.device
-    check_tensor("root_tokens", root_tokens, (torch.int64,), (batch,), device)
-    check_tensor("candidate_scores", candidate_scores, (torch.float32,), (batch, candidates),
-                 device)
-    check_tensor("candidate_parents", candidate_parents, (torch.int32,), (batch, candidates),
-                 device)
-    check_same_device(candidate_tokens=candidate_tokens, root_tokens=root_tokens)
-    check_int("num_nodes", num_nodes, 1, candidates + 1)
-    check_range("root_tokens", root_tokens, 0, 2**62)
-    check_range("candidate_tokens", candidate_tokens, 0, 2**62)
-    with_root = torch.cat([torch.full((batch, 1), -1, dtype=torch.int32, device=device),
-                           candidate_parents + 1], dim=1)
-    check_parents("candidate_parents (as tree with the root prepended)", with_root)
-    if value_checks_enabled() and bool(torch.isnan(candidate_scores).any()):
-        raise ValueError("candidate_scores: expected no NaN")
-    max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0)
-    name, implementation = resolve("eagle2_rerank", backend, device, candidates=candidates,
-                                   num_nodes=num_nodes)
-    tree, selected = implementation(root_tokens, candidate_tokens, candidate_scores,
-                                    candidate_parents, num_nodes, max_depth)
-    if name != "torch":
-        _check_kernel_tree(tree, max_depth)
-    return tree, selected
-
-
-def _check_kernel_tree(tree: DraftTree, max_depth: int) -> None:
-    """The reference's two errors, read off a kernel's output (kernels never raise).
-
-    A kept candidate whose parent was not kept gets parent -1 from the kernels; a tree deeper
-    than ``max_depth`` gets its true depth (paths then drop the deep entries). One host sync,
-    only with value checks on.
-    """
-    if not value_checks_enabled() or tree.parents.shape[1] < 2:
-        return
-    if bool((tree.parents[:, 1:] < 0).any()):
-        raise ValueError("candidate_scores: a kept candidate's parent was not kept; scores must "
-                         "not increase from parent to child")
-    deepest = int(tree.depth.max())
-    if deepest > max_depth:
-        raise ValueError(f"max_depth: expected >= the tree depth {deepest}, got {max_depth}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,91 +222,6 @@ def _eagle2_expand_triton(frontier_scores, child_log_probs, top_k):
     return candidate, next_index, next_scores
 
 
-@triton.jit
-def _rerank_kernel(root_ptr, cand_tokens_ptr, cand_scores_ptr, cand_parents_ptr,
-                   tokens_ptr, parents_ptr, depth_ptr, scores_ptr, mask_ptr, paths_ptr,
-                   selected_ptr, node_of_ptr, flags_ptr, candidates, num_nodes, words, width,
-                   MP: tl.constexpr, RB: tl.constexpr, NP: tl.constexpr, WP: tl.constexpr,
-                   JB: tl.constexpr):
-    """One program per tree, the whole rerank + tree construction:
-
-    1. rank every candidate by counting better keys ([RB, M] compare tiles); kept iff rank < N-1;
-    2. node number = inclusive cumsum of the kept flags (topological: candidate order);
-    3. kept candidates write token, score, selected and their parent's node number (0 for a
-       child of the root, -1 when the parent was not kept: the op raises on it);
-    4. :func:`tree_body` on the parents just written.
-    ``node_of_ptr`` ([B, M] int32) and ``flags_ptr`` ([B, N] int32) are workspaces.
-    """
-    tree = tl.program_id(0).to(tl.int64)
-    cand_scores_ptr += tree * candidates
-    node_of_ptr += tree * candidates
-    cand = tl.arange(0, MP)
-    inside = cand < candidates
-    all_keys = tl.where(inside, order_key(tl.load(cand_scores_ptr + cand, mask=inside), cand),
-                        NO_KEY)
-    keep = num_nodes - 1
-    for start in range(0, candidates, RB):
-        mine = start + tl.arange(0, RB)
-        mine_inside = mine < candidates
-        my_keys = order_key(tl.load(cand_scores_ptr + mine, mask=mine_inside), mine)
-        rank = tl.sum((all_keys[None, :] > my_keys[:, None]).to(tl.int32), 1)
-        tl.store(node_of_ptr + mine, (rank < keep).to(tl.int32), mask=mine_inside)
-    tl.debug_barrier()
-    kept = tl.load(node_of_ptr + cand, mask=inside, other=0)
-    node = tl.cumsum(kept, 0)
-    tl.debug_barrier()  # every flag is read before node numbers overwrite them
-    kept = inside & (kept != 0)
-    tl.store(node_of_ptr + cand, tl.where(kept, node, -1), mask=inside)
-    tl.debug_barrier()
-
-    parent = tl.load(cand_parents_ptr + tree * candidates + cand, mask=kept, other=-1)
-    valid = (parent >= 0) & (parent < cand)
-    parent_node = tl.load(node_of_ptr + tl.where(valid, parent, 0), mask=kept & valid, other=-1)
-    parent_node = tl.where(parent < 0, 0, parent_node)
-    out = tree * num_nodes + node
-    tl.store(tokens_ptr + out, tl.load(cand_tokens_ptr + tree * candidates + cand, mask=kept),
-             mask=kept)
-    tl.store(scores_ptr + out, tl.load(cand_scores_ptr + cand, mask=kept), mask=kept)
-    tl.store(parents_ptr + out, parent_node, mask=kept)
-    tl.store(selected_ptr + tree * keep + node - 1, cand.to(tl.int64), mask=kept)
-    tl.store(tokens_ptr + tree * num_nodes, tl.load(root_ptr + tree))
-    tl.store(parents_ptr + tree * num_nodes, -1)
-    tl.store(scores_ptr + tree * num_nodes, 0.0)
-    tl.debug_barrier()
-    tree_body(parents_ptr + tree * num_nodes, depth_ptr + tree * num_nodes,
-              mask_ptr + tree * num_nodes * words, paths_ptr + tree * num_nodes * width,
-              flags_ptr + tree * num_nodes, num_nodes, words, width, NP, WP, JB)
-
-
-def _rerank_outputs(batch, num_nodes, max_depth, device):
-    """Output tensors of eagle2_rerank: DraftTree fields and selected."""
-    def empty(*shape, dtype=torch.int32):
-        return torch.empty(*shape, dtype=dtype, device=device)
-    tree = DraftTree(empty(batch, num_nodes, dtype=torch.int64), empty(batch, num_nodes),
-                     empty(batch, num_nodes), empty(batch, num_nodes, dtype=torch.float32),
-                     empty(batch, num_nodes, reference.mask_words(num_nodes)),
-                     empty(batch, num_nodes, max_depth + 1))
-    return tree, empty(batch, num_nodes - 1, dtype=torch.int64)
-
-
-def _eagle2_rerank_triton(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
-                          num_nodes, max_depth):
-    batch, candidates = candidate_tokens.shape
-    device = candidate_tokens.device
-    tree, selected = _rerank_outputs(batch, num_nodes, max_depth, device)
-    if batch > 0:
-        node_of = torch.empty(batch, candidates, dtype=torch.int32, device=device)
-        flags = torch.empty(batch, num_nodes, dtype=torch.int32, device=device)
-        _rerank_kernel[(batch,)](
-            root_tokens, candidate_tokens, candidate_scores, candidate_parents, tree.tokens,
-            tree.parents, tree.depth, tree.scores, tree.tree_mask, tree.paths, selected,
-            node_of, flags, candidates, num_nodes, reference.mask_words(num_nodes),
-            max_depth + 1, MP=triton.next_power_of_2(candidates),
-            RB=rank_rows(triton.next_power_of_2(candidates)),
-            **tree_block_sizes(num_nodes))
-    return tree, selected
-
-
 register("topk_log_softmax", "torch", reference.topk_log_softmax)
 register("eagle2_expand", "torch", reference.eagle2_expand)
 # --------------------------------------------------------------------------------------------
@@ -389,18 +239,6 @@ def _expand_cuda_supports(candidates, **_) -> str | None:
         return (f"child_log_probs: expected K * C <= {most} (_C.EXPAND_MAX_CANDIDATES), got "
                 f"{candidates}")
     return None
-
-
-def _rerank_cuda_supports(candidates, **_) -> str | None:
-    most = cuda_limit("RERANK_MAX_CANDIDATES")  # 12 bytes of shared memory per candidate
-    if most and candidates > most:
-        return (f"candidate_tokens: expected M <= {most} candidates (_C.RERANK_MAX_CANDIDATES), "
-                f"got {candidates}")
-    return None
-
-
-def _rerank_triton_supports(num_nodes, **_) -> str | None:
-    return triton_nodes_unsupported(num_nodes)
 
 
 def _topk_log_softmax_cuda(logits, k, d2t):
@@ -424,25 +262,9 @@ def _eagle2_expand_cuda(frontier_scores, child_log_probs, top_k):
     return candidate, next_index, next_scores
 
 
-def _eagle2_rerank_cuda(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
-                        num_nodes, max_depth):
-    batch, candidates = candidate_tokens.shape
-    tree, selected = _rerank_outputs(batch, num_nodes, max_depth, candidate_tokens.device)
-    cuda_extension().eagle2_rerank(
-        root_tokens.data_ptr(), candidate_tokens.data_ptr(), candidate_scores.data_ptr(),
-        candidate_parents.data_ptr(), *(t.data_ptr() for t in tree), selected.data_ptr(),
-        batch, candidates, num_nodes, max_depth, cuda_stream(candidate_tokens.device))
-    return tree, selected
-
-
-register("eagle2_rerank", "torch", reference.eagle2_rerank)
 register("topk_log_softmax", "triton", _topk_log_softmax_triton, auto=False)
 register("eagle2_expand", "triton", _eagle2_expand_triton, auto=False)
-register("eagle2_rerank", "triton", _eagle2_rerank_triton, auto=False,
-         supports=_rerank_triton_supports)
 register("topk_log_softmax", "cuda", _topk_log_softmax_cuda, auto=False,
          supports=_topk_cuda_supports)
 register("eagle2_expand", "cuda", _eagle2_expand_cuda, auto=False,
          supports=_expand_cuda_supports)
-register("eagle2_rerank", "cuda", _eagle2_rerank_cuda, auto=False,
-         supports=_rerank_cuda_supports)
