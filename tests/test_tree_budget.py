@@ -69,3 +69,25 @@ def test_adaptive_trees_stay_exact(target, gen):
     assert out.tokens == reference.tokens
     assert set(out.stats.tree_cycles) == {"4/3/16", "1/0/2"}, out.stats.tree_cycles
     assert policy.current == SMALL and policy.history
+
+
+def test_plain_decoding_takes_over_when_no_tree_pays(target, gen):
+    """A weak head on a device where verify costs more than a step: the call switches to plain
+    decoding mid-way (same tokens), later calls decode plainly, every PROBE_EVERY-th speculates."""
+    from eagle_kernels.runtime.tree_budget import PROBE_EVERY
+
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (9,)]
+    reference = Engine(target).generate(prompts, 24, speculative=False)
+    policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.9, step_seconds=0.01)
+    assert policy.worth_speculating()  # optimistic prior: 1.9 tokens per 14 ms beats 1 per 10
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
+    out = engine.generate(prompts, 24)
+    assert out.tokens == reference.tokens
+    assert out.stats.plain_steps > 0 and "plain decoding from cycle" in out.stats.fallback
+    assert not policy.worth_speculating() and "faster than any tree" in policy.report()
+    later = [engine.generate(prompts, 24) for _ in range(2 * PROBE_EVERY)]
+    assert all(out.tokens == reference.tokens for out in later)
+    speculated = [out for out in later if out.stats.tree_cycles]  # the probes
+    assert len(speculated) == 2, [out.stats.fallback for out in later]
+    assert all(out.stats.mode == "autoregressive" and out.stats.fallback
+               for out in later if not out.stats.tree_cycles)

@@ -84,6 +84,8 @@ class GenerationStats:
     # "captured", or why this call's decode loop ran eagerly (see Engine._graph_plan).
     graph_status: str = "eager (not a CUDA device)"
     tree_cycles: dict[str, int] = field(default_factory=dict)  # "top_k/depth/nodes" -> cycles
+    plain_steps: int = 0  # steps of plain decoding in a speculative call (see ``fallback``)
+    fallback: str = ""  # why a speculative call decoded plainly, from where
 
     @property
     def tau(self) -> float:
@@ -104,7 +106,8 @@ class GenerationStats:
                 "prefill_seconds": round(self.prefill_seconds, 4),
                 "decode_seconds": round(self.decode_seconds, 4),
                 "capture_seconds": round(self.capture_seconds, 4),
-                "graph_status": self.graph_status, "tree_cycles": self.tree_cycles}
+                "graph_status": self.graph_status, "tree_cycles": self.tree_cycles,
+                "plain_steps": self.plain_steps, "fallback": self.fallback}
 
 
 @dataclass
@@ -356,6 +359,9 @@ class Engine:
                              f"room under max_length {max_length}")
         sampling = sampling or SamplingConfig()
         policy = self.tree_policy if speculative else None
+        plain_instead = policy is not None and not policy.start_call()
+        if plain_instead:  # the head accepts too little for any tree to pay here (see policy)
+            speculative, policy = False, None
         tree = self.tree if policy is None else policy.current
         bound = tree if policy is None else policy.largest  # every tree the call may use
         if speculative:
@@ -373,6 +379,8 @@ class Engine:
             call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
                          stats, self.device, policy)
             cache = self.target.allocate_cache(len(prompts), max_len)
+        if plain_instead:
+            stats.fallback = "plain decoding: no tree is expected to beat it at this acceptance"
         loop = self._speculative if speculative else self._autoregressive
         steps = loop(prompts, call, cache)
         chunks = (self._new_tokens(call, counts) for counts in steps) if emit else steps
@@ -414,15 +422,20 @@ class Engine:
         call.stats.prefill_seconds = _now(self.device) - start
         yield counts
         cycle = functools.partial(self._cycle, head, cache, draft_cache, call)
+        ones = torch.ones(len(prompts), 1, 1, dtype=torch.int32, device=self.device)
+        plain_step = functools.partial(self._step, cache, call, ones)
         yield from self._decode(cycle, [root, root_hidden], tree.total_tokens,
-                                [cache.lens, draft_cache.lens], call)
+                                [cache.lens, draft_cache.lens], call, plain_step)
 
-    def _decode(self, step, carry, nodes, lens, call: _Call):
+    def _decode(self, step, carry, nodes, lens, call: _Call, plain_step=None):
         """Run ``step`` until every sequence stops; captured in a CUDA graph where possible.
 
         ``step(*carry, accept_u, bonus_u)`` returns the next carry, then counts, accepted
         lengths and the active mask. The loop's one host read per cycle copies stop flags and
-        accepted lengths together.
+        accepted lengths together. ``plain_step`` (speculative calls with an adaptive tree): an
+        autoregressive step over the same target cache, taken over for the rest of the call
+        when the policy finds that no tree beats plain decoding at the acceptance it observed
+        (the bonus token a cycle leaves is exactly the token a plain step starts from).
         """
         stats = call.stats
         start = _now(self.device)
@@ -439,24 +452,34 @@ class Engine:
             runner = graphed or step
             stats.capture_seconds = _now(self.device) - start
             start = _now(self.device)  # decode time excludes the one-off capture
+        adaptive = call.policy is not None
         while not finished:
-            if call.policy is not None:
+            if adaptive:
                 nodes = call.tree.total_tokens
             outputs = runner(*carry, *self._uniforms(call, nodes))
             carry = list(outputs[:len(carry)])
             counts, accepted, active = outputs[len(carry):]
             host = torch.stack([accepted, active, call.done.long()]).cpu()
             finished = bool(host[2].all())
+            stats.cycles += 1
+            if runner is plain_step:
+                stats.plain_steps += 1
+                yield counts
+                continue
             accepted_counts = host[0][host[1].bool()].tolist()
             for n in accepted_counts:
                 stats.accepted_histogram[n] += 1
             if stats.mode == "speculative":
                 name = f"{call.tree.top_k}/{call.tree.depth}/{call.tree.total_tokens}"
                 stats.tree_cycles[name] = stats.tree_cycles.get(name, 0) + 1
-            if call.policy is not None:  # eager only (see _graph_plan)
+            if adaptive:  # eager only (see _graph_plan)
                 call.policy.observe(call.tree, accepted_counts)
                 call.tree = call.policy.current
-            stats.cycles += 1
+                if plain_step is not None and not call.policy.worth_speculating():
+                    runner, carry, nodes, adaptive = plain_step, carry[:1], 1, False
+                    stats.fallback = (f"plain decoding from cycle {stats.cycles}: no tree is "
+                                      f"expected to beat it at alpha "
+                                      f"{call.policy.alpha():.2f}")
             yield counts
         stats.decode_seconds = _now(self.device) - start
         self._finish(call)

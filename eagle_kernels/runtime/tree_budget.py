@@ -40,6 +40,8 @@ CANDIDATE_TREES = tuple(TreeConfig(*shape) for shape in (
 PRIOR_ALPHA = 0.5  # before any observation: a mediocre head
 PRIOR_WEIGHT = 8  # cycles' worth of evidence the prior counts for
 REPICK_EVERY = 4  # cycles between re-picks
+PROBE_EVERY = 4  # calls: a call speculates at least this often, to keep learning acceptance
+GAIN_TO_SPECULATE = 1.02  # expected rate over plain decoding's below which a call decodes plainly
 MEMORY = 64  # cycles of history the estimate keeps (acceptance drifts along a reply)
 
 
@@ -123,16 +125,37 @@ def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int
         return CycleCost(draft, _median_seconds(verify, repeats, device))
 
 
+def measure_step(target, context: int = 256, batch: int = 1, repeats: int = 3) -> float:
+    """Median seconds of one plain decoding step (target over one token + logits)."""
+    cache = target.allocate_cache(batch, context + 1)
+    cache.lens.fill_(context)
+    token = torch.zeros(batch, 1, dtype=torch.int64, device=target.device)
+    position = torch.full((batch, 1), context, dtype=torch.int64, device=target.device)
+    ones = torch.ones(batch, 1, 1, dtype=torch.int32, device=target.device)
+    with torch.inference_mode():
+        return _median_seconds(lambda: target.logits(target(token, position, cache, ones)[0]),
+                               repeats, target.device)
+
+
 @dataclass
 class AdaptiveTree:
     """Picks the tree with the best expected rate, from measured cycle costs and the acceptance
-    observed so far; :meth:`observe` feeds it each cycle's accepted lengths."""
+    observed so far; :meth:`observe` feeds it each cycle's accepted lengths.
+
+    With ``step_seconds`` (a plain decoding step) it also says when no tree is worth it
+    (:meth:`worth_speculating`): a head that accepts too little, on a device where a verify pass
+    costs more than a decode step, makes speculation slower than plain decoding, and the engine
+    then decodes plainly (probing every :data:`PROBE_EVERY` calls so the estimate keeps up).
+    """
 
     costs: dict[TreeConfig, CycleCost]
     prior_alpha: float = PRIOR_ALPHA
-    history: list[tuple[TreeConfig, float]] = field(default_factory=list)
+    step_seconds: float | None = None
+    history: list[float] = field(default_factory=list)  # alpha implied by each cycle seen
     current: TreeConfig | None = None
     _since_pick: int = 0
+    _calls_since_probe: int = 0
+    _worth: bool | None = None
 
     def __post_init__(self):
         if not self.costs:
@@ -152,8 +175,7 @@ class AdaptiveTree:
     def alpha(self) -> float:
         """Per-token acceptance implied by the cycles seen (each cycle's observed tau inverted
         through its own tree's model), averaged with the prior's weight."""
-        recent = self.history[-MEMORY:]
-        implied = [alpha_for_tau(tree, tau) for tree, tau in recent]
+        implied = self.history[-MEMORY:]
         return (self.prior_alpha * PRIOR_WEIGHT + sum(implied)) / (PRIOR_WEIGHT + len(implied))
 
     def rate(self, tree: TreeConfig, alpha: float | None = None) -> float:
@@ -164,15 +186,33 @@ class AdaptiveTree:
         alpha = self.alpha()
         return max(self.costs, key=lambda tree: self.rate(tree, alpha))
 
+    def worth_speculating(self) -> bool:
+        """Whether the best tree's expected rate beats plain decoding's by GAIN_TO_SPECULATE
+        (re-evaluated when the tree is re-picked)."""
+        if self.step_seconds is None:
+            return True
+        if self._worth is None:
+            self._worth = self.rate(self.best()) * self.step_seconds >= GAIN_TO_SPECULATE
+        return self._worth
+
+    def start_call(self) -> bool:
+        """Whether a new call should speculate: when worth it, and every PROBE_EVERY calls."""
+        self._calls_since_probe += 1
+        if self.worth_speculating() or self._calls_since_probe >= PROBE_EVERY:
+            self._calls_since_probe = 0
+            return True
+        return False
+
     def observe(self, tree: TreeConfig, accepted: list[int]) -> None:
         """Record one cycle: ``accepted[b]`` draft tokens accepted by each active sequence."""
         for count in accepted:
-            self.history.append((tree, count + 1.0))
+            self.history.append(alpha_for_tau(tree, count + 1.0))
         del self.history[:-MEMORY]
         self._since_pick += 1
         if self._since_pick >= REPICK_EVERY:
             self._since_pick = 0
             self.current = self.best()
+            self._worth = None
 
     def report(self) -> str:
         alpha = self.alpha()
@@ -180,9 +220,13 @@ class AdaptiveTree:
                          f"{c.draft * 1e3:.1f} + verify {c.verify * 1e3:.1f} ms"
                          for t, c in self.costs.items())
         tree = self.current
+        step = "" if self.step_seconds is None else (
+            f"; plain decoding step {self.step_seconds * 1e3:.1f} ms"
+            f"{'' if self.worth_speculating() else ' (faster than any tree at this alpha)'}")
         return (f"tree budget: top_k={tree.top_k} depth={tree.depth} "
                 f"total_tokens={tree.total_tokens} (expected tau {tree_tau(tree, alpha):.2f} at "
-                f"alpha {alpha:.2f}, adapted online from accepted lengths); cycle costs {rows}")
+                f"alpha {alpha:.2f}, adapted online from accepted lengths); cycle costs {rows}"
+                f"{step}")
 
 
 def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: int = 256,
@@ -194,6 +238,7 @@ def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: 
 def choose_tree(target, head, batch: int = 1, context: int = 256,
                 alpha: float = PRIOR_ALPHA, repeats: int = 3,
                 trees=CANDIDATE_TREES) -> AdaptiveTree:
-    """Measure every candidate tree's cycle here; return the policy (its ``current`` tree is the
-    best under the prior ``alpha`` until acceptance is observed)."""
-    return AdaptiveTree(measure_trees(target, head, trees, batch, context, repeats), alpha)
+    """Measure every candidate tree's cycle and a plain decoding step here; return the policy
+    (its ``current`` tree is the best under the prior ``alpha`` until acceptance is observed)."""
+    costs = measure_trees(target, head, trees, batch, context, repeats)
+    return AdaptiveTree(costs, alpha, measure_step(target, context, batch, repeats))
