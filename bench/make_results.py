@@ -47,12 +47,33 @@ def e2e_section(run: Path, report: dict) -> list[str]:
              f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}; "
              "batch 1, greedy", "",
              "| set | method | tokens/s | EAGLE speedup over it | τ | efficiency | tree | "
-             "EAGLE == ours-ar |", "|---|---|---|---|---|---|---|---|"]
+             "plain decoding chosen | EAGLE == ours-ar |", "|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         lines.append(f"| {Path(str(row['set'])).name} | {row['method']} | "
                      f"{row['tokens_per_second']} | {row['eagle_speedup_over_this']} | "
                      f"{row['tau']} | {row['efficiency']} | {row['tree']} | "
+                     f"{row.get('plain_fallback_prompts', '')} | "
                      f"{row['identical_to_ours_ar']} |")
+    return lines + [""]
+
+
+def cpu_section(run: Path, report: dict) -> list[str]:
+    """bench/e2e/bench_cpu.py: floors, AR step, verify(N), drafting, each with its ratios."""
+    env, floors = report["environment"], report["floors"]
+    lines = [f"### CPU fast path — `{run.name}`", "",
+             f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}; "
+             f"{floors['cpu_isa']}, {floors['threads']} threads, context {floors['context']}; "
+             f"command `{report['command']}`", "",
+             f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
+             f"in-cache GEMM {floors['gemm_gflop_s']} GFLOP/s; a decode step reads "
+             f"{floors['weight_bytes'] / 1e6:.0f} MB of weights -> memory floor "
+             f"{floors['memory_floor_ms']} ms; one token is {floors['token_gflop']} GFLOP.", "",
+             "| what | tree | nodes | ms | floor ms | x floor | x AR step | ms / draft step | "
+             "cycle x AR step |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
+            "what", "tree", "nodes", "ms", "floor_ms", "x_floor", "x_ar_step", "step_ms",
+            "cycle_x_ar_step")) + " |")
     return lines + [""]
 
 
@@ -81,13 +102,15 @@ def build(results: Path = RESULTS) -> str:
     for run in runs:
         if (run / "tau.json").is_file():
             lines += tau_section(run, json.loads((run / "tau.json").read_text()))
+        if (run / "cpu.json").is_file():
+            lines += cpu_section(run, json.loads((run / "cpu.json").read_text()))
         if (run / "e2e.json").is_file():
             lines += e2e_section(run, json.loads((run / "e2e.json").read_text()))
         if (run / "verdict.txt").is_file():
             lines += [f"### Kernel verdict — `{run.name}`", "", "```",
                       (run / "verdict.txt").read_text().rstrip(), "```", ""]
         for path in sorted(run.rglob("*.csv")):
-            if path.name != "e2e.csv":
+            if path.name not in ("e2e.csv", "cpu.csv"):
                 lines += csv_section(path, run)
     return "\n".join(lines).rstrip() + "\n"
 

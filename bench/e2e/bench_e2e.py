@@ -21,6 +21,7 @@ ours-ar's token for token (it must) and hf-greedy's (numerics differ slightly). 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -84,7 +85,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
     """Time every method on every prompt; return totals per method and EAGLE's statistics."""
     eos = generator.eos_token_ids()
     totals = {m: {"tokens": 0, "seconds": 0.0} for m in METHODS}
-    histogram, cycles, same_as_ar, same_as_hf = None, 0, 0, 0
+    histogram, cycles, same_as_ar, same_as_hf, fallbacks = None, 0, 0, 0, 0
     trees: dict[str, int] = {}  # tree shape -> cycles (the adaptive tree changes between cycles)
     for prompt in prompts:
         ids = generator.encode(prompt)
@@ -98,11 +99,13 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
                                                    speculative=method == "ours-eagle")
                 stats = result.stats
                 tokens, seconds = result.tokens[0], stats.prefill_seconds + stats.decode_seconds
-                if method == "ours-eagle":
-                    hist = stats.accepted_histogram
-                    histogram = hist if histogram is None else [a + b for a, b in
-                                                                zip(histogram, hist)]
-                    cycles += stats.cycles
+                if method == "ours-eagle" and stats.fallback:
+                    fallbacks += 1  # decoded plainly (part or all): the tree budget's call
+                if method == "ours-eagle" and stats.mode == "speculative":
+                    hist = stats.accepted_histogram  # speculative cycles only
+                    histogram = hist if histogram is None else [
+                        a + b for a, b in itertools.zip_longest(histogram, hist, fillvalue=0)]
+                    cycles += stats.cycles - stats.plain_steps
                     for name, count in stats.tree_cycles.items():
                         trees[name] = trees.get(name, 0) + count
             else:
@@ -113,7 +116,8 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
             totals[method]["seconds"] += seconds
         same_as_ar += outputs["ours-eagle"] == outputs["ours-ar"]
         same_as_hf += outputs["ours-eagle"] == outputs.get("hf-greedy")
-    return {"totals": totals, "histogram": histogram, "cycles": cycles, "trees": trees,
+    return {"totals": totals, "histogram": histogram or [0], "cycles": cycles, "trees": trees,
+            "fallbacks": fallbacks,
             "identical_to_ours_ar": same_as_ar, "identical_to_hf_greedy": same_as_hf,
             "prompts": len(prompts)}
 
@@ -138,6 +142,8 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
                "accepted_histogram": " ".join(map(str, histogram))
                if method == "ours-eagle" else "",
                "tree": tree_column,  # top_k/depth/nodes x cycles, most used first
+               "plain_fallback_prompts": f"{result['fallbacks']}/{result['prompts']}"
+               if method == "ours-eagle" else "",
                "draft": args.draft or "default",
                "identical_to_ours_ar": f"{result['identical_to_ours_ar']}/{result['prompts']}",
                "identical_to_hf_greedy": f"{result['identical_to_hf_greedy']}/{result['prompts']}"}
@@ -154,7 +160,9 @@ def print_table(rows: list[dict]) -> None:
               f"{row['tau']!s:>7}{row['efficiency']!s:>7}")
     for row in rows:
         if row["method"] == "ours-eagle":
-            print(f"{row['set']}: histogram {row['accepted_histogram']}; EAGLE == ours-ar on "
+            print(f"{row['set']}: histogram {row['accepted_histogram']} (speculative cycles); "
+                  f"trees {row['tree'] or '-'}; plain decoding chosen on "
+                  f"{row['plain_fallback_prompts']} prompts; EAGLE == ours-ar on "
                   f"{row['identical_to_ours_ar']} prompts, == hf-greedy on "
                   f"{row['identical_to_hf_greedy']}")
 

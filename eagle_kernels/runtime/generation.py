@@ -475,7 +475,8 @@ class Engine:
             if adaptive:  # eager only (see _graph_plan)
                 call.policy.observe(call.tree, accepted_counts)
                 call.tree = call.policy.current
-                if plain_step is not None and not call.policy.worth_speculating():
+                if (plain_step is not None and call.policy.just_repicked
+                        and not call.policy.worth_speculating()):
                     runner, carry, nodes, adaptive = plain_step, carry[:1], 1, False
                     stats.fallback = (f"plain decoding from cycle {stats.cycles}: no tree is "
                                       f"expected to beat it at alpha "

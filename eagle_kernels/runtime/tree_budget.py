@@ -186,6 +186,12 @@ class AdaptiveTree:
         alpha = self.alpha()
         return max(self.costs, key=lambda tree: self.rate(tree, alpha))
 
+    @property
+    def just_repicked(self) -> bool:
+        """Whether the last :meth:`observe` re-picked the tree (every REPICK_EVERY cycles): the
+        engine decides to stop speculating only then, so a probe call sees a few cycles."""
+        return self._since_pick == 0
+
     def worth_speculating(self) -> bool:
         """Whether the best tree's expected rate beats plain decoding's by GAIN_TO_SPECULATE
         (re-evaluated when the tree is re-picked)."""
