@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_rows, environment  # noqa: E402
+from common import append_rows, environment, time_fn  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
@@ -46,15 +44,9 @@ from eagle_kernels.runtime.tree_budget import CANDIDATE_TREES, measure_cycle  # 
 VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
-def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def median_seconds(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` on CPU (the kernel benchmarks' timer, common.time_fn)."""
+    return time_fn(fn, repeats=repeats, warmup=2, device="cpu").median_us * 1e-6
 
 
 def read_bandwidth(megabytes: int, repeats: int) -> float:

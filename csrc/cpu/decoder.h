@@ -35,7 +35,6 @@ constexpr int kRowTile = 6, kPanelTile = 1;       // 12 accumulators of 16 regis
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
 #endif
 constexpr int kSingleRowPanels = 8 / kPanelVectors;  // m == 1: 8 chains, memory-bound
-constexpr int kMaxPanels = kSingleRowPanels > kPanelTile ? kSingleRowPanels : kPanelTile;
 constexpr int64_t kPanelBlockBytes = 256 * 1024;  // panels per L2 block, many-row case
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
