@@ -229,7 +229,14 @@ def test_decoder_layer_fused_equals_op_by_op_bit_for_bit(gen, monkeypatch, count
     assert torch.equal(fused, op_by_op)
     assert torch.equal(caches[0].keys[0], caches[1].keys[0])
     assert torch.equal(caches[0].values[0], caches[1].values[0])
-    assert_as_close_as_torch(fused, torch_fp32, want)
+    # The layer's accuracy is its ops' (each held to 2x torch's fp32 error in the tests above,
+    # and bit-equal to the op-by-op path here); this checks the composition is the reference's.
+    # A wiring error (wrong residual, norm or order) is off by O(scale); fp32 rounding through
+    # eight chained ops stays below 1e-5 of the scale (2 x torch's own error of one fp32 pass
+    # is not a bound here: both errors are single samples, and CI saw ours at 2.8x once).
+    scale = float(want.abs().max())
+    assert float((fused.double() - want).abs().max()) <= 1e-5 * scale
+    assert float((torch_fp32.double() - want).abs().max()) <= 1e-5 * scale
 
 
 @needs_cpu_backend
