@@ -87,9 +87,10 @@ def _train_parser(commands) -> None:
     train.add_argument("--out", required=True, help="output dir: head, trainer state, log")
     train.add_argument("--target", help="HF checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     train.add_argument("--kind", choices=["eagle3", "eagle1"], default=defaults.kind)
-    for name in ("draft_vocab", "conversations", "max_length", "batch_tokens", "epochs",
+    for name in ("draft_vocab", "conversations", "skip_conversations", "max_length",
+                 "batch_tokens", "epochs",
                  "warmup_steps", "ttt_steps", "seed", "save_every", "threads",
-                 "regenerate_batch", "regenerate_max_new"):
+                 "regenerate_batch", "regenerate_max_new", "turns"):
         train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     train.add_argument("--lr", type=float, default=defaults.lr)
     train.add_argument("--max-minutes", type=float, default=defaults.max_minutes,
@@ -97,6 +98,15 @@ def _train_parser(commands) -> None:
     train.add_argument("--regenerate", action="store_true",
                        help="self-distillation: replace assistant turns by the target's replies")
     train.add_argument("--loss-backend", choices=["auto", "torch", "triton"], default="auto")
+    train.add_argument("--init-from", metavar="DIR",
+                       help="warm start from this EAGLE-3 head (e.g. the bundled one)")
+    train.add_argument("--data-dir", metavar="DIR",
+                       help="where the dataset and the target cache live (default: --out)")
+    train.add_argument("--cache-target", action=argparse.BooleanOptionalAction, default=None,
+                       help="store the target's outputs once and reuse them every epoch "
+                            "(default: when --epochs > 1)")
+    train.add_argument("--prepare-only", action="store_true",
+                       help="build the dataset (regenerate, cache) and stop")
     train.add_argument("--export-dtype", choices=sorted(DTYPES), default=defaults.export_dtype)
     train.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 

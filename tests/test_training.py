@@ -22,6 +22,7 @@ from eagle_kernels.runtime.api import DEFAULT_HEAD
 from eagle_kernels.runtime.draft_heads import EAGLE1, EAGLE3, load_draft_head, new_draft_head
 from eagle_kernels.runtime.drafting import causal_tree_mask
 from package_support import default_model_or_skip
+from cpu_support import needs_cpu_backend
 from runtime_helpers import tiny_target
 
 
@@ -299,3 +300,129 @@ def test_regenerate_replaces_assistant_turns_with_the_targets_replies(tokenizer)
                                    eos_token_ids=[tokenizer.eos_token_id]).tokens[0]
     want = tokenizer.decode([t for t in want if t != tokenizer.eos_token_id])
     assert new[0][1]["content"] == want and want != "old"
+
+
+# ------------------------------------------------------------------------------ faster training
+
+
+@needs_cpu_backend
+def test_target_cache_changes_the_speed_not_the_training(tokenizer, tmp_path):
+    """Two epochs with the target's outputs cached end bit for bit where recomputing them every
+    step ends (the cpu backend is row-invariant: an example's outputs do not depend on the
+    batch it is padded into), and the second run reads the cache instead of refilling it."""
+    from eagle_kernels.train import CACHE_DIR, train
+
+    target = tiny_target(seed=4, vocab=len(tokenizer))
+    target.requires_grad_(False)
+    runs = {}
+    for name, cache in (("recompute", False), ("cached", True)):
+        config = train_config(tmp_path / name, epochs=2, cache_target=cache)
+        assert train(config, target, tokenizer, progress=False)["finished"]
+        runs[name] = load_draft_head(tmp_path / name, target).state_dict()
+    for key, value in runs["recompute"].items():
+        torch.testing.assert_close(runs["cached"][key], value, rtol=0, atol=0, msg=key)
+    files = sorted((tmp_path / "cached" / CACHE_DIR).glob("*.safetensors"))
+    assert len(files) == 6
+    stamps = [f.stat().st_mtime_ns for f in files]
+    train(train_config(tmp_path / "again", epochs=2, cache_target=True,
+                       data_dir=str(tmp_path / "cached")), target, tokenizer, progress=False)
+    assert [f.stat().st_mtime_ns for f in files] == stamps  # reused, not recomputed
+
+
+def test_target_cache_is_rebuilt_for_another_target(tokenizer, tmp_path):
+    from eagle_kernels.train import CACHE_DIR, train
+
+    runs = []
+    for seed in (5, 6):
+        target = tiny_target(seed=seed, vocab=len(tokenizer))
+        target.requires_grad_(False)
+        train(train_config(tmp_path / f"out{seed}", data_dir=str(tmp_path / "data"),
+                           cache_target=True, prepare_only=True), target, tokenizer,
+              progress=False)
+        from safetensors.torch import load_file
+        runs.append(load_file(str(tmp_path / "data" / CACHE_DIR / "000000.safetensors")))
+    assert not torch.equal(runs[0]["features"], runs[1]["features"])
+
+
+def test_warm_start_trains_on_from_the_given_head(tokenizer, tmp_path):
+    """--init-from: step 1 starts from that head's weights and draft vocabulary, not a new one;
+    --skip-conversations gives it conversations the first run did not see."""
+    from eagle_kernels.train import build_dataset, init_head, train
+
+    target = tiny_target(seed=7, vocab=len(tokenizer))
+    target.requires_grad_(False)
+    train(train_config(tmp_path / "first"), target, tokenizer, progress=False)
+    first = load_draft_head(tmp_path / "first", target)
+    warm = init_head(EAGLE3, target, torch.zeros(len(tokenizer)), 4096, [], 0,
+                     init_from=str(tmp_path / "first"))
+    for key, value in first.float().state_dict().items():
+        torch.testing.assert_close(warm.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    assert warm.training and next(warm.parameters()).dtype == torch.float32
+    more = train(train_config(tmp_path / "second", init_from=str(tmp_path / "first"),
+                              skip_conversations=6), target, tokenizer, progress=False)
+    assert more["finished"]
+    assert torch.equal(load_draft_head(tmp_path / "second", target).t2d, first.t2d)
+    seen, _ = build_dataset(tokenizer, train_config("unused", conversations=8), progress=False)
+    fresh, _ = build_dataset(tokenizer, train_config("unused", conversations=2,
+                                                     skip_conversations=6), progress=False)
+    assert [e[0].tolist() for e in fresh] == [e[0].tolist() for e in seen[6:]]
+
+
+def test_warm_start_rejects_an_eagle1_head(tmp_path, target):
+    from eagle_kernels.runtime.draft_heads import save_draft_head
+    from eagle_kernels.train import warm_start_head
+
+    save_draft_head(new_draft_head(EAGLE1, target), tmp_path)
+    with pytest.raises(ValueError, match="init_from: expected an EAGLE-3 head"):
+        warm_start_head(str(tmp_path), target)
+
+
+def test_ttt_steps_follow_the_depth_the_device_drafts(tokenizer, tmp_path):
+    from eagle_kernels.train import CPU_TTT_STEPS, default_ttt_steps, train
+    from eagle_kernels.runtime.tree_budget import CANDIDATE_TREES
+
+    assert default_ttt_steps("cuda") == training.TTT_STEPS == 7
+    assert default_ttt_steps("cpu") == CPU_TTT_STEPS
+    # The CPU's small trees (<= 12 nodes, the ones a compute-bound verify affords) are drafted
+    # within CPU_TTT_STEPS steps.
+    assert max(t.depth for t in CANDIDATE_TREES if t.total_tokens <= 12) + 1 <= CPU_TTT_STEPS
+    target = tiny_target(seed=8, vocab=len(tokenizer))
+    target.requires_grad_(False)
+    train(train_config(tmp_path, ttt_steps=0), target, tokenizer, progress=False)
+    record = json.loads(open(tmp_path / "train_log.jsonl").readline())
+    assert len(record["step_loss"]) == CPU_TTT_STEPS and record["seconds"] > 0
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_ttt_attention_gradients_equal_sdpa_under_the_dense_mask(steps):
+    """The mask-free attention must train like the dense-mask one: same gradients in q, every
+    step's keys and values (an error in the causal bias or the merged softmax shows here)."""
+    gen = torch.Generator().manual_seed(10 + steps)
+    batch, heads, length, dim = 2, 3, 9, 8
+    def leaves():
+        g = torch.Generator().manual_seed(20 + steps)
+        make = lambda: torch.randn(batch, heads, length, dim, generator=g, dtype=torch.float64,
+                                   requires_grad=True)
+        return make(), [make() for _ in range(steps)], [make() for _ in range(steps)]
+    weight = torch.randn(batch, heads, length, dim, generator=gen, dtype=torch.float64)
+    rows = training.ttt_dense_mask(length, steps)[(steps - 1) * length:]
+    grads = []
+    for dense in (True, False):
+        q, keys, values = leaves()
+        out = (F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                              attn_mask=rows)
+               if dense else training.ttt_attention(q, keys, values))
+        (out * weight).sum().backward()
+        grads.append([q.grad, *(k.grad for k in keys), *(v.grad for v in values)])
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_turns_keeps_the_first_exchanges():
+    from eagle_kernels.train import first_exchanges
+
+    chat = [{"role": r, "content": str(i)} for i, r in
+            enumerate(["user", "assistant", "user", "assistant", "user"])]
+    assert first_exchanges(chat, 1) == chat[:2]
+    assert first_exchanges(chat, 2) == chat[:4]
+    assert first_exchanges(chat, 5) == chat

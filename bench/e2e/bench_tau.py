@@ -11,7 +11,12 @@ prompts, any MT-bench question.jsonl):
 * n-α with a chain (top_k 1, depth 6: 7 drafted tokens): α_n = P(draft position n accepted |
   positions 1..n-1 accepted), from the chain's accepted-length histogram
   (``#cycles accepting >= n / #cycles accepting >= n - 1``). Cycles cut short by the token
-  budget cannot accept more than the budget left; they are few (one per prompt) and kept.
+  budget cannot accept more than the budget left; they are few (one per prompt) and kept;
+* with ``--sweep``, τ at 4 / 8 / 16 / 32 / 60 nodes (the tree budget's candidate shapes of
+  those sizes), every output again checked against the autoregressive one.
+
+``--label NAME`` writes ``tau-NAME.json`` / ``.md`` instead of ``tau.json`` / ``.md``, so heads
+measured on the same prompts sit side by side in one results directory.
 
 Every speculative output is checked against the autoregressive one (greedy: token for token);
 a mismatch is an error, not a footnote. Writes JSON + Markdown to ``--out``.
@@ -30,11 +35,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "kernels"))
+sys.path.insert(0, str(ROOT / "bench"))
 from common import environment  # noqa: E402
+from make_results import sweep_lines  # noqa: E402
 
 from eagle_kernels.runtime.drafting import TreeConfig  # noqa: E402
 
 CHAIN = TreeConfig(top_k=1, depth=6, total_tokens=8)
+# --sweep: τ at 4 / 8 / 16 / 32 / 60 nodes, with the tree budget's own shapes of those sizes.
+SWEEP_NODES = (4, 8, 16, 32, 60)
 
 
 def prompt_sets(args) -> dict[str, list[str]]:
@@ -93,6 +102,8 @@ def main(argv=None) -> int:
     parse.add_argument("--batch", type=int, default=10)
     parse.add_argument("--tree", default="10,6,60", help="TOP_K,DEPTH,TOTAL_TOKENS under test")
     parse.add_argument("--no-chain", action="store_true", help="skip the n-α chain runs")
+    parse.add_argument("--sweep", action="store_true", help="also τ at 4/8/16/32/60 nodes")
+    parse.add_argument("--label", help="write tau-LABEL.json / .md (several heads, one dir)")
     parse.add_argument("--out", default=str(ROOT / "bench" / "results" / "local"))
     args = parse.parse_args(argv)
     torch.manual_seed(0)
@@ -108,11 +119,15 @@ def main(argv=None) -> int:
     for name, prompts in prompt_sets(args).items():
         base_tokens, _ = run_set(generator, prompts, tree, args, baseline=True)
         spec_tokens, spec = run_set(generator, prompts, tree, args)
-        mismatches = [i for i, (a, b) in enumerate(zip(base_tokens, spec_tokens)) if a != b]
-        if mismatches:
-            raise SystemExit(f"{name}: speculative output differs from autoregressive for "
-                             f"prompts {mismatches}: lossless check failed")
+        check_identical(name, tree, base_tokens, spec_tokens)
         entry = {"prompts": len(prompts), "identical_to_autoregressive": True, "tree": spec}
+        if args.sweep:
+            entry["sweep"] = {}
+            for shape in sweep_trees():
+                tokens, stats = run_set(generator, prompts, shape, args)
+                check_identical(name, shape, base_tokens, tokens)
+                entry["sweep"][str(shape.total_tokens)] = {
+                    "tree": [shape.top_k, shape.depth, shape.total_tokens], **stats}
         if not args.no_chain:
             _, chain = run_set(generator, prompts, CHAIN, args)
             entry["chain"] = chain
@@ -124,11 +139,27 @@ def main(argv=None) -> int:
                  if not args.no_chain else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = merge_previous(out / "tau.json", report)
-    (out / "tau.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "tau.md").write_text(markdown(report))
+    stem = f"tau-{args.label}" if args.label else "tau"
+    report["label"] = args.label
+    report = merge_previous(out / f"{stem}.json", report)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def sweep_trees() -> list[TreeConfig]:
+    from eagle_kernels.runtime.tree_budget import CANDIDATE_TREES
+
+    return [next(t for t in CANDIDATE_TREES if t.total_tokens == n) for n in SWEEP_NODES]
+
+
+def check_identical(name: str, tree: TreeConfig, base_tokens, spec_tokens) -> None:
+    mismatches = [i for i, (a, b) in enumerate(zip(base_tokens, spec_tokens)) if a != b]
+    if mismatches:
+        raise SystemExit(f"{name}: speculative output (tree {tree.top_k}/{tree.depth}/"
+                         f"{tree.total_tokens}) differs from autoregressive for prompts "
+                         f"{mismatches}: lossless check failed")
 
 
 def merge_previous(path: Path, report: dict) -> dict:
@@ -149,8 +180,9 @@ def merge_previous(path: Path, report: dict) -> dict:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
+    head = f"draft `{report['draft']}`" + (f" ({report['label']})" if report.get("label") else "")
     lines = [f"# Draft acceptance ({env['date'][:10]}, {env['device']}, torch {env['torch']})",
-             "", f"Command: `{report['command']}`", "",
+             "", f"{head}; command: `{report['command']}`", "",
              f"Greedy, {report['max_new_tokens']} new tokens per prompt; tree "
              f"{'/'.join(map(str, report['tree']))} (top_k / depth / total tokens); outputs "
              "identical to autoregressive decoding on every prompt.", "",
@@ -163,7 +195,7 @@ def markdown(report: dict) -> str:
         chain = f"{entry['chain']['tau']:.2f}" if "chain" in entry else "–"
         lines.append(f"| {name} | {entry['prompts']} | {entry['tree']['tau']:.2f} | {chain} | "
                      + " | ".join(cells[:7]) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + sweep_lines(report)) + "\n"
 
 
 if __name__ == "__main__":

@@ -105,17 +105,27 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     already expanded). Returns [B, Hq, L, D]. Scores against step 0 are causal; each later
     step contributes one score per position (its same-position key), all in one softmax.
     """
-    length = q.shape[2]
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-    scores = (q @ keys[0].transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~causal, float("-inf"))
-    diagonal = [(q * k).sum(-1, keepdim=True) * scale for k in keys[1:]]
-    probs = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
+    batch, heads, length, dim = q.shape
+    # The [L, L] scores are the big tensor (75 MB per step at B 8, L 512): every elementwise pass
+    # over them costs more than the GEMMs around them. So the scale goes into q, and the causal
+    # mask is an additive bias the GEMM itself adds (baddbmm), no separate scale or mask pass.
+    q = q * (1.0 / math.sqrt(dim))
+    scores = torch.baddbmm(_causal_bias(length, q.dtype, q.device), q.reshape(-1, length, dim),
+                           keys[0].reshape(-1, length, dim).transpose(1, 2))
+    scores = scores.view(batch, heads, length, length)
+    diagonal = [(q * k).sum(-1, keepdim=True) for k in keys[1:]]
+    probs = torch.softmax(torch.cat([scores, *diagonal], dim=-1), dim=-1,
+                          dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
     out = probs[..., :length] @ values[0]
     for j, v in enumerate(values[1:]):
         out = out + probs[..., length + j:length + j + 1] * v
     return out
+
+
+def _causal_bias(length: int, dtype, device) -> torch.Tensor:
+    """[1, L, L]: 0 where key <= query, -inf above the diagonal."""
+    bias = torch.full((length, length), float("-inf"), dtype=dtype, device=device)
+    return bias.triu_(1).unsqueeze(0)
 
 
 def _project_qkv(attn, x, rope):
