@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
+from cpu_support import needs_cpu_backend
 from cuda_support import needs_gpu, seed_note
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -120,7 +121,7 @@ def test_reference_gradient_matches_an_independent_formula(gen):
 def test_reference_gives_no_gradient_to_targets(gen):
     x, y, _ = random_case(gen, 2, 9, torch.float32)
     y = y.clone().requires_grad_(True)
-    for backend in ("torch", "triton"):
+    for backend in ("torch", "triton", "cpu"):
         ops.soft_cross_entropy(x.clone().requires_grad_(True), y, backend=backend).sum().backward()
         assert y.grad is None, backend
 
@@ -194,14 +195,96 @@ def test_triton_mixed_dtypes_and_empty(gen):
 
 
 def test_auto_is_the_reference_until_proven():
-    assert ops.op_backends()["soft_cross_entropy"] == {"torch": "auto",
+    assert ops.op_backends()["soft_cross_entropy"] == {"torch": "auto", "cpu": "auto",
                                                        "triton": "explicit only"}
+
+
+# ---------------------------------------------------------------- cpu backend vs fp64
+
+
+def fp64_truth(x, y, weights):
+    """Loss and gradient in float64 (the reference upcasts to fp32 only)."""
+    x, y = x.double(), y.double()
+    p = torch.softmax(y, -1)
+    loss = -(p * torch.log_softmax(x, -1).masked_fill(p == 0, 0)).sum(-1)
+    grad = (torch.softmax(x, -1) - p) * weights.double()[:, None]
+    return loss, grad
+
+
+def check_cpu_case(x, y, weights, note):
+    """The cpu kernel's error against fp64 within twice torch's fp32 error plus noise (loss:
+    1e-6 of its scale; gradient: 1e-6 of the largest weight), and no NaN."""
+    got_loss, got_grad = loss_and_grad(
+        lambda a, b: ops.soft_cross_entropy(a, b, backend="cpu"), x, y, weights)
+    assert got_loss.dtype == torch.float32 and got_grad.dtype == torch.float32, note
+    torch_loss, torch_grad = loss_and_grad(reference.soft_cross_entropy, x, y, weights)
+    want_loss, want_grad = fp64_truth(x, y, weights)
+    finite = want_loss[torch.isfinite(want_loss)]
+    scale = 1.0 + (float(finite.abs().max()) if finite.numel() else 0.0)
+    assert max_err(got_loss, want_loss) <= 2 * max_err(torch_loss, want_loss) + 1e-6 * scale, note
+    # gradient noise: a few ulps of its largest entries (|grad| <= |weight|), as for Triton
+    noise = 1e-6 * (1.0 + float(weights.abs().max()))
+    assert max_err(got_grad, want_grad) <= 2 * max_err(torch_grad, want_grad) + noise, note
+    assert not torch.isnan(got_grad).any() and not torch.isnan(got_loss).any(), note
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("vocab", [1, 7, 1000, 4097, 8192])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_cpu_matches_fp64(gen, rows, vocab):
+    x, y, weights = random_case(gen, rows, vocab, torch.float32)
+    check_cpu_case(x, y, weights, f"T={rows} V={vocab} {seed_note(gen)}")
+
+
+@needs_cpu_backend
+def test_cpu_extreme_logits_and_late_maxima(gen):
+    x, y, weights = random_case(gen, 5, 1000, torch.float32, scale=1e4)
+    check_cpu_case(x, y, weights, f"|x| ~ 1e4 {seed_note(gen)}")
+    x, y, weights = random_case(gen, 3, 4097, torch.float32)
+    x[:, 4000], y[:, 10] = 1e4, 1e4
+    check_cpu_case(x, y, weights, f"late max {seed_note(gen)}")
+
+
+@needs_cpu_backend
+def test_cpu_draft_masked_under_a_live_target_is_infinite_and_bf16_targets_upcast(gen):
+    x, y, weights = random_case(gen, 3, 1000, torch.float32)
+    x[1, -1] = float("-inf")  # y[:, -1] is finite
+    loss = ops.soft_cross_entropy(x, y, backend="cpu")
+    assert math.isinf(loss[1]) and loss[1] > 0 and torch.isfinite(loss[[0, 2]]).all()
+    x, y, weights = random_case(gen, 4, 300, torch.float32)
+    y16 = y.to(torch.bfloat16)
+    check_cpu_case(x, y16, weights, f"bf16 targets {seed_note(gen)}")
+    empty = torch.zeros(0, 10, requires_grad=True)
+    out = ops.soft_cross_entropy(empty, torch.zeros(0, 10), backend="cpu")
+    out.sum().backward()
+    assert out.shape == (0,) and empty.grad.shape == (0, 10)
+
+
+@needs_cpu_backend
+def test_cpu_takes_float32_drafts_only_and_auto_falls_back():
+    x = torch.zeros(2, 5, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="float32"):
+        ops.soft_cross_entropy(x, x, backend="cpu")
+    assert ops.soft_cross_entropy(x, x).dtype == torch.float32  # auto: the reference
+
+
+@needs_cpu_backend
+def test_cpu_check_has_the_power_to_reject_a_sloppy_kernel(gen):
+    """The budget is tight enough to catch a loss 1e-5 off in relative terms (e.g. sums in a
+    lower precision): the same check fails for the kernel's loss scaled by 1 + 1e-5."""
+    x, y, weights = random_case(gen, 17, 8192, torch.float32)
+    want_loss, _ = fp64_truth(x, y, weights)
+    torch_loss = reference.soft_cross_entropy(x, y)
+    sloppy = ops.soft_cross_entropy(x, y, backend="cpu") * (1 + 1e-5)
+    finite = want_loss[torch.isfinite(want_loss)]
+    budget = 2 * max_err(torch_loss, want_loss) + 1e-6 * (1.0 + float(finite.abs().max()))
+    assert max_err(sloppy, want_loss) > budget
 
 
 # ---------------------------------------------------------------- bad inputs
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "cpu"])
 def test_bad_inputs_name_the_argument(backend):
     x, y = torch.zeros(2, 5), torch.zeros(2, 5)
 

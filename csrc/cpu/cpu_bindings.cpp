@@ -177,6 +177,28 @@ void decoder_layer(const std::vector<std::uintptr_t>& p, const std::vector<int64
   active->decoder_layer(args);
 }
 
+cpu::SoftCrossEntropyArgs soft_ce_args(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
+                                       int64_t rows, int64_t vocab, int threads) {
+  return {as_ptr<const float>(x), as_ptr<const float>(y), nullptr, as_ptr<float>(stats),
+          nullptr, nullptr, rows, vocab, thread_count(threads)};
+}
+
+void soft_ce_forward(std::uintptr_t x, std::uintptr_t y, std::uintptr_t loss, std::uintptr_t stats,
+                     int64_t rows, int64_t vocab, int threads) {
+  cpu::SoftCrossEntropyArgs args = soft_ce_args(x, y, stats, rows, vocab, threads);
+  args.loss = as_ptr<float>(loss);
+  active->soft_ce_forward(args);
+}
+
+void soft_ce_backward(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
+                      std::uintptr_t grad_loss, std::uintptr_t grad_x, int64_t rows,
+                      int64_t vocab, int threads) {
+  cpu::SoftCrossEntropyArgs args = soft_ce_args(x, y, stats, rows, vocab, threads);
+  args.grad_loss = as_ptr<const float>(grad_loss);
+  args.grad_x = as_ptr<float>(grad_x);
+  active->soft_ce_backward(args);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cpu, module) {
@@ -208,4 +230,10 @@ PYBIND11_MODULE(_cpu, module) {
   module.def("decoder_layer", &decoder_layer, py::arg("pointers"), py::arg("sizes"),
              py::arg("eps"), py::arg("scale"), py::arg("threads") = 0,
              "One decoder layer over the cache (see csrc/cpu/kernels.h DecoderLayerArgs).");
+  module.def("soft_ce_forward", &soft_ce_forward, py::arg("x"), py::arg("y"), py::arg("loss"),
+             py::arg("stats"), py::arg("rows"), py::arg("vocab"), py::arg("threads") = 0,
+             "soft_cross_entropy forward (csrc/cpu/loss.h): loss [rows], stats [4, rows].");
+  module.def("soft_ce_backward", &soft_ce_backward, py::arg("x"), py::arg("y"), py::arg("stats"),
+             py::arg("grad_loss"), py::arg("grad_x"), py::arg("rows"), py::arg("vocab"),
+             py::arg("threads") = 0, "soft_cross_entropy backward (csrc/cpu/loss.h).");
 }

@@ -12,7 +12,8 @@ namespace cpu {
 const KernelTable& avx2_kernels() {
   static const KernelTable table{"avx2", avx2::linear, avx2::rms_norm, avx2::silu_mul,
                                  avx2::rope, avx2::tree_attention,
-                                 avx2::decoder_layer};
+                                 avx2::decoder_layer, avx2::soft_ce_forward,
+                                 avx2::soft_ce_backward};
   return table;
 }
 }  // namespace cpu

@@ -15,7 +15,8 @@ namespace cpu {
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512", avx512::linear, avx512::rms_norm, avx512::silu_mul,
                                  avx512::rope, avx512::tree_attention,
-                                 avx512::decoder_layer};
+                                 avx512::decoder_layer, avx512::soft_ce_forward,
+                                 avx512::soft_ce_backward};
   return table;
 }
 }  // namespace cpu

@@ -9,7 +9,8 @@ namespace cpu {
 const KernelTable& generic_kernels() {
   static const KernelTable table{"generic", generic::linear, generic::rms_norm,
                                  generic::silu_mul, generic::rope, generic::tree_attention,
-                                 generic::decoder_layer};
+                                 generic::decoder_layer, generic::soft_ce_forward,
+                                 generic::soft_ce_backward};
   return table;
 }
 }  // namespace cpu

@@ -19,6 +19,7 @@ namespace EK_ISA_NAMESPACE {
 #include "decoder.h"
 #include "attention.h"
 #include "decoder_layer.h"
+#include "loss.h"
 }  // namespace EK_ISA_NAMESPACE
 }  // namespace cpu
 }  // namespace eagle_kernels

@@ -79,6 +79,25 @@ struct AttentionArgs {
   int threads;
 };
 
+/// soft_cross_entropy (loss.h): forward fills loss and stats; backward fills grad_x from
+/// stats and grad_loss. x, y, grad_x are [rows, vocab] contiguous.
+struct SoftCrossEntropyArgs {
+  const float* x;          ///< draft logits (-inf allowed)
+  const float* y;          ///< target logits (-inf allowed, one finite entry per row)
+  float* loss;             ///< [rows] (forward)
+  float* stats;            ///< [4, rows]: max x, log sum e^(x - max), the same for y
+  const float* grad_loss;  ///< [rows] (backward)
+  float* grad_x;           ///< [rows, vocab] (backward)
+  int64_t rows, vocab;
+  int threads;
+};
+
+/// Running maxima start here (finite), so x - max is never -inf - -inf (the Triton kernel's
+/// NEG_BIG): a row of x that is all -inf gets sx = 0 and loss -inf - ..., never NaN from it.
+constexpr float kLossMaxFloor = -1.0e30f;
+/// Vocabulary entries per partial sum in loss.h (a multiple of every ISA's lane count).
+constexpr int64_t kLossBlock = 256;
+
 /**
  * One whole decoder layer (pre-norm Llama / Qwen2 / Mistral block, SiLU-gated MLP) over M = B*T
  * rows, in one call: what the runtime runs per layer on CPU, so a decode step costs 30 calls
@@ -140,6 +159,8 @@ struct KernelTable {
   void (*rope)(const RopeArgs&);
   void (*tree_attention)(const AttentionArgs&);
   void (*decoder_layer)(const DecoderLayerArgs&);
+  void (*soft_ce_forward)(const SoftCrossEntropyArgs&);
+  void (*soft_ce_backward)(const SoftCrossEntropyArgs&);
 };
 
 // Defined in isa_<name>.cpp; avx512 and avx2 exist only on x86-64.

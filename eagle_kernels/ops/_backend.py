@@ -114,6 +114,11 @@ def cpu_extension():
     return importlib.import_module(CPU_MODULE)
 
 
+def cpu_float32_only(dtype: torch.dtype, **_) -> str | None:
+    """The cpu kernels' support rule: float32 tensors only."""
+    return None if dtype == torch.float32 else f"takes float32 tensors, got {dtype}"
+
+
 def cuda_stream(device: torch.device) -> int:
     """Raw handle of torch's current stream on ``device``: what the ``_C`` launchers take."""
     return torch.cuda.current_stream(device).cuda_stream

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from . import reference
-from ._backend import cpu_extension, register, resolve
+from ._backend import cpu_extension, cpu_float32_only, register, resolve
 from ._validate import check_range, check_tensor, value_checks_enabled
 
 def _check_input(name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
@@ -361,11 +361,6 @@ def _decoder_layer_cpu(x, weights, biases, input_norm, post_norm, eps, positions
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     cpu_extension().decoder_layer(pointers, sizes, eps, scale)
     return out
-
-
-def cpu_float32_only(dtype: torch.dtype, **_) -> str | None:
-    """The cpu kernels' support rule: float32 tensors only."""
-    return None if dtype == torch.float32 else f"takes float32 tensors, got {dtype}"
 
 
 for _op, _reference, _cpu in (("linear", reference.linear_group, _linear_group_cpu),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._backend import register, resolve
+from ._backend import cpu_extension, cpu_float32_only, register, resolve
 from ._triton import tl, triton
 from ._validate import FLOAT_DTYPES, check_logits, check_same_device, check_tensor
 
@@ -66,7 +66,7 @@ def soft_cross_entropy(draft_logits, target_logits, backend: str = "auto") -> to
     device = check_same_device(draft_logits=draft_logits, target_logits=target_logits)
     check_logits("draft_logits", draft_logits.detach())
     check_logits("target_logits", target_logits.detach())
-    _, implementation = resolve("soft_cross_entropy", backend, device)
+    _, implementation = resolve("soft_cross_entropy", backend, device, dtype=draft_logits.dtype)
     return implementation(draft_logits, target_logits)
 
 
@@ -172,5 +172,41 @@ def _soft_cross_entropy_triton(draft_logits, target_logits) -> torch.Tensor:
     return _SoftCrossEntropy.apply(draft_logits, target_logits.detach())
 
 
+class _SoftCrossEntropyCpu(torch.autograd.Function):
+    """The cpu backend (csrc/cpu/loss.h): the Triton kernels' math over fp32 rows with OpenMP;
+    saves x, y (held by the graph anyway) and [4, T] fp32 statistics."""
+
+    @staticmethod
+    def forward(ctx, draft_logits, target_logits):
+        rows, vocab = draft_logits.shape
+        loss = torch.empty(rows, dtype=torch.float32)
+        stats = torch.empty(4, rows, dtype=torch.float32)
+        if rows:
+            cpu_extension().soft_ce_forward(draft_logits.data_ptr(), target_logits.data_ptr(),
+                                            loss.data_ptr(), stats.data_ptr(), rows, vocab)
+        ctx.save_for_backward(draft_logits, target_logits, stats)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        draft_logits, target_logits, stats = ctx.saved_tensors
+        rows, vocab = draft_logits.shape
+        grad_loss = grad_loss.to(torch.float32).contiguous()
+        grad_x = torch.empty_like(draft_logits)
+        if rows:
+            cpu_extension().soft_ce_backward(draft_logits.data_ptr(), target_logits.data_ptr(),
+                                             stats.data_ptr(), grad_loss.data_ptr(),
+                                             grad_x.data_ptr(), rows, vocab)
+        return grad_x, None
+
+
+def _soft_cross_entropy_cpu(draft_logits, target_logits) -> torch.Tensor:
+    # y of another float dtype is upcast exactly; targets carry no gradient by contract
+    return _SoftCrossEntropyCpu.apply(draft_logits, target_logits.detach().float().contiguous())
+
+
 register("soft_cross_entropy", "torch", reference.soft_cross_entropy)
+register("soft_cross_entropy", "cpu", _soft_cross_entropy_cpu, supports=cpu_float32_only)
 register("soft_cross_entropy", "triton", _soft_cross_entropy_triton, auto=False)

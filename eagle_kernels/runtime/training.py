@@ -188,6 +188,8 @@ def eagle3_ttt_loss(head: Eagle3Head, features: torch.Tensor, input_ids: torch.T
     hidden = head.fc(features)
     base_positions = torch.arange(length, device=input_ids.device).expand(batch, -1)
     flat_targets = target_logits.reshape(batch * length, -1)
+    with torch.no_grad():  # the target's draft-vocabulary argmax, once (accuracy metric)
+        flat_target_argmax = flat_targets.argmax(-1)
     keys, values = [], []
     total = hidden.new_zeros((), dtype=torch.float32)
     result = TTTResult(total, [], [], [], [])
@@ -212,13 +214,15 @@ def eagle3_ttt_loss(head: Eagle3Head, features: torch.Tensor, input_ids: torch.T
             result.step_accuracy.append(float("nan"))
             continue
         logits = head.lm_head(head.norm(hidden.reshape(batch * length, -1)[rows])).float()
-        target = flat_targets[rows + 1 + step].float()  # row p + 1 + step of the same sequence
+        target_rows = rows + 1 + step  # row p + 1 + step of the same sequence
+        target = flat_targets[target_rows].float()
         step_loss = ops.soft_cross_entropy(logits.contiguous(), target.contiguous(),
                                            backend=loss_backend).mean()
         total = total + decay ** step * step_loss
         with torch.no_grad():
             result.step_losses.append(float(step_loss.detach()))
-            result.step_accuracy.append(float((logits.argmax(-1) == target.argmax(-1)).float().mean()))
+            agree = logits.argmax(-1) == flat_target_argmax[target_rows]
+            result.step_accuracy.append(float(agree.float().mean()))
     result.loss = total
     return result
 
