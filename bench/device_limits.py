@@ -28,6 +28,7 @@ MAX_SEND_BYTES = 64 * MIB    # working tree + carried paths, per run
 MAX_CARRY_PATHS = 8
 MAX_FILES_BACK = 8
 MAX_FILE_BYTES = 16 * MIB
+RETURN_PART_MIB = 15         # parts of a file brought back (a trained head, stage 5)
 MAX_BACK_BYTES = 64 * MIB
 MAX_DEPTH = 2                # $OUT/a/b/file comes back, $OUT/a/b/c/file does not
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")

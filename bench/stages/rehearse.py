@@ -40,7 +40,8 @@ STAGES = (
     Stage("stage3", (BUILD_CARRY,)),
     Stage("stage4", (".carry/model/part-NN", ".carry/model/SHA256SUMS", ".carry/wheels",
                      ".carry/prompts", BUILD_CARRY), optional=True),
-    Stage("stage5", (BUILD_CARRY,), optional=True),
+    Stage("stage5", (".carry/model/part-NN", ".carry/model/SHA256SUMS", ".carry/wheels",
+                     ".carry/train", BUILD_CARRY), optional=True),
 )
 
 
