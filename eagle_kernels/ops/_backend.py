@@ -114,8 +114,10 @@ def cpu_extension():
     return importlib.import_module(CPU_MODULE)
 
 
-def cpu_float32_only(dtype: torch.dtype, **_) -> str | None:
-    """The cpu kernels' support rule: float32 tensors only."""
+def cpu_float32_only(dtype: torch.dtype | None = None, **_) -> str | None:
+    """The cpu kernels' support rule: float32 tensors only (no dtype stated: not chosen)."""
+    if dtype is None:
+        return "takes float32 tensors only; the caller stated no dtype"
     return None if dtype == torch.float32 else f"takes float32 tensors, got {dtype}"
 
 
