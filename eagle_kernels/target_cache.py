@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from . import ops
 from .runtime import training
 from .runtime.model import TargetModel
 
@@ -52,6 +53,7 @@ class TargetCache:
         self.key = {"format": FORMAT, "dataset": dataset_key,
                     "feature_layers": list(self.feature_layers),
                     "target": target_fingerprint(target)}
+        self.draft_ids = draft_ids
         # The lm_head rows of the draft vocabulary, kept so its packed form is built once.
         self.draft_weight = target.lm_head.weight[draft_ids].contiguous()
 
@@ -81,11 +83,11 @@ class TargetCache:
         plan = batch_plan([examples[i][0].numel() for i in missing], batch_tokens, 0, 0)
         bar = tqdm(total=len(missing), desc="cache target outputs", disable=not progress)
         for batch in plan:
-            indices = [missing[i] for i in batch]
-            ids, _ = collate(examples, indices, pad_id, self.target.device)
+            chunk = [missing[i] for i in batch]
+            ids, _ = collate(examples, chunk, pad_id, self.target.device)
             hidden, features = training.target_pass(self.target, ids, self.feature_layers)
-            argmax = _full_argmax(self.target, hidden)
-            for row, index in enumerate(indices):
+            _, argmax = training.target_draft_logits(self.target, hidden, self.draft_ids)
+            for row, index in enumerate(chunk):
                 length = examples[index][0].numel()
                 tensors = {"features": features[row, :length].contiguous(),
                            "hidden": hidden[row, :length].contiguous(),
@@ -93,7 +95,7 @@ class TargetCache:
                 temporary = self._file(index).with_suffix(".tmp")
                 save_file({k: v.cpu() for k, v in tensors.items()}, str(temporary))
                 temporary.replace(self._file(index))
-            bar.update(len(indices))
+            bar.update(len(chunk))
         bar.close()
 
     @torch.no_grad()
@@ -117,14 +119,6 @@ class TargetCache:
             features[row, :size] = tensors["features"].to(device)
             hidden[row, :size] = tensors["hidden"].to(device)
             argmax[row, :size] = tensors["argmax"].to(device)
-        from . import ops
-
         logits = ops.linear(hidden.reshape(-1, hidden.shape[-1]), self.draft_weight).float()
         return features, logits.view(len(indices), length, -1), argmax
 
-
-def _full_argmax(target: TargetModel, hidden: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
-    """Argmax of the target's full-vocabulary logits, one chunk of rows at a time."""
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    return torch.cat([target.logits(rows).argmax(-1) for rows in flat.split(chunk)]
-                     ).view(hidden.shape[:-1])

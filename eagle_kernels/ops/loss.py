@@ -4,7 +4,8 @@ Public op :func:`soft_cross_entropy` with the contract of
 :func:`eagle_kernels.ops.reference.soft_cross_entropy`: per row t,
 ``loss[t] = -sum_v softmax(y[t])_v * log_softmax(x[t])_v`` in fp32, gradient
 ``(softmax(x[t]) - softmax(y[t])) * grad_loss[t]`` to x, none to y. Backends: ``torch``
-(reference, autograd) and ``triton`` (below), explicit only until proven on a GPU.
+(reference, autograd), ``triton`` (below; explicit only until proven on a GPU) and ``cpu``
+(csrc/cpu/loss.h: the Triton kernels' math over fp32 rows, OpenMP; auto on CPU).
 
 Triton forward, one program per row, reading x and y once in blocks. With running maxima mx, my
 it keeps ``sx = sum exp(x - mx)``, ``sy = sum exp(y - my)`` and
@@ -25,6 +26,8 @@ No [T, V] probability tensor is ever materialised.
 """
 
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -134,77 +137,79 @@ def _block(vocab: int) -> int:
     return min(_MAX_BLOCK, triton.next_power_of_2(max(vocab, 1)))
 
 
+def _triton_forward(x, y, loss, stats):
+    rows, vocab = x.shape
+    block = _block(vocab)
+    _soft_ce_forward_kernel[(rows,)](x, y, loss, stats, rows, vocab, NEG_BIG=_NEG_BIG,
+                                     BLOCK=block, num_warps=8 if block >= 2048 else 4)
+
+
+def _triton_backward(x, y, stats, grad_loss, grad_x):
+    rows, vocab = x.shape
+    block = _block(vocab)
+    _soft_ce_backward_kernel[(rows, triton.cdiv(vocab, block))](
+        x, y, stats, grad_loss, grad_x, rows, vocab, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4)
+
+
+def _cpu_forward(x, y, loss, stats):
+    cpu_extension().soft_ce_forward(x.data_ptr(), y.data_ptr(), loss.data_ptr(),
+                                    stats.data_ptr(), *x.shape)
+
+
+def _cpu_backward(x, y, stats, grad_loss, grad_x):
+    cpu_extension().soft_ce_backward(x.data_ptr(), y.data_ptr(), stats.data_ptr(),
+                                     grad_loss.data_ptr(), grad_x.data_ptr(), *x.shape)
+
+
+class _Kernels(NamedTuple):
+    """One backend's launchers: ``forward(x, y, loss, stats)`` fills loss [T] and stats
+    [4, T]; ``backward(x, y, stats, grad_loss, grad_x)`` fills grad_x. Both see T > 0."""
+
+    forward: Callable
+    backward: Callable
+
+
+_TRITON = _Kernels(_triton_forward, _triton_backward)
+_CPU = _Kernels(_cpu_forward, _cpu_backward)  # csrc/cpu/loss.h: the same math, OpenMP over rows
+
+
 class _SoftCrossEntropy(torch.autograd.Function):
-    """Triton forward / backward; saves x, y (held by the graph anyway) and [4, T] fp32."""
+    """Forward / backward through one backend's kernels; saves x, y (held by the graph anyway)
+    and [4, T] fp32 statistics."""
 
     @staticmethod
-    def forward(ctx, draft_logits, target_logits):
-        rows, vocab = draft_logits.shape
-        device = draft_logits.device
-        loss = torch.empty(rows, dtype=torch.float32, device=device)
-        stats = torch.empty(4, rows, dtype=torch.float32, device=device)
+    def forward(ctx, draft_logits, target_logits, kernels: _Kernels):
+        rows = draft_logits.shape[0]
+        loss = torch.empty(rows, dtype=torch.float32, device=draft_logits.device)
+        stats = torch.empty(4, rows, dtype=torch.float32, device=draft_logits.device)
         if rows:
-            block = _block(vocab)
-            _soft_ce_forward_kernel[(rows,)](draft_logits, target_logits, loss, stats, rows,
-                                             vocab, NEG_BIG=_NEG_BIG, BLOCK=block,
-                                             num_warps=8 if block >= 2048 else 4)
+            kernels.forward(draft_logits, target_logits, loss, stats)
+        ctx.kernels = kernels
         ctx.save_for_backward(draft_logits, target_logits, stats)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         if not ctx.needs_input_grad[0]:
-            return None, None
+            return None, None, None
         draft_logits, target_logits, stats = ctx.saved_tensors
-        rows, vocab = draft_logits.shape
         grad_loss = grad_loss.to(torch.float32).contiguous()
         grad_x = torch.empty_like(draft_logits)
-        if rows:
-            block = _block(vocab)
-            _soft_ce_backward_kernel[(rows, triton.cdiv(vocab, block))](
-                draft_logits, target_logits, stats, grad_loss, grad_x, rows, vocab, BLOCK=block,
-                num_warps=8 if block >= 2048 else 4)
-        return grad_x, None
+        if draft_logits.shape[0]:
+            ctx.kernels.backward(draft_logits, target_logits, stats, grad_loss, grad_x)
+        return grad_x, None, None
 
 
 def _soft_cross_entropy_triton(draft_logits, target_logits) -> torch.Tensor:
     # targets carry no gradient by contract: detach so autograd never asks for one
-    return _SoftCrossEntropy.apply(draft_logits, target_logits.detach())
-
-
-class _SoftCrossEntropyCpu(torch.autograd.Function):
-    """The cpu backend (csrc/cpu/loss.h): the Triton kernels' math over fp32 rows with OpenMP;
-    saves x, y (held by the graph anyway) and [4, T] fp32 statistics."""
-
-    @staticmethod
-    def forward(ctx, draft_logits, target_logits):
-        rows, vocab = draft_logits.shape
-        loss = torch.empty(rows, dtype=torch.float32)
-        stats = torch.empty(4, rows, dtype=torch.float32)
-        if rows:
-            cpu_extension().soft_ce_forward(draft_logits.data_ptr(), target_logits.data_ptr(),
-                                            loss.data_ptr(), stats.data_ptr(), rows, vocab)
-        ctx.save_for_backward(draft_logits, target_logits, stats)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        draft_logits, target_logits, stats = ctx.saved_tensors
-        rows, vocab = draft_logits.shape
-        grad_loss = grad_loss.to(torch.float32).contiguous()
-        grad_x = torch.empty_like(draft_logits)
-        if rows:
-            cpu_extension().soft_ce_backward(draft_logits.data_ptr(), target_logits.data_ptr(),
-                                             stats.data_ptr(), grad_loss.data_ptr(),
-                                             grad_x.data_ptr(), rows, vocab)
-        return grad_x, None
+    return _SoftCrossEntropy.apply(draft_logits, target_logits.detach(), _TRITON)
 
 
 def _soft_cross_entropy_cpu(draft_logits, target_logits) -> torch.Tensor:
-    # y of another float dtype is upcast exactly; targets carry no gradient by contract
-    return _SoftCrossEntropyCpu.apply(draft_logits, target_logits.detach().float().contiguous())
+    # fp32 kernels: y of another float dtype is upcast exactly
+    return _SoftCrossEntropy.apply(draft_logits, target_logits.detach().float().contiguous(),
+                                   _CPU)
 
 
 register("soft_cross_entropy", "torch", reference.soft_cross_entropy)
