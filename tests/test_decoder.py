@@ -266,3 +266,88 @@ def test_decoder_layer_with_separate_residual_and_wide_input(gen):
     with pytest.raises(ValueError, match="cache_lens"):
         ops.decoder_layer(*args, cache.keys[0], cache.values[0],
                           torch.tensor([39, 0], dtype=torch.int32), mask, 0, x)
+
+
+def _fresh(cache):
+    return type(cache)([k.clone() for k in cache.keys], [v.clone() for v in cache.values],
+                       cache.lens.clone())
+
+
+@needs_cpu_backend
+def test_bound_layer_follows_its_weights(gen):
+    """The runtime's bound path (LayerWeights kept on the module, one DecoderStep per forward)
+    never runs stale weights: an in-place change, moved storage and a replaced parameter each
+    give the output a freshly checked ops.decoder_layer call gives, bit for bit."""
+    from eagle_kernels.runtime.layers import layer_step
+
+    layer, cache, x, rope, mask = _layer_case(gen)
+
+    def bound():
+        fresh = _fresh(cache)
+        return layer(x, rope, fresh, mask, step=layer_step(x, rope, fresh, mask))
+
+    def unbound():
+        fresh, a, m = _fresh(cache), layer.self_attn, layer.mlp
+        projections = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
+                       m.down_proj]
+        return ops.decoder_layer(x, [p.weight for p in projections],
+                                 [p.bias for p in projections], layer.input_layernorm.weight,
+                                 layer.post_attention_layernorm.weight,
+                                 layer.post_attention_layernorm.eps, rope.positions, rope.cos,
+                                 rope.sin, fresh.keys[0], fresh.values[0], fresh.lens, mask)
+
+    with torch.inference_mode():
+        first = bound()
+        assert torch.equal(first, unbound())
+    with torch.no_grad():
+        layer.mlp.down_proj.weight.mul_(0.5)  # in place: version counter
+    with torch.inference_mode():
+        assert not torch.equal(bound(), first)
+        assert torch.equal(bound(), unbound())
+    with torch.no_grad():
+        layer.self_attn.q_proj.weight.data = layer.self_attn.q_proj.weight.data * 2  # new storage
+        layer.post_attention_layernorm.weight = torch.nn.Parameter(
+            layer.post_attention_layernorm.weight + 1)  # a new parameter object
+    with torch.inference_mode():
+        assert torch.equal(bound(), unbound())
+
+
+@needs_cpu_backend
+def test_decoder_step_checks_each_layer_call(gen):
+    """What the step fixed once is still enforced per layer: x, the caches and the residual
+    must match it, and the weights must match the cache's heads."""
+    layer, cache, x, rope, mask = _layer_case(gen)
+    step = ops.DecoderStep(2, x.shape[1], rope.positions, rope.cos, rope.sin,
+                           cache.keys[0].shape, cache.lens, mask, 0, torch.float32,
+                           torch.device("cpu"))
+    a, m = layer.self_attn, layer.mlp
+    weights = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
+               m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight]
+    bound = ops.LayerWeights(weights, [None] * 7, layer.input_layernorm.weight,
+                             layer.post_attention_layernorm.weight, 1e-6)
+    keys, values = cache.keys[0], cache.values[0]
+    with torch.inference_mode():
+        out = step.run(bound, x, keys.clone(), values.clone())
+        assert out.shape == (2, x.shape[1], 64)
+        cases = [
+            (lambda: step.run(bound, x[:, :-1].contiguous(), keys, values), "x"),
+            (lambda: step.run(bound, x.transpose(0, 1).contiguous().transpose(0, 1), keys, values),
+             "x"),
+            (lambda: step.run(bound, x, keys[:, :-1], values), "k_cache"),
+            (lambda: step.run(bound, x, keys, values.double()), "v_cache"),
+            (lambda: step.run(bound, x, keys, values, torch.zeros(2, x.shape[1], 63)),
+             "residual"),
+            (lambda: step.run(ops.LayerWeights([torch.randn(48, 64)] + weights[1:3]
+                                               + [torch.randn(64, 48)] + weights[4:], [None] * 7,
+                                               None, weights[3][:, 0].contiguous(), 1e-6),
+                              x, keys, values), "weights"),
+            (lambda: ops.LayerWeights(weights[:3] + [weights[3][:, :-1]] + weights[4:],
+                                      [None] * 7, None, weights[3][:, 0].contiguous(), 1e-6),
+             r"weights\[3\]"),
+            (lambda: ops.DecoderStep(2, x.shape[1], rope.positions, rope.cos, rope.sin,
+                                     keys.shape, cache.lens, mask[:, :, :0], 0, torch.float32,
+                                     torch.device("cpu")), "tree_mask"),
+        ]
+        for call, message in cases:
+            with pytest.raises(ValueError, match=message):
+                call()

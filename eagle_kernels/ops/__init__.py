@@ -12,8 +12,8 @@ from ._validate import CHECK_VALUES_ENV, value_checks_enabled
 from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_accept_chain,
                          stochastic_accept_tree)
 from .attention import tree_attention
-from .decoder import (apply_rope, decoder_layer, decoder_layer_backend, linear, linear_group,
-                      rms_norm, silu_mul)
+from .decoder import apply_rope, linear, linear_group, rms_norm, silu_mul
+from .layer import DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend
 from .kv import compact_kv
 from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree, pack_tree_mask, unpack_tree_mask
@@ -22,7 +22,8 @@ from .topk import eagle2_expand, topk_log_softmax
 from .tree import build_tree, eagle2_rerank
 
 __all__ = [
-    "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DraftTree", "apply_rope",
+    "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DecoderStep", "DraftTree",
+    "LayerWeights", "apply_rope",
     "available_backends", "backend_report", "build_tree", "compact_kv", "decoder_layer",
     "decoder_layer_backend", "eagle2_expand", "eagle2_rerank", "greedy_accept_chain",
     "greedy_accept_tree", "linear", "linear_group", "op_backends", "pack_tree_mask",

@@ -24,7 +24,7 @@ import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import check_range, check_tensor, value_checks_enabled
+from ._validate import check_tensor
 
 def _check_input(name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
     check_tensor(name, x, (torch.float16, torch.bfloat16, torch.float32))
@@ -137,109 +137,6 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
     return implementation(x, positions, cos, sin)
 
 
-def decoder_layer_backend(device: torch.device, dtype: torch.dtype) -> str:
-    """The backend ``decoder_layer(..., backend="auto")`` runs for tensors of this device and
-    dtype: "cpu" where the fused kernel takes them, else "torch" (the reference composition,
-    which a caller with faster per-op backends, e.g. CUDA, should not use)."""
-    return resolve("decoder_layer", "auto", device, dtype=dtype)[0]
-
-
-LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-def decoder_layer(x: torch.Tensor, weights: Sequence[torch.Tensor],
-                  biases: Sequence[torch.Tensor | None], input_norm: torch.Tensor | None,
-                  post_norm: torch.Tensor, eps: float, positions: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, cache_lens: torch.Tensor, tree_mask: torch.Tensor,
-                  tree_offset: int = 0, residual: torch.Tensor | None = None,
-                  sm_scale: float | None = None, backend: str = "auto") -> torch.Tensor:
-    """One whole pre-norm decoder layer over the KV cache, in one call.
-
-    The composition of :func:`rms_norm`, :func:`linear_group`, :func:`apply_rope`, a cache
-    write, :func:`eagle_kernels.ops.tree_attention` and the SiLU-gated MLP (contract:
-    :func:`eagle_kernels.ops.reference.decoder_layer`). The ``cpu`` backend runs it as one C++
-    call (csrc/cpu/decoder_layer.h): a decode step then costs one Python call per layer instead
-    of a dozen, and the result equals the op-by-op cpu path bit for bit.
-
-    Parameters
-    ----------
-    x : [B, T, in] float32 / float16 / bfloat16, contiguous.
-    weights : q [Hq*D, in], k [Hkv*D, in], v [Hkv*D, in], o [H, Hq*D], gate [I, H], up [I, H],
-        down [H, I] (nn.Linear layout), dtype of ``x``, contiguous.
-    biases : seven entries, each None or [N] of its weight.
-    input_norm : [in] RMSNorm weight applied to ``x`` first, or None (EAGLE heads).
-    post_norm : [H] RMSNorm weight of the MLP input.
-    eps : RMSNorm epsilon.
-    positions : [B, T] int64 RoPE positions into ``cos`` / ``sin`` [P, D].
-    k_cache, v_cache : [B, max_len, Hkv, D]; the T new keys are written in place at
-        ``cache_lens[b] + tree_offset + t`` (which must be < max_len).
-    cache_lens : [B] int32 committed lengths.
-    tree_mask : [B, T, ceil((tree_offset + T) / 32)] int32 packed visibility over the
-        ``tree_offset + T`` tree keys.
-    tree_offset : int, tree keys already written by earlier calls (drafting frontiers).
-    residual : [B, T, H], optional; default ``x`` (needs in == H).
-    sm_scale : attention scale, default ``D ** -0.5``.
-
-    Returns
-    -------
-    [B, T, H], dtype of ``x``.
-    """
-    _check_input("x", x)
-    if x.dim() != 3:
-        raise ValueError(f"x: expected shape [B, T, in], got {list(x.shape)}")
-    batch, count, width = x.shape
-    if not isinstance(weights, (list, tuple)) or len(weights) != len(LAYER_WEIGHTS):
-        raise ValueError(f"weights: expected {len(LAYER_WEIGHTS)} tensors "
-                         f"({', '.join(LAYER_WEIGHTS)})")
-    if not isinstance(biases, (list, tuple)) or len(biases) != len(LAYER_WEIGHTS):
-        raise ValueError(f"biases: expected {len(LAYER_WEIGHTS)} entries (None for no bias)")
-    check_tensor("k_cache", k_cache, (x.dtype,), (batch, None, None, None), x.device)
-    check_tensor("v_cache", v_cache, (x.dtype,), tuple(k_cache.shape), x.device)
-    _, max_len, kv_heads, head_dim = k_cache.shape
-    wq, wk, wv, wo, wg, wu, wd = weights
-    check_tensor("weights[0] (q)", wq, (x.dtype,), (None, width), x.device)
-    q_width = wq.shape[0]
-    if head_dim == 0 or kv_heads == 0 or q_width % head_dim or (q_width // head_dim) % kv_heads:
-        raise ValueError(f"weights[0] (q): expected a multiple of {kv_heads} heads of "
-                         f"{head_dim} rows, got {q_width} rows")
-    hidden = wo.shape[0] if wo.dim() == 2 else -1
-    intermediate = wg.shape[0] if wg.dim() == 2 else -1
-    shapes = [(kv_heads * head_dim, width), (kv_heads * head_dim, width), (hidden, q_width),
-              (intermediate, hidden), (intermediate, hidden), (hidden, intermediate)]
-    for i, (name, w, shape) in enumerate(zip(LAYER_WEIGHTS[1:], weights[1:], shapes), 1):
-        check_tensor(f"weights[{i}] ({name})", w, (x.dtype,), shape, x.device)
-    for i, (name, w, b) in enumerate(zip(LAYER_WEIGHTS, weights, biases)):
-        if b is not None:
-            check_tensor(f"biases[{i}] ({name})", b, (x.dtype,), (w.shape[0],), x.device)
-    if input_norm is not None:
-        check_tensor("input_norm", input_norm, (x.dtype,), (width,), x.device)
-    check_tensor("post_norm", post_norm, (x.dtype,), (hidden,), x.device)
-    if residual is None and width != hidden:
-        raise ValueError(f"residual: required when x's width {width} differs from hidden {hidden}")
-    if residual is not None:
-        check_tensor("residual", residual, (x.dtype,), (batch, count, hidden), x.device)
-    check_tensor("positions", positions, (torch.int64,), (batch, count), x.device)
-    check_tensor("cos", cos, (x.dtype,), (None, head_dim), x.device)
-    check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
-    check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), x.device)
-    if not isinstance(tree_offset, int) or tree_offset < 0:
-        raise ValueError(f"tree_offset: expected an int >= 0, got {tree_offset!r}")
-    tree_keys = tree_offset + count
-    check_tensor("tree_mask", tree_mask, (torch.int32,),
-                 (batch, count, reference.mask_words(tree_keys)), x.device)
-    if value_checks_enabled():
-        check_range("cache_lens", cache_lens, 0, max_len - tree_keys + 1,
-                    f" (prefix plus {tree_keys} tree keys must fit max_len {max_len})")
-        check_range("positions", positions, 0, cos.shape[0], " (rows of the cos/sin tables)")
-    if not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
-    _, implementation = resolve("decoder_layer", backend, x.device, dtype=x.dtype)
-    return implementation(x, list(weights), list(biases), input_norm, post_norm, float(eps),
-                          positions, cos, sin, k_cache, v_cache, cache_lens, tree_mask,
-                          tree_offset, residual, sm_scale)
-
-
 # --------------------------------------------------------------------------------------------
 # cpu backend (csrc/cpu/decoder.h, csrc/cpu/decoder_layer.h)
 # --------------------------------------------------------------------------------------------
@@ -343,30 +240,9 @@ def _apply_rope_cpu(x, positions, cos, sin):
     return out
 
 
-def _decoder_layer_cpu(x, weights, biases, input_norm, post_norm, eps, positions, cos, sin,
-                       k_cache, v_cache, cache_lens, tree_mask, tree_offset, residual, sm_scale):
-    batch, count, width = x.shape
-    _, max_len, kv_heads, head_dim = k_cache.shape
-    hidden, intermediate = weights[3].shape[0], weights[4].shape[0]
-    out = torch.empty(batch, count, hidden, dtype=x.dtype)
-    packs = [_PACKS.get(w) for w in weights]  # held until the call returns
-    pointers = [x.data_ptr(), (x if residual is None else residual).data_ptr(), out.data_ptr(),
-                0 if input_norm is None else input_norm.data_ptr(), post_norm.data_ptr(),
-                *(packed.data_ptr() for packed in packs),
-                *(0 if b is None else b.data_ptr() for b in biases),
-                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-                v_cache.data_ptr(), cache_lens.data_ptr(), tree_mask.data_ptr()]
-    sizes = [batch, count, width, hidden, intermediate, weights[0].shape[0] // head_dim,
-             kv_heads, head_dim, cos.shape[0], max_len, tree_offset, tree_mask.shape[2]]
-    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
-    cpu_extension().decoder_layer(pointers, sizes, eps, scale)
-    return out
-
-
 for _op, _reference, _cpu in (("linear", reference.linear_group, _linear_group_cpu),
                               ("rms_norm", reference.rms_norm, _rms_norm_cpu),
                               ("silu_mul", reference.silu_mul, _silu_mul_cpu),
-                              ("apply_rope", reference.apply_rope, _apply_rope_cpu),
-                              ("decoder_layer", reference.decoder_layer, _decoder_layer_cpu)):
+                              ("apply_rope", reference.apply_rope, _apply_rope_cpu)):
     register(_op, "torch", _reference)
     register(_op, "cpu", _cpu, supports=cpu_float32_only)

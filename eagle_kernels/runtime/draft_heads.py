@@ -29,7 +29,7 @@ from torch import nn
 
 from .kv_cache import KVCache
 from .layers import (MLP, Attention, DecoderLayer, Linear, RMSNorm, RotaryEmbedding,
-                     fused_layer, head_dim_of, rope_parameters)
+                     fused_layer, head_dim_of, layer_step, rope_parameters)
 from .model import TargetModel, load_state
 
 EAGLE1 = "eagle1"
@@ -98,8 +98,9 @@ class Eagle3MidLayer(nn.Module):
 
     def forward(self, embedded, hidden, rope, cache, tree_mask, tree_offset: int = 0):
         both = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)
-        fused = fused_layer(both, self.self_attn, self.mlp, self.post_attention_layernorm, None,
-                            rope, cache, tree_mask, tree_offset, residual=hidden)
+        step = layer_step(both, rope, cache, tree_mask, tree_offset)
+        fused = fused_layer(self, both, self.self_attn, self.mlp, self.post_attention_layernorm,
+                            None, step, cache, residual=hidden)
         if fused is not None:
             return fused
         attended = self.self_attn(both, rope, cache, tree_mask, tree_offset)

@@ -212,24 +212,56 @@ def attention_biases(config) -> tuple[bool, bool]:
     return bias, bias
 
 
-def fused_layer(x: torch.Tensor, attention: Attention, mlp: MLP, post_norm: RMSNorm,
-                input_norm: RMSNorm | None, rope: Rope, cache: KVCache, tree_mask: torch.Tensor,
-                tree_offset: int, residual: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The whole layer as one :func:`eagle_kernels.ops.decoder_layer` call where a fused kernel
-    runs it (the cpu backend: fp32 CPU tensors), else None (the caller runs op by op, so GPU
-    backends of tree attention keep serving it). Same result bit for bit either way."""
-    if not mlp.silu or differentiable(x, residual, attention.q_proj.weight):
+def layer_step(x: torch.Tensor, rope: Rope, cache: KVCache, tree_mask: torch.Tensor,
+               tree_offset: int = 0) -> ops.DecoderStep | None:
+    """The arguments every layer of this forward shares, checked once, where the fused cpu
+    layer runs it (fp32 CPU tensors, no autograd); else None (the layers run op by op, so GPU
+    backends of tree attention keep serving them)."""
+    if differentiable(x) or ops.decoder_layer_backend(x.device, x.dtype) != "cpu":
         return None
-    if ops.decoder_layer_backend(x.device, x.dtype) != "cpu":
+    batch, count = x.shape[:2]
+    return ops.DecoderStep(batch, count, rope.positions, rope.cos, rope.sin,
+                           cache.keys[0].shape, cache.lens, tree_mask, tree_offset, x.dtype,
+                           x.device)
+
+
+def _layer_tensors(attention: Attention, mlp: MLP, post_norm: RMSNorm,
+                   input_norm: RMSNorm | None) -> tuple:
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                   mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    weights = tuple(p._parameters["weight"] for p in projections)
+    biases = tuple(p._parameters["bias"] for p in projections)
+    norm = None if input_norm is None else input_norm._parameters["weight"]
+    return weights, biases, norm, post_norm._parameters["weight"]
+
+
+def fused_layer(owner: nn.Module, x: torch.Tensor, attention: Attention, mlp: MLP,
+                post_norm: RMSNorm, input_norm: RMSNorm | None, step: ops.DecoderStep | None,
+                cache: KVCache, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The whole layer as one cpu kernel call (:meth:`eagle_kernels.ops.DecoderStep.run`)
+    where ``step`` says the fused path runs, else None (the caller runs op by op). Same result
+    bit for bit either way.
+
+    The layer's checked and packed weights (:class:`eagle_kernels.ops.LayerWeights`) are kept
+    on ``owner`` and rebuilt when any parameter object was replaced; in-place changes and moved
+    storage are caught by the binding itself.
+    """
+    if step is None or not mlp.silu or differentiable(x, residual, attention.q_proj.weight):
         return None
-    projections = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
-                   mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    weights, biases, norm, post = _layer_tensors(attention, mlp, post_norm, input_norm)
+    binding = owner.__dict__.get("_layer_weights")
+    if binding is None or not _same_tensors(binding, weights, biases, norm, post):
+        binding = ops.LayerWeights(list(weights), list(biases), norm, post, post_norm.eps)
+        owner.__dict__["_layer_weights"] = binding
     index = attention.layer_index
-    return ops.decoder_layer(
-        x.contiguous(), [p.weight for p in projections], [p.bias for p in projections],
-        None if input_norm is None else input_norm.weight, post_norm.weight, post_norm.eps,
-        rope.positions, rope.cos, rope.sin, cache.keys[index], cache.values[index], cache.lens,
-        tree_mask, tree_offset, None if residual is None else residual.contiguous())
+    return step.run(binding, x.contiguous(), cache.keys[index], cache.values[index],
+                    None if residual is None else residual.contiguous())
+
+
+def _same_tensors(binding: ops.LayerWeights, weights, biases, norm, post) -> bool:
+    return (binding.input_norm is norm and binding.post_norm is post
+            and all(a is b for a, b in zip(binding.weights, weights))
+            and all(a is b for a, b in zip(binding.biases, biases)))
 
 
 class DecoderLayer(nn.Module):
@@ -244,10 +276,15 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, rope: Rope, cache, tree_mask, tree_offset: int = 0) -> torch.Tensor:
+    def forward(self, x, rope: Rope, cache, tree_mask, tree_offset: int = 0,
+                step: ops.DecoderStep | None = None) -> torch.Tensor:
+        """``step``: :func:`layer_step` of this forward, made once by a caller that runs many
+        layers (made here when not given)."""
         norm = getattr(self, "input_layernorm", None)
-        fused = fused_layer(x, self.self_attn, self.mlp, self.post_attention_layernorm, norm, rope,
-                            cache, tree_mask, tree_offset)
+        if step is None:
+            step = layer_step(x, rope, cache, tree_mask, tree_offset)
+        fused = fused_layer(self, x, self.self_attn, self.mlp, self.post_attention_layernorm, norm,
+                            step, cache)
         if fused is not None:
             return fused
         attended = self.self_attn(norm(x) if norm is not None else x, rope, cache, tree_mask,

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache
-from .layers import DecoderLayer, Linear, RMSNorm, RotaryEmbedding, head_dim_of
+from .layers import DecoderLayer, Linear, RMSNorm, RotaryEmbedding, head_dim_of, layer_step
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -114,11 +114,12 @@ class TargetModel(nn.Module):
         """
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb.tables(positions, x.dtype, cache.max_len)
+        step = layer_step(x, rope, cache, tree_mask)  # checked once for every layer
         captured = []
         for index, layer in enumerate(self.model.layers):
             if index in feature_layers:
                 captured.append(x)
-            x = layer(x, rope, cache, tree_mask)
+            x = layer(x, rope, cache, tree_mask, step=step)
         features = torch.cat(captured, dim=-1) if captured else None
         return self.model.norm(x), features
 
