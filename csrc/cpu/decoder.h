@@ -30,7 +30,8 @@ constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 #if defined(EK_ISA_AVX512)
 constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
 #elif defined(EK_ISA_AVX2)
-constexpr int kRowTile = 6, kPanelTile = 1;       // 12 accumulators of 16 registers
+constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers; two
+                                                  // panel streams: M = 6..12 ~10 % faster than 6x1
 #else
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
 #endif
