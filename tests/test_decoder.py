@@ -351,3 +351,15 @@ def test_decoder_step_checks_each_layer_call(gen):
         for call, message in cases:
             with pytest.raises(ValueError, match=message):
                 call()
+
+
+@needs_cpu_backend
+def test_inference_tensor_weights_warn_that_they_are_packed_per_call(gen):
+    """A weight made under torch.inference_mode has no version counter, so its pack cannot be
+    kept: the result is still right, and the slow path says so instead of being silent."""
+    x, w = torch.randn(2, 16, generator=gen), torch.randn(32, 16, generator=gen)
+    with torch.inference_mode():
+        w_inference = w.clone()
+        with pytest.warns(UserWarning, match="inference tensor"):
+            y = ops.linear(x, w_inference, backend="cpu")
+    assert torch.equal(y, ops.linear(x, w, backend="cpu"))

@@ -17,6 +17,7 @@ construction. torch's GEMMs give no such guarantee (their blocking follows the r
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Sequence
 
@@ -164,7 +165,11 @@ class _PackedWeights:
         if entry is not None and entry[1] == stamp and stamp[1] is not None:
             return entry[2]
         packed = pack_weight(w)
-        if stamp[1] is not None:  # an inference tensor has no version: pack per call
+        if stamp[1] is None:  # an inference tensor has no version: pack per call
+            warnings.warn("cpu kernels: a weight is an inference tensor (made under "
+                          "torch.inference_mode), so it is re-packed on every call; create "
+                          "weights outside inference_mode to keep the pack", stacklevel=3)
+        else:
             ref = weakref.ref(w, lambda _, key=key: self._entries.pop(key, None))
             self._entries[key] = (ref, stamp, packed)
         return packed

@@ -81,8 +81,11 @@ class EagleGenerator:
                         dtype: torch.dtype = torch.float32, device: str = "cpu",
                         tree: TreeConfig | str | None = None) -> "EagleGenerator":
         """Load target (+ head). ``tree="auto"`` measures this device and picks the tree."""
-        model, tokenizer, default_target = load_target_and_tokenizer(target, dtype, device)
-        head = _load_head(draft, model, default_target)
+        # Ordinary tensors even when called under torch.inference_mode: inference tensors have
+        # no version counter, so the cpu kernels could not keep their packed weights.
+        with torch.inference_mode(False):
+            model, tokenizer, default_target = load_target_and_tokenizer(target, dtype, device)
+            head = _load_head(draft, model, default_target)
         engine = Engine(model, head)
         generator = cls(engine, tokenizer)
         generator.set_tree(tree)
