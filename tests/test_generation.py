@@ -122,7 +122,6 @@ def test_speculative_sampling_keeps_the_target_distribution(gen):
         target.lm_head.weight.mul_(0.1)  # softer distributions: every outcome is likely
     prompt = [1, 2, 3]
     with torch.inference_mode():
-        engine = Engine(target)
         probs = lambda ids: torch.softmax(target.logits(_last_hidden(target, ids)), -1)
         first = probs([prompt])[0]
         second = probs([prompt + [t] for t in range(vocab)])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from cuda_support import DTYPE_CODES, assert_guards, guarded
+from cuda_support import DTYPE_CODES
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 from eagle_kernels.ops._validate import no_value_checks

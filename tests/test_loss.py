@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
-from cpu_support import needs_cpu_backend
+from cpu_support import each_cpu_isa, needs_cpu_backend
 from cuda_support import needs_gpu, seed_note
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -212,20 +212,24 @@ def fp64_truth(x, y, weights):
 
 
 def check_cpu_case(x, y, weights, note):
-    """The cpu kernel's error against fp64 within twice torch's fp32 error plus noise (loss:
-    1e-6 of its scale; gradient: 1e-6 of the largest weight), and no NaN."""
-    got_loss, got_grad = loss_and_grad(
-        lambda a, b: ops.soft_cross_entropy(a, b, backend="cpu"), x, y, weights)
-    assert got_loss.dtype == torch.float32 and got_grad.dtype == torch.float32, note
+    """On every instruction set this processor runs: the cpu kernel's error against fp64
+    within twice torch's fp32 error plus noise (loss: 1e-6 of its scale; gradient: 1e-6 of the
+    largest weight), and no NaN."""
     torch_loss, torch_grad = loss_and_grad(reference.soft_cross_entropy, x, y, weights)
     want_loss, want_grad = fp64_truth(x, y, weights)
     finite = want_loss[torch.isfinite(want_loss)]
     scale = 1.0 + (float(finite.abs().max()) if finite.numel() else 0.0)
-    assert max_err(got_loss, want_loss) <= 2 * max_err(torch_loss, want_loss) + 1e-6 * scale, note
     # gradient noise: a few ulps of its largest entries (|grad| <= |weight|), as for Triton
     noise = 1e-6 * (1.0 + float(weights.abs().max()))
-    assert max_err(got_grad, want_grad) <= 2 * max_err(torch_grad, want_grad) + noise, note
-    assert not torch.isnan(got_grad).any() and not torch.isnan(got_loss).any(), note
+    for isa in each_cpu_isa():
+        got_loss, got_grad = loss_and_grad(
+            lambda a, b: ops.soft_cross_entropy(a, b, backend="cpu"), x, y, weights)
+        where = f"{note} isa={isa}"
+        assert got_loss.dtype == torch.float32 and got_grad.dtype == torch.float32, where
+        assert (max_err(got_loss, want_loss)
+                <= 2 * max_err(torch_loss, want_loss) + 1e-6 * scale), where
+        assert max_err(got_grad, want_grad) <= 2 * max_err(torch_grad, want_grad) + noise, where
+        assert not torch.isnan(got_grad).any() and not torch.isnan(got_loss).any(), where
 
 
 @needs_cpu_backend
