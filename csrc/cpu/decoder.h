@@ -40,10 +40,18 @@ constexpr int64_t kPanelBlockBytes = 256 * 1024;  // panels per L2 block, many-r
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
 
+/// Cache lines a tile asks the memory system for while it computes: `lines` 64-byte lines from
+/// `from`, `per_k` of them per k step (see linear_panels). Never changes what is computed.
+struct Prefetch {
+  const float* from = nullptr;
+  int64_t lines = 0, per_k = 0;
+};
+
 /// Rows [0, MR) x panels [0, J) of y; `cols` valid columns from the first panel's first.
 template <int MR, int J>
 static void panel_tile(const float* x, int64_t ldx, const float* panels, int64_t k,
-                       const float* bias, float* y, int64_t ldy, int64_t cols) {
+                       const float* bias, float* y, int64_t ldy, int64_t cols,
+                       Prefetch ahead = {}) {
   constexpr int V = J * kPanelVectors;
   const int64_t panel_stride = k * kPanel;
   // Chunk sums go through memory (L1): keeping them in registers beside the accumulators
@@ -56,6 +64,10 @@ static void panel_tile(const float* x, int64_t ldx, const float* panels, int64_t
     for (int i = 0; i < MR; ++i)
       for (int v = 0; v < V; ++v) acc[i][v] = vzero();
     for (int64_t kk = k0; kk < k1; ++kk) {
+      for (int64_t j = 0; j < ahead.per_k && ahead.lines > 0; ++j, --ahead.lines) {
+        __builtin_prefetch(ahead.from, 0, 2);
+        ahead.from += 16;
+      }
       vf w[V];
       for (int j = 0; j < J; ++j)
         for (int v = 0; v < kPanelVectors; ++v)
@@ -87,18 +99,22 @@ static void panel_tile(const float* x, int64_t ldx, const float* panels, int64_t
 /// panel_tile<MR, panels> for a run-time panel count in [1, J].
 template <int MR, int J>
 static void panel_tile_panels(int panels, const float* x, int64_t ldx, const float* w, int64_t k,
-                              const float* bias, float* y, int64_t ldy, int64_t cols) {
-  if (panels == J) return panel_tile<MR, J>(x, ldx, w, k, bias, y, ldy, cols);
-  if constexpr (J > 1) panel_tile_panels<MR, J - 1>(panels, x, ldx, w, k, bias, y, ldy, cols);
+                              const float* bias, float* y, int64_t ldy, int64_t cols,
+                              Prefetch ahead) {
+  if (panels == J) return panel_tile<MR, J>(x, ldx, w, k, bias, y, ldy, cols, ahead);
+  if constexpr (J > 1)
+    panel_tile_panels<MR, J - 1>(panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
 }
 
 /// panel_tile<rows, panels> for run-time counts in [1, MR] x [1, kPanelTile].
 template <int MR>
 static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, const float* w,
-                           int64_t k, const float* bias, float* y, int64_t ldy, int64_t cols) {
+                           int64_t k, const float* bias, float* y, int64_t ldy, int64_t cols,
+                           Prefetch ahead) {
   if (rows == MR)
-    return panel_tile_panels<MR, kPanelTile>(panels, x, ldx, w, k, bias, y, ldy, cols);
-  if constexpr (MR > 1) panel_tile_any<MR - 1>(rows, panels, x, ldx, w, k, bias, y, ldy, cols);
+    return panel_tile_panels<MR, kPanelTile>(panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
+  if constexpr (MR > 1)
+    panel_tile_any<MR - 1>(rows, panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
 }
 
 /// One row, panels [p0, p1) of a segment: kSingleRowPanels streams at a time.
@@ -119,20 +135,37 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, int64
   }
 }
 
-/// Every row, panels [p0, p1) of a segment.
+/// Every row, panels [p0, p1) of a segment, a block of panels at a time. The first row tile
+/// of a block streams it from DRAM; the others find it in L2 and, while they compute, prefetch
+/// the next block (spread evenly over their tile calls), so DRAM and the FMA units overlap
+/// instead of taking turns (with several row tiles, M >= 2 * kRowTile).
 static void linear_panels(const LinearArgs& a, const LinearSegment& s, int64_t p0, int64_t p1) {
   if (a.m == 1) return linear_single_row(a, s, p0, p1);
   int64_t block = kPanelBlockBytes / (a.k * kPanel * 4) / kPanelTile * kPanelTile;
   if (block < kPanelTile) block = kPanelTile;
+  const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
+  const int64_t panel_floats = a.k * kPanel;
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
+    const int64_t n1 = b1 + block < p1 ? b1 + block : p1;  // the next block: [b1, n1)
+    const int64_t next_lines = (n1 - b1) * panel_floats / 16;
+    const int64_t calls = (row_tiles - 1) * ((b1 - b0 + kPanelTile - 1) / kPanelTile);
+    int64_t call = 0;
     for (int64_t r = 0; r < a.m; r += kRowTile) {
       const int rows = static_cast<int>(a.m - r < kRowTile ? a.m - r : kRowTile);
       for (int64_t p = b0; p < b1; p += kPanelTile) {
         const int panels = static_cast<int>(b1 - p < kPanelTile ? b1 - p : kPanelTile);
         const int64_t col = p * kPanel;
-        panel_tile_any<kRowTile>(rows, panels, a.x + r * a.ldx, a.ldx, s.w + p * a.k * kPanel, a.k,
-                       s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col, s.ldy, s.n - col);
+        Prefetch ahead;
+        if (r > 0 && next_lines > 0) {
+          const int64_t first = next_lines * call / calls, last = next_lines * (call + 1) / calls;
+          ahead = {s.w + b1 * panel_floats + first * 16, last - first,
+                   (last - first + a.k - 1) / a.k};
+          ++call;
+        }
+        panel_tile_any<kRowTile>(rows, panels, a.x + r * a.ldx, a.ldx, s.w + p * panel_floats,
+                                 a.k, s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col,
+                                 s.ldy, s.n - col, ahead);
       }
     }
   }
