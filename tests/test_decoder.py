@@ -177,9 +177,11 @@ def _layer_case(gen, config_overrides=None, count=5, offset=0):
                          num_key_value_heads=2, vocab_size=50, **(config_overrides or {}))
     torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
     layer = DecoderLayer(config, layer_index=0).eval()
-    with torch.no_grad():
-        for p in layer.parameters():
+    with torch.no_grad():  # a real model's scales: each sublayer's output ~ its input, so a
+        for p in layer.parameters():  # wiring error (a lost residual) is O(1) of the output
             p.normal_()  # norms too: not all ones
+            if p.dim() == 2:
+                p.mul_(p.shape[1] ** -0.5)
     from eagle_kernels.runtime.kv_cache import KVCache
 
     cache = KVCache.allocate(1, 2, 40, 2, 16, torch.float32, "cpu")
@@ -231,9 +233,12 @@ def test_decoder_layer_fused_equals_op_by_op_bit_for_bit(gen, monkeypatch, count
     assert torch.equal(caches[0].values[0], caches[1].values[0])
     # The layer's accuracy is its ops' (each held to 2x torch's fp32 error in the tests above,
     # and bit-equal to the op-by-op path here); this checks the composition is the reference's.
-    # A wiring error (wrong residual, norm or order) is off by O(scale); fp32 rounding through
-    # eight chained ops stays below 1e-5 of the scale (2 x torch's own error of one fp32 pass
-    # is not a bound here: both errors are single samples, and CI saw ours at 2.8x once).
+    # Threshold 1e-5 of the output's scale. Measured over 900 draws of these cases (seeds
+    # 0-299 x the 3 shapes): fp32 rounding gives median 2.1e-7, p99 4.5e-7, max 6.6e-7, a
+    # light tail 15x below the threshold, so a chance failure is far rarer than 1e-6 per run.
+    # Power: a layer that loses its residual is off by 0.24-1.0 of the scale (min over the
+    # same draws), 2e4x the threshold. (With unscaled N(0, 1) weights the output reaches ~1e3,
+    # rounding errors are heavy-tailed and a lost residual hides in them: hence the scaling.)
     scale = float(want.abs().max())
     assert float((fused.double() - want).abs().max()) <= 1e-5 * scale
     assert float((torch_fp32.double() - want).abs().max()) <= 1e-5 * scale

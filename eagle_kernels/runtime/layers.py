@@ -27,12 +27,35 @@ from .. import ops
 from .kv_cache import KVCache
 
 
+# Bumped whenever any module anywhere gets a parameter or submodule assigned, or one of this
+# file's parameter-holding modules converts its parameters (.to(), .float(), ...): a layer's
+# bound weights (fused_layer) are re-checked against the module only after such a change, not
+# on every call (that check was half of a decode step's Python time per layer).
+_STRUCTURE_CHANGES = [0]
+
+
+def _structure_changed(*_args) -> None:
+    _STRUCTURE_CHANGES[0] += 1
+
+
+nn.modules.module.register_module_parameter_registration_hook(_structure_changed)
+nn.modules.module.register_module_module_registration_hook(_structure_changed)
+
+
+class _TracksConversion:
+    """Mixin for modules that own parameters: a conversion may replace them (see above)."""
+
+    def _apply(self, fn, recurse=True):
+        _structure_changed()
+        return super()._apply(fn, recurse)
+
+
 def differentiable(*tensors: torch.Tensor | None) -> bool:
     """Whether autograd must see this computation (grad mode on and a tensor needs grad)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-class Linear(nn.Linear):
+class Linear(_TracksConversion, nn.Linear):
     """nn.Linear whose inference goes through :func:`eagle_kernels.ops.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +72,7 @@ def linear_group(x: torch.Tensor, layers: list[nn.Linear]) -> tuple[torch.Tensor
                             [layer.bias for layer in layers])
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(_TracksConversion, nn.Module):
     """x / rms(x) * weight, computed in fp32 like transformers' LlamaRMSNorm."""
 
     def __init__(self, hidden_size: int, eps: float):
@@ -243,16 +266,18 @@ def fused_layer(owner: nn.Module, x: torch.Tensor, attention: Attention, mlp: ML
     bit for bit either way.
 
     The layer's checked and packed weights (:class:`eagle_kernels.ops.LayerWeights`) are kept
-    on ``owner`` and rebuilt when any parameter object was replaced; in-place changes and moved
-    storage are caught by the binding itself.
+    on ``owner`` and rebuilt when a parameter object was replaced (looked at only after a
+    structure change, see ``_STRUCTURE_CHANGES``); in-place changes and moved storage are
+    caught by the binding itself.
     """
     if step is None or not mlp.silu or differentiable(x, residual, attention.q_proj.weight):
         return None
-    weights, biases, norm, post = _layer_tensors(attention, mlp, post_norm, input_norm)
-    binding = owner.__dict__.get("_layer_weights")
-    if binding is None or not _same_tensors(binding, weights, biases, norm, post):
-        binding = ops.LayerWeights(list(weights), list(biases), norm, post, post_norm.eps)
-        owner.__dict__["_layer_weights"] = binding
+    binding, checked_at = owner.__dict__.get("_layer_weights", (None, -1))
+    if checked_at != _STRUCTURE_CHANGES[0]:
+        weights, biases, norm, post = _layer_tensors(attention, mlp, post_norm, input_norm)
+        if binding is None or not _same_tensors(binding, weights, biases, norm, post):
+            binding = ops.LayerWeights(list(weights), list(biases), norm, post, post_norm.eps)
+        owner.__dict__["_layer_weights"] = (binding, _STRUCTURE_CHANGES[0])
     index = attention.layer_index
     return step.run(binding, x.contiguous(), cache.keys[index], cache.values[index],
                     None if residual is None else residual.contiguous())
