@@ -368,3 +368,31 @@ def test_inference_tensor_weights_warn_that_they_are_packed_per_call(gen):
         with pytest.warns(UserWarning, match="inference tensor"):
             y = ops.linear(x, w_inference, backend="cpu")
     assert torch.equal(y, ops.linear(x, w, backend="cpu"))
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("features", [(), (0, 2, 5), (1, 3, 9)])
+def test_stacked_layers_equal_layer_by_layer(gen, features):
+    """The target's forward runs its layers as one C++ call per run between captured features
+    (DecoderStep.run_layers); that equals calling the layers one by one, bit for bit: hidden
+    states, captured features and every layer's written K/V."""
+    from conftest import random_parents
+    from runtime_helpers import tiny_target
+
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    tokens = torch.randint(0, 300, (2, 6), generator=gen)
+    depth, mask, _ = ops.build_tree(random_parents(2, 6, gen))
+    results = []
+    for stacked in (True, False):
+        cache = target.allocate_cache(2, 40)
+        cache.lens.copy_(torch.tensor([7, 2], dtype=torch.int32))
+        positions = cache.lens.to(torch.int64).unsqueeze(1) + depth.to(torch.int64)
+        with torch.inference_mode():
+            if not stacked:
+                target._fused_weights = lambda: None  # the layer-by-layer path
+            hidden, captured = target(tokens, positions, cache, mask, features)
+        results.append((hidden, captured, cache))
+    (h1, f1, c1), (h2, f2, c2) = results
+    assert torch.equal(h1, h2)
+    assert (f1 is None and f2 is None) or torch.equal(f1, f2)
+    assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))

@@ -140,17 +140,15 @@ void tree_attention(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::u
 }
 
 std::vector<float> layer_workspace;
+constexpr size_t kLayerPointers = 26, kLayerSizes = 12, kStackLayerPointers = 18;
 
 /// One decoder layer (kernels.h DecoderLayerArgs). `pointers` in this order: x, residual, out,
 /// input_norm (0: none), post_norm, wq, wk, wv, wo, wg, wu, wd, bq, bk, bv, bo, bg, bu, bd
 /// (0: no bias), positions, cos, sin, k_cache, v_cache, lens, tree_mask. `sizes`: batch,
 /// count, in_features, hidden, intermediate, q_heads, kv_heads, head_dim, table_rows, max_len,
 /// tree_offset, words.
-void decoder_layer(const std::vector<std::uintptr_t>& p, const std::vector<int64_t>& n, float eps,
-                   float scale, int threads) {
-  if (p.size() != 26 || n.size() != 12)
-    throw std::invalid_argument("decoder_layer: expected 26 pointers and 12 sizes");
-  const int count = thread_count(threads);
+void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, float eps,
+                       float scale, int count) {
   const int64_t rows = n[0] * n[1];
   const int64_t floats = cpu::decoder_layer_workspace_floats(rows, n[2], n[3], n[5] * n[7],
                                                              n[6] * n[7], n[4]);
@@ -175,6 +173,55 @@ void decoder_layer(const std::vector<std::uintptr_t>& p, const std::vector<int64
       as_ptr<const int32_t>(p[25]), n[11],
       layer_workspace.data(), attention_workspace.data(), count};
   active->decoder_layer(args);
+}
+
+void decoder_layer(const std::vector<std::uintptr_t>& p, const std::vector<int64_t>& n, float eps,
+                   float scale, int threads) {
+  if (p.size() != kLayerPointers || n.size() != kLayerSizes)
+    throw std::invalid_argument("decoder_layer: expected 26 pointers and 12 sizes");
+  run_decoder_layer(p.data(), n, eps, scale, thread_count(threads));
+}
+
+std::vector<float> stack_buffers;
+
+/// Consecutive decoder layers of one model in one call (no Python between layers: each
+/// return to Python after a layer that streamed megabytes of weights finds its own data
+/// evicted from the caches). Every layer takes its input as its residual, so in == hidden.
+/// `layers`: per layer input_norm, post_norm, wq, wk, wv, wo, wg, wu, wd, bq, bk, bv, bo, bg,
+/// bu, bd, k_cache, v_cache (kStackLayerPointers each). `shared`: x, out, positions, cos, sin,
+/// lens, tree_mask. `sizes`: as decoder_layer's. Layer i's output feeds layer i + 1 through
+/// two scratch buffers; the last writes `out`.
+void decoder_stack(const std::vector<std::uintptr_t>& layers,
+                   const std::vector<std::uintptr_t>& shared, const std::vector<int64_t>& n,
+                   float eps, float scale, int threads) {
+  if (layers.empty() || layers.size() % kStackLayerPointers != 0 || shared.size() != 7 ||
+      n.size() != kLayerSizes || n[2] != n[3])
+    throw std::invalid_argument("decoder_stack: expected 18 pointers per layer, 7 shared "
+                                "pointers and 12 sizes with in_features == hidden");
+  const int count = thread_count(threads);
+  const size_t depth = layers.size() / kStackLayerPointers;
+  const int64_t width = n[0] * n[1] * n[3];
+  if (stack_buffers.size() < static_cast<size_t>(2 * width)) stack_buffers.resize(2 * width);
+  std::uintptr_t p[kLayerPointers];
+  std::uintptr_t input = shared[0];
+  for (size_t i = 0; i < depth; ++i) {
+    const std::uintptr_t* own = layers.data() + i * kStackLayerPointers;
+    const std::uintptr_t output = i + 1 == depth ? shared[1]
+        : reinterpret_cast<std::uintptr_t>(stack_buffers.data() + (i % 2) * width);
+    p[0] = input;
+    p[1] = input;
+    p[2] = output;
+    for (int j = 0; j < 16; ++j) p[3 + j] = own[j];  // norms, weights, biases
+    p[19] = shared[2];
+    p[20] = shared[3];
+    p[21] = shared[4];
+    p[22] = own[16];
+    p[23] = own[17];
+    p[24] = shared[5];
+    p[25] = shared[6];
+    run_decoder_layer(p, n, eps, scale, count);
+    input = output;
+  }
 }
 
 cpu::SoftCrossEntropyArgs soft_ce_args(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
@@ -230,6 +277,9 @@ PYBIND11_MODULE(_cpu, module) {
   module.def("decoder_layer", &decoder_layer, py::arg("pointers"), py::arg("sizes"),
              py::arg("eps"), py::arg("scale"), py::arg("threads") = 0,
              "One decoder layer over the cache (see csrc/cpu/kernels.h DecoderLayerArgs).");
+  module.def("decoder_stack", &decoder_stack, py::arg("layers"), py::arg("shared"),
+             py::arg("sizes"), py::arg("eps"), py::arg("scale"), py::arg("threads") = 0,
+             "Consecutive decoder layers in one call (see decoder_stack in cpu_bindings.cpp).");
   module.def("soft_ce_forward", &soft_ce_forward, py::arg("x"), py::arg("y"), py::arg("loss"),
              py::arg("stats"), py::arg("rows"), py::arg("vocab"), py::arg("threads") = 0,
              "soft_cross_entropy forward (csrc/cpu/loss.h): loss [rows], stats [4, rows].");

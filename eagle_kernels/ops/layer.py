@@ -203,6 +203,47 @@ class DecoderStep:
             raise ValueError(f"x: the cpu decoder layer {reason or 'takes CPU tensors'}")
         return self._run_cpu(layer, x, k_cache, v_cache, residual, sm_scale)
 
+    def run_layers(self, layers: Sequence[LayerWeights], x: torch.Tensor,
+                   k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor],
+                   sm_scale: float | None = None) -> torch.Tensor:
+        """Consecutive layers, each taking the previous one's output (and its input as the
+        residual), in one C++ call on the cpu backend: what :meth:`run` gives layer after
+        layer, bit for bit, without returning to Python in between.
+
+        ``layers[i]`` runs over ``k_caches[i]`` / ``v_caches[i]``; every layer needs
+        in == hidden == ``x``'s width and the same eps. ``x`` [B, T, H] -> [B, T, H].
+        """
+        if not layers or len(k_caches) != len(layers) or len(v_caches) != len(layers):
+            raise ValueError(f"k_caches, v_caches: expected one per layer ({len(layers)}), got "
+                             f"{len(k_caches)} and {len(v_caches)}")
+        pointers = []
+        for i, (layer, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches)):
+            self.check(layer, x, k_cache, v_cache, None)
+            first = layers[0]
+            if (layer.hidden != layer.in_features or layer.eps != first.eps
+                    or layer.intermediate != first.intermediate or layer.q_width != first.q_width):
+                raise ValueError(f"layers[{i}]: expected in == hidden and the first layer's eps, "
+                                 f"intermediate and q width, got in {layer.in_features}, hidden "
+                                 f"{layer.hidden}, eps {layer.eps}, intermediate "
+                                 f"{layer.intermediate}, q width {layer.q_width}")
+            pointers += layer.kernel_pointers()
+            pointers += (k_cache.data_ptr(), v_cache.data_ptr())
+        reason = cpu_float32_only(dtype=self.dtype)
+        if reason is not None or self.device.type != "cpu":
+            raise ValueError(f"x: the cpu decoder layer {reason or 'takes CPU tensors'}")
+        out = torch.empty_like(x)
+        first = layers[0]
+        shared = [x.data_ptr(), out.data_ptr(), *self._tail, self.cache_lens.data_ptr(),
+                  self.tree_mask.data_ptr()]
+        sizes = [self.batch, self.count, first.in_features, first.hidden, first.intermediate,
+                 first.q_width // self.head_dim, self.kv_heads, self.head_dim, *self._sizes]
+        cpu_extension().decoder_stack(pointers, shared, sizes, first.eps,
+                                      self._scale(sm_scale))
+        return out
+
+    def _scale(self, sm_scale: float | None) -> float:
+        return self.head_dim**-0.5 if sm_scale is None else float(sm_scale)
+
     def _run_cpu(self, layer, x, k_cache, v_cache, residual, sm_scale) -> torch.Tensor:
         out = torch.empty(self.batch, self.count, layer.hidden, dtype=x.dtype)
         pointers = [x.data_ptr(), (x if residual is None else residual).data_ptr(),
@@ -211,8 +252,7 @@ class DecoderStep:
                     self.tree_mask.data_ptr()]
         sizes = [self.batch, self.count, layer.in_features, layer.hidden, layer.intermediate,
                  layer.q_width // self.head_dim, self.kv_heads, self.head_dim, *self._sizes]
-        scale = self.head_dim**-0.5 if sm_scale is None else float(sm_scale)
-        cpu_extension().decoder_layer(pointers, sizes, layer.eps, scale)
+        cpu_extension().decoder_layer(pointers, sizes, layer.eps, self._scale(sm_scale))
         return out
 
 

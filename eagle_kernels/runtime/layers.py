@@ -270,7 +270,21 @@ def fused_layer(owner: nn.Module, x: torch.Tensor, attention: Attention, mlp: ML
     structure change, see ``_STRUCTURE_CHANGES``); in-place changes and moved storage are
     caught by the binding itself.
     """
-    if step is None or not mlp.silu or differentiable(x, residual, attention.q_proj.weight):
+    if step is None or differentiable(x, residual):
+        return None
+    binding = layer_weights(owner, attention, mlp, post_norm, input_norm)
+    if binding is None:
+        return None
+    index = attention.layer_index
+    return step.run(binding, x.contiguous(), cache.keys[index], cache.values[index],
+                    None if residual is None else residual.contiguous())
+
+
+def layer_weights(owner: nn.Module, attention: Attention, mlp: MLP, post_norm: RMSNorm,
+                  input_norm: RMSNorm | None) -> ops.LayerWeights | None:
+    """The layer's weights checked and packed for the fused cpu kernel, kept on ``owner``; None
+    where that kernel cannot run the layer (not SiLU, or autograd must see the weights)."""
+    if not mlp.silu or differentiable(attention.q_proj.weight):
         return None
     binding, checked_at = owner.__dict__.get("_layer_weights", (None, -1))
     if checked_at != _STRUCTURE_CHANGES[0]:
@@ -278,9 +292,7 @@ def fused_layer(owner: nn.Module, x: torch.Tensor, attention: Attention, mlp: ML
         if binding is None or not _same_tensors(binding, weights, biases, norm, post):
             binding = ops.LayerWeights(list(weights), list(biases), norm, post, post_norm.eps)
         owner.__dict__["_layer_weights"] = (binding, _STRUCTURE_CHANGES[0])
-    index = attention.layer_index
-    return step.run(binding, x.contiguous(), cache.keys[index], cache.values[index],
-                    None if residual is None else residual.contiguous())
+    return binding
 
 
 def _same_tensors(binding: ops.LayerWeights, weights, biases, norm, post) -> bool:
@@ -316,3 +328,8 @@ class DecoderLayer(nn.Module):
                                   tree_offset)
         normed, h = self.post_attention_layernorm(attended, residual=x)  # h = x + attended
         return h + self.mlp(normed)
+
+    def fused_weights(self) -> ops.LayerWeights | None:
+        """This layer's weights for the fused cpu kernel (see :func:`layer_weights`)."""
+        return layer_weights(self, self.self_attn, self.mlp, self.post_attention_layernorm,
+                             getattr(self, "input_layernorm", None))

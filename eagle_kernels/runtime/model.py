@@ -115,13 +115,27 @@ class TargetModel(nn.Module):
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb.tables(positions, x.dtype, cache.max_len)
         step = layer_step(x, rope, cache, tree_mask)  # checked once for every layer
+        bound = self._fused_weights() if step is not None else None
         captured = []
-        for index, layer in enumerate(self.model.layers):
-            if index in feature_layers:
-                captured.append(x)
-            x = layer(x, rope, cache, tree_mask, step=step)
+        if bound is not None:  # runs of layers between captured features, one C++ call each
+            cuts = sorted({0, len(bound), *(i for i in feature_layers if 0 < i < len(bound))})
+            for start, end in zip(cuts, cuts[1:]):
+                if start in feature_layers:
+                    captured.append(x)
+                x = step.run_layers(bound[start:end], x.contiguous(), cache.keys[start:end],
+                                    cache.values[start:end])
+        else:
+            for index, layer in enumerate(self.model.layers):
+                if index in feature_layers:
+                    captured.append(x)
+                x = layer(x, rope, cache, tree_mask, step=step)
         features = torch.cat(captured, dim=-1) if captured else None
         return self.model.norm(x), features
+
+    def _fused_weights(self) -> list | None:
+        """Every layer's :class:`eagle_kernels.ops.LayerWeights` when all run fused, else None."""
+        bound = [layer.fused_weights() for layer in self.model.layers]
+        return None if any(b is None for b in bound) else bound
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., V] logits of final-normed hidden states, in fp32."""
