@@ -57,11 +57,10 @@ def check_tensor(
     if dtypes is not None and value.dtype not in dtypes:
         raise ValueError(f"{name}: expected dtype {_dtype_names(dtypes)}, got "
                          f"{str(value.dtype).replace('torch.', '')}")
-    if shape is not None:
+    if shape is not None and (value.dim() != len(shape) or any(
+            s is not None and s != actual for s, actual in zip(shape, value.shape))):
         expected = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        if value.dim() != len(shape) or any(
-                s is not None and s != actual for s, actual in zip(shape, value.shape)):
-            raise ValueError(f"{name}: expected shape {expected}, got {list(value.shape)}")
+        raise ValueError(f"{name}: expected shape {expected}, got {list(value.shape)}")
     if device is not None and value.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {value.device}")
     if contiguous and not value.is_contiguous():

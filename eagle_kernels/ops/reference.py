@@ -703,9 +703,15 @@ def compact_kv(
     """
     for b in range(cache_lens.shape[0]):
         prefix, count = int(cache_lens[b]), int(num_accepted[b]) + 1
-        source = prefix + accepted_nodes[b, :count].to(torch.int64)
+        path = accepted_nodes[b, :count].to(torch.int64)
+        # Entries already in place (path[j] == j: the root, a chain of first children) are
+        # left alone; when nothing moves (most cycles on CPU), no cache is touched at all.
+        moved = torch.nonzero(path != torch.arange(count, device=path.device)).flatten()
+        if moved.numel() == 0:
+            continue
+        source, target = prefix + path[moved], prefix + moved
         for cache in caches:
-            cache[b, prefix: prefix + count] = cache[b, source].clone()
+            cache[b, target] = cache[b, source]  # the gather copies before the scatter writes
 
 
 # --------------------------------------------------------------------------------------------
