@@ -315,6 +315,17 @@ def test_bound_layer_follows_its_weights(gen):
             layer.post_attention_layernorm.weight + 1)  # a new parameter object
     with torch.inference_mode():
         assert torch.equal(bound(), unbound())
+    # Changes the kernel would size itself by wrongly are errors, never out-of-bounds reads.
+    down = layer.mlp.down_proj.weight
+    with torch.no_grad():
+        down.data = torch.randn(64, 95)  # same parameter object, a smaller matrix
+    with torch.inference_mode(), pytest.raises(ValueError, match="down"):
+        bound()
+    with torch.no_grad():
+        down.data = torch.randn(64, 96)
+    layer.half()  # same parameter objects, another dtype
+    with torch.inference_mode(), pytest.raises(ValueError, match="weights"):
+        bound()
 
 
 @needs_cpu_backend
@@ -352,6 +363,12 @@ def test_decoder_step_checks_each_layer_call(gen):
             (lambda: ops.DecoderStep(2, x.shape[1], rope.positions, rope.cos, rope.sin,
                                      keys.shape, cache.lens, mask[:, :, :0], 0, torch.float32,
                                      torch.device("cpu")), "tree_mask"),
+            (lambda: ops.DecoderStep(2, x.shape[1], rope.positions, rope.cos[:, :0],
+                                     rope.sin[:, :0], (2, 40, 2, 0), cache.lens, mask, 0,
+                                     torch.float32, "cpu"), "k_cache"),
+            (lambda: ops.DecoderStep(2, x.shape[1], rope.positions, rope.cos[:0], rope.sin[:0],
+                                     keys.shape, cache.lens, mask, 0, torch.float32, "cpu"),
+             "cos"),
         ]
         for call, message in cases:
             with pytest.raises(ValueError, match=message):

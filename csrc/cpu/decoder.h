@@ -141,7 +141,8 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, int64
 /// instead of taking turns (with several row tiles, M >= 2 * kRowTile).
 static void linear_panels(const LinearArgs& a, const LinearSegment& s, int64_t p0, int64_t p1) {
   if (a.m == 1) return linear_single_row(a, s, p0, p1);
-  int64_t block = kPanelBlockBytes / (a.k * kPanel * 4) / kPanelTile * kPanelTile;
+  const int64_t panel_bytes = a.k * kPanel * 4;
+  int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / kPanelTile * kPanelTile : 0;
   if (block < kPanelTile) block = kPanelTile;
   const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
   const int64_t panel_floats = a.k * kPanel;

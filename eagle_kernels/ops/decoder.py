@@ -134,12 +134,14 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
     check_tensor("positions", positions, (torch.int64,), (batch, count), x.device)
     check_tensor("cos", cos, (x.dtype,), (None, dim), x.device)
     check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
+    if cos.shape[0] == 0 and x.numel():
+        raise ValueError("cos: expected at least one row (the tables positions index)")
     _, implementation = resolve("apply_rope", backend, x.device, dtype=x.dtype)
     return implementation(x, positions, cos, sin)
 
 
 # --------------------------------------------------------------------------------------------
-# cpu backend (csrc/cpu/decoder.h, csrc/cpu/decoder_layer.h)
+# cpu backend (csrc/cpu/decoder.h; the whole layer's is in layer.py)
 # --------------------------------------------------------------------------------------------
 
 PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder.h kPanel)

@@ -74,35 +74,52 @@ class LayerWeights:
                              f"({', '.join(LAYER_WEIGHTS)})")
         if not isinstance(biases, (list, tuple)) or len(biases) != len(LAYER_WEIGHTS):
             raise ValueError(f"biases: expected {len(LAYER_WEIGHTS)} entries (None for no bias)")
-        wq = _check_input("weights[0] (q)", weights[0])
-        if wq.dim() != 2:
-            raise ValueError(f"weights[0] (q): expected shape [Hq*D, in], got {list(wq.shape)}")
-        self.dtype, self.device = wq.dtype, wq.device
-        self.q_width, self.in_features = wq.shape
-        wk, wo, wg = weights[1], weights[3], weights[4]
-        check_tensor("weights[1] (k)", wk, (self.dtype,), (None, self.in_features), self.device)
-        self.kv_width = wk.shape[0]
-        self.hidden = wo.shape[0] if isinstance(wo, torch.Tensor) and wo.dim() == 2 else -1
-        self.intermediate = wg.shape[0] if isinstance(wg, torch.Tensor) and wg.dim() == 2 else -1
-        shapes = [(self.kv_width, self.in_features), (self.hidden, self.q_width),
-                  (self.intermediate, self.hidden), (self.intermediate, self.hidden),
-                  (self.hidden, self.intermediate)]
-        for i, (name, w, shape) in enumerate(zip(LAYER_WEIGHTS[2:], weights[2:], shapes), 2):
-            check_tensor(f"weights[{i}] ({name})", w, (self.dtype,), shape, self.device)
-        for i, (name, w, b) in enumerate(zip(LAYER_WEIGHTS, weights, biases)):
-            if b is not None:
-                check_tensor(f"biases[{i}] ({name})", b, (self.dtype,), (w.shape[0],), self.device)
-        if input_norm is not None:
-            check_tensor("input_norm", input_norm, (self.dtype,), (self.in_features,), self.device)
-        check_tensor("post_norm", post_norm, (self.dtype,), (self.hidden,), self.device)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
             raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
         self.weights, self.biases = list(weights), list(biases)
         self.input_norm, self.post_norm, self.eps = input_norm, post_norm, float(eps)
+        self._dims = None
+        self._check_tensors()
         self._tensors = [t for t in (*weights, *biases, input_norm, post_norm) if t is not None]
-        self._stamp = None
+        self._checked = self._stamp_now()  # the tensors' stamp when last checked / packed
+        self._packed = None
         self._packs: list[torch.Tensor] = []
         self._pointers: list[int] = []
+
+    def _check_tensors(self) -> None:
+        """Every tensor's type, dtype, device, contiguity and shape; on a re-check (a tensor
+        changed since), also that nothing the kernel sizes itself by has changed."""
+        wq = _check_input("weights[0] (q)", self.weights[0])
+        if wq.dim() != 2:
+            raise ValueError(f"weights[0] (q): expected shape [Hq*D, in], got {list(wq.shape)}")
+        dtype, device = wq.dtype, wq.device
+        q_width, in_features = wq.shape
+        wk, wo, wg = self.weights[1], self.weights[3], self.weights[4]
+        check_tensor("weights[1] (k)", wk, (dtype,), (None, in_features), device)
+        kv_width = wk.shape[0]
+        hidden = wo.shape[0] if isinstance(wo, torch.Tensor) and wo.dim() == 2 else -1
+        intermediate = wg.shape[0] if isinstance(wg, torch.Tensor) and wg.dim() == 2 else -1
+        shapes = [(kv_width, in_features), (hidden, q_width), (intermediate, hidden),
+                  (intermediate, hidden), (hidden, intermediate)]
+        for i, (name, w, shape) in enumerate(zip(LAYER_WEIGHTS[2:], self.weights[2:], shapes), 2):
+            check_tensor(f"weights[{i}] ({name})", w, (dtype,), shape, device)
+        for i, (name, w, b) in enumerate(zip(LAYER_WEIGHTS, self.weights, self.biases)):
+            if b is not None:
+                check_tensor(f"biases[{i}] ({name})", b, (dtype,), (w.shape[0],), device)
+        if self.input_norm is not None:
+            check_tensor("input_norm", self.input_norm, (dtype,), (in_features,), device)
+        check_tensor("post_norm", self.post_norm, (dtype,), (hidden,), device)
+        if min(q_width, in_features, kv_width, hidden, intermediate) == 0:
+            raise ValueError(f"weights: expected no empty dimension, got q {q_width}, in "
+                             f"{in_features}, k/v {kv_width}, hidden {hidden}, intermediate "
+                             f"{intermediate}")
+        dims = (dtype, device, q_width, in_features, kv_width, hidden, intermediate)
+        if self._dims is not None and dims != self._dims:
+            raise ValueError(f"weights: changed since they were bound (dtype, device, sizes "
+                             f"{self._dims} -> {dims}); bind the layer again")
+        self._dims = dims
+        (self.dtype, self.device, self.q_width, self.in_features, self.kv_width, self.hidden,
+         self.intermediate) = dims
 
     def _stamp_now(self) -> tuple | None:
         """Storage pointers and version counters of every tensor; None for inference tensors
@@ -114,14 +131,19 @@ class LayerWeights:
 
     def kernel_pointers(self) -> list[int]:
         """input norm, post norm, the seven packed weights, the seven biases (0 for none):
-        packed again first when any tensor changed since the last call."""
+        checked and packed again first when any tensor changed since the last call (storage
+        pointer or version counter; a write through ``.data`` bumps neither, so change weights
+        in place under ``torch.no_grad()`` instead)."""
         stamp = self._stamp_now()
-        if stamp is None or stamp != self._stamp:
+        if stamp is None or stamp != self._packed:
+            if stamp is None or stamp != self._checked:
+                self._check_tensors()
+                self._checked = stamp
             self._packs = [_PACKS.get(w) for w in self.weights]
             self._pointers = [0 if self.input_norm is None else self.input_norm.data_ptr(),
                               self.post_norm.data_ptr(), *(p.data_ptr() for p in self._packs),
                               *(0 if b is None else b.data_ptr() for b in self.biases)]
-            self._stamp = stamp
+            self._packed = stamp
         return self._pointers
 
 
@@ -131,7 +153,8 @@ class DecoderStep:
     Parameters
     ----------
     batch, count : B and T of the layer inputs.
-    positions : [B, T] int64 RoPE positions into ``cos`` / ``sin`` [P, D].
+    positions : [B, T] int64 RoPE positions into ``cos`` / ``sin``.
+    cos, sin : [P, D] rotary tables (P >= 1), dtype of the inputs.
     cache_shape : (B, max_len, Hkv, D) of every layer's K and V cache tensors.
     cache_lens : [B] int32 committed lengths.
     tree_mask : [B, T, ceil((tree_offset + T) / 32)] int32 packed visibility over the
@@ -144,8 +167,12 @@ class DecoderStep:
                  sin: torch.Tensor, cache_shape: Sequence[int], cache_lens: torch.Tensor,
                  tree_mask: torch.Tensor, tree_offset: int, dtype: torch.dtype,
                  device: torch.device):
-        if len(cache_shape) != 4 or cache_shape[0] != batch:
-            raise ValueError(f"k_cache: expected shape [{batch}, max_len, Hkv, D], got "
+        for name, value in (("batch", batch), ("count", count)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+        device = torch.device(device)
+        if len(cache_shape) != 4 or cache_shape[0] != batch or min(cache_shape[2:]) < 1:
+            raise ValueError(f"k_cache: expected shape [{batch}, max_len, Hkv >= 1, D >= 1], got "
                              f"{list(cache_shape)}")
         _, max_len, kv_heads, head_dim = cache_shape
         if isinstance(tree_offset, bool) or not isinstance(tree_offset, int) or tree_offset < 0:
@@ -154,6 +181,8 @@ class DecoderStep:
         check_tensor("positions", positions, (torch.int64,), (batch, count), device)
         check_tensor("cos", cos, (dtype,), (None, head_dim), device)
         check_tensor("sin", sin, (dtype,), tuple(cos.shape), device)
+        if cos.shape[0] == 0 and batch * count:
+            raise ValueError("cos: expected at least one row (the tables positions index)")
         check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), device)
         check_tensor("tree_mask", tree_mask, (torch.int32,),
                      (batch, count, reference.mask_words(tree_keys)), device)
@@ -197,11 +226,14 @@ class DecoderStep:
 
         ``x`` [B, T, in] -> [B, T, H]; the T new keys are written into ``k_cache`` /
         ``v_cache`` at ``cache_lens[b] + tree_offset + t``."""
+        self._check_cpu()
         self.check(layer, x, k_cache, v_cache, residual)
+        return self._run_cpu(layer, x, k_cache, v_cache, residual, sm_scale)
+
+    def _check_cpu(self) -> None:
         reason = cpu_float32_only(dtype=self.dtype)
         if reason is not None or self.device.type != "cpu":
             raise ValueError(f"x: the cpu decoder layer {reason or 'takes CPU tensors'}")
-        return self._run_cpu(layer, x, k_cache, v_cache, residual, sm_scale)
 
     def run_layers(self, layers: Sequence[LayerWeights], x: torch.Tensor,
                    k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor],
@@ -211,15 +243,18 @@ class DecoderStep:
         layer, bit for bit, without returning to Python in between.
 
         ``layers[i]`` runs over ``k_caches[i]`` / ``v_caches[i]``; every layer needs
-        in == hidden == ``x``'s width and the same eps. ``x`` [B, T, H] -> [B, T, H].
+        in == hidden == ``x``'s width and the first layer's eps, intermediate size and q width.
+        ``x`` [B, T, H] -> [B, T, H].
         """
-        if not layers or len(k_caches) != len(layers) or len(v_caches) != len(layers):
+        if not layers:
+            raise ValueError("layers: expected at least one LayerWeights")
+        if len(k_caches) != len(layers) or len(v_caches) != len(layers):
             raise ValueError(f"k_caches, v_caches: expected one per layer ({len(layers)}), got "
                              f"{len(k_caches)} and {len(v_caches)}")
-        pointers = []
+        self._check_cpu()
+        first, pointers = layers[0], []
         for i, (layer, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches)):
             self.check(layer, x, k_cache, v_cache, None)
-            first = layers[0]
             if (layer.hidden != layer.in_features or layer.eps != first.eps
                     or layer.intermediate != first.intermediate or layer.q_width != first.q_width):
                 raise ValueError(f"layers[{i}]: expected in == hidden and the first layer's eps, "
@@ -228,11 +263,7 @@ class DecoderStep:
                                  f"{layer.intermediate}, q width {layer.q_width}")
             pointers += layer.kernel_pointers()
             pointers += (k_cache.data_ptr(), v_cache.data_ptr())
-        reason = cpu_float32_only(dtype=self.dtype)
-        if reason is not None or self.device.type != "cpu":
-            raise ValueError(f"x: the cpu decoder layer {reason or 'takes CPU tensors'}")
         out = torch.empty_like(x)
-        first = layers[0]
         shared = [x.data_ptr(), out.data_ptr(), *self._tail, self.cache_lens.data_ptr(),
                   self.tree_mask.data_ptr()]
         sizes = [self.batch, self.count, first.in_features, first.hidden, first.intermediate,
@@ -303,7 +334,9 @@ def decoder_layer(x: torch.Tensor, weights: Sequence[torch.Tensor],
     step = DecoderStep(x.shape[0], x.shape[1], positions, cos, sin, k_cache.shape, cache_lens,
                        tree_mask, tree_offset, x.dtype, x.device)
     step.check(layer, x, k_cache, v_cache, residual)  # the backends take checked arguments
-    _, implementation = resolve("decoder_layer", backend, x.device, dtype=x.dtype)
+    name, implementation = resolve("decoder_layer", backend, x.device, dtype=x.dtype)
+    if name == "cpu":  # the registered function would check everything again
+        return step._run_cpu(layer, x, k_cache, v_cache, residual, sm_scale)
     return implementation(x, layer.weights, layer.biases, input_norm, post_norm, layer.eps,
                           positions, cos, sin, k_cache, v_cache, cache_lens, tree_mask,
                           tree_offset, residual, sm_scale)

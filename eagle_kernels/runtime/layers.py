@@ -29,8 +29,11 @@ from .kv_cache import KVCache
 
 # Bumped whenever any module anywhere gets a parameter or submodule assigned, or one of this
 # file's parameter-holding modules converts its parameters (.to(), .float(), ...): a layer's
-# bound weights (fused_layer) are re-checked against the module only after such a change, not
-# on every call (that check was half of a decode step's Python time per layer).
+# bound weights (layer_weights) are made again from the module only after such a change, not
+# on every call (looking them up was half of a decode step's Python time per layer). Not seen:
+# writes straight into ``module._parameters`` (torch.func.functional_call): call
+# ``_structure_changed()`` after those. In-place changes and moved storage are seen by the
+# binding itself (ops.LayerWeights).
 _STRUCTURE_CHANGES = [0]
 
 
@@ -252,10 +255,9 @@ def _layer_tensors(attention: Attention, mlp: MLP, post_norm: RMSNorm,
                    input_norm: RMSNorm | None) -> tuple:
     projections = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
                    mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    weights = tuple(p._parameters["weight"] for p in projections)
-    biases = tuple(p._parameters["bias"] for p in projections)
-    norm = None if input_norm is None else input_norm._parameters["weight"]
-    return weights, biases, norm, post_norm._parameters["weight"]
+    weights = tuple(p.weight for p in projections)
+    biases = tuple(p.bias for p in projections)
+    return weights, biases, None if input_norm is None else input_norm.weight, post_norm.weight
 
 
 def fused_layer(owner: nn.Module, x: torch.Tensor, attention: Attention, mlp: MLP,
@@ -286,19 +288,12 @@ def layer_weights(owner: nn.Module, attention: Attention, mlp: MLP, post_norm: R
     where that kernel cannot run the layer (not SiLU, or autograd must see the weights)."""
     if not mlp.silu or differentiable(attention.q_proj.weight):
         return None
-    binding, checked_at = owner.__dict__.get("_layer_weights", (None, -1))
-    if checked_at != _STRUCTURE_CHANGES[0]:
+    binding, made_at = owner.__dict__.get("_layer_weights", (None, -1))
+    if made_at != _STRUCTURE_CHANGES[0]:  # bound again (checks included; packs are cached)
         weights, biases, norm, post = _layer_tensors(attention, mlp, post_norm, input_norm)
-        if binding is None or not _same_tensors(binding, weights, biases, norm, post):
-            binding = ops.LayerWeights(list(weights), list(biases), norm, post, post_norm.eps)
+        binding = ops.LayerWeights(list(weights), list(biases), norm, post, post_norm.eps)
         owner.__dict__["_layer_weights"] = (binding, _STRUCTURE_CHANGES[0])
     return binding
-
-
-def _same_tensors(binding: ops.LayerWeights, weights, biases, norm, post) -> bool:
-    return (binding.input_norm is norm and binding.post_norm is post
-            and all(a is b for a, b in zip(binding.weights, weights))
-            and all(a is b for a, b in zip(binding.biases, biases)))
 
 
 class DecoderLayer(nn.Module):
@@ -320,6 +315,8 @@ class DecoderLayer(nn.Module):
         norm = getattr(self, "input_layernorm", None)
         if step is None:
             step = layer_step(x, rope, cache, tree_mask, tree_offset)
+        elif step.tree_offset != tree_offset or step.tree_mask is not tree_mask:
+            raise ValueError("step: made for another tree_offset / tree_mask than this call's")
         fused = fused_layer(self, x, self.self_attn, self.mlp, self.post_attention_layernorm, norm,
                             step, cache)
         if fused is not None:

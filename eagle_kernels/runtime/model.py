@@ -133,8 +133,13 @@ class TargetModel(nn.Module):
         return self.model.norm(x), features
 
     def _fused_weights(self) -> list | None:
-        """Every layer's :class:`eagle_kernels.ops.LayerWeights` when all run fused, else None."""
-        bound = [layer.fused_weights() for layer in self.model.layers]
+        """Every layer's :class:`eagle_kernels.ops.LayerWeights` when all run fused, else None
+        (also when forward hooks are registered: the stacked call would skip them)."""
+        layers = self.model.layers
+        if (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+                or any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)):
+            return None
+        bound = [layer.fused_weights() for layer in layers]
         return None if any(b is None for b in bound) else bound
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
