@@ -85,23 +85,28 @@ class CycleCost:
         return self.draft + self.verify
 
 
-def _median_seconds(fn, repeats: int, device: torch.device) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
+def _interleaved_medians(calls: list, repeats: int, device: torch.device) -> list[float]:
+    """Median seconds of each call, timed in rounds (every call once per round, after one
+    warm-up each): when this machine's speed drifts while measuring (shared VMs: 20-40 %
+    within a minute), every call sees the drift alike, so their ratios, which is what the
+    tree choice uses, stay right instead of favouring whichever was timed in a fast phase."""
+    for fn in calls:
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for fn, spent in zip(calls, times):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            spent.append(time.perf_counter() - start)
+    return [sorted(spent)[len(spent) // 2] for spent in times]
 
 
-def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int = 1,
-                  repeats: int = 3) -> CycleCost:
-    """Median seconds of drafting one ``tree`` and verifying it, as a cycle runs them: the
+def _cycle_calls(target, head, tree: TreeConfig, context: int, batch: int):
+    """The two calls a cycle of ``tree`` makes, ready to time (inside inference_mode): the
     head's drafting over its cache, then the target over the drafted tokens with the tree's
     own packed mask and positions, over ``context`` committed tokens."""
     device = target.device
@@ -111,30 +116,40 @@ def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int
     draft_cache.lens.fill_(context)
     root = torch.zeros(batch, dtype=torch.int64, device=device)
     root_hidden = torch.zeros(batch, head.config.hidden_size, dtype=target.dtype, device=device)
-    with torch.inference_mode():
-        drafted = draft_tree(head, draft_cache, root, root_hidden, tree)
-        positions = cache.lens.to(torch.int64).unsqueeze(1) + drafted.depth
+    drafted = draft_tree(head, draft_cache, root, root_hidden, tree)
+    positions = cache.lens.to(torch.int64).unsqueeze(1) + drafted.depth
 
-        def verify():
-            hidden, _ = target(drafted.tokens, positions, cache, drafted.tree_mask,
-                               head.feature_layers)
-            return target.logits(hidden)
+    def verify():
+        hidden, _ = target(drafted.tokens, positions, cache, drafted.tree_mask,
+                           head.feature_layers)
+        return target.logits(hidden)
 
-        draft = _median_seconds(lambda: draft_tree(head, draft_cache, root, root_hidden, tree),
-                                repeats, device)
-        return CycleCost(draft, _median_seconds(verify, repeats, device))
+    return (lambda: draft_tree(head, draft_cache, root, root_hidden, tree)), verify
 
 
-def measure_step(target, context: int = 256, batch: int = 1, repeats: int = 3) -> float:
-    """Median seconds of one plain decoding step (target over one token + logits)."""
+def _step_call(target, context: int, batch: int):
+    """One plain decoding step (target over one token + logits), ready to time."""
     cache = target.allocate_cache(batch, context + 1)
     cache.lens.fill_(context)
     token = torch.zeros(batch, 1, dtype=torch.int64, device=target.device)
     position = torch.full((batch, 1), context, dtype=torch.int64, device=target.device)
     ones = torch.ones(batch, 1, 1, dtype=torch.int32, device=target.device)
+    return lambda: target.logits(target(token, position, cache, ones)[0])
+
+
+def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int = 1,
+                  repeats: int = 3) -> CycleCost:
+    """Median seconds of drafting one ``tree`` and verifying it, as a cycle runs them."""
     with torch.inference_mode():
-        return _median_seconds(lambda: target.logits(target(token, position, cache, ones)[0]),
-                               repeats, target.device)
+        calls = _cycle_calls(target, head, tree, context, batch)
+        return CycleCost(*_interleaved_medians(list(calls), repeats, target.device))
+
+
+def measure_step(target, context: int = 256, batch: int = 1, repeats: int = 3) -> float:
+    """Median seconds of one plain decoding step (target over one token + logits)."""
+    with torch.inference_mode():
+        return _interleaved_medians([_step_call(target, context, batch)], repeats,
+                                    target.device)[0]
 
 
 @dataclass
@@ -236,15 +251,23 @@ class AdaptiveTree:
 
 
 def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: int = 256,
-                  repeats: int = 3) -> dict[TreeConfig, CycleCost]:
-    """Cycle costs of every candidate tree on this device."""
-    return {tree: measure_cycle(target, head, tree, context, batch, repeats) for tree in trees}
+                  repeats: int = 5) -> tuple[dict[TreeConfig, CycleCost], float]:
+    """Cycle costs of every candidate tree on this device and a plain decoding step's
+    seconds, all timed in the same interleaved rounds (see :func:`_interleaved_medians`)."""
+    trees = list(trees)
+    with torch.inference_mode():
+        calls = [call for tree in trees
+                 for call in _cycle_calls(target, head, tree, context, batch)]
+        calls.append(_step_call(target, context, batch))
+        seconds = _interleaved_medians(calls, repeats, target.device)
+    costs = {tree: CycleCost(seconds[2 * i], seconds[2 * i + 1]) for i, tree in enumerate(trees)}
+    return costs, seconds[-1]
 
 
 def choose_tree(target, head, batch: int = 1, context: int = 256,
-                alpha: float = PRIOR_ALPHA, repeats: int = 3,
+                alpha: float = PRIOR_ALPHA, repeats: int = 5,
                 trees=CANDIDATE_TREES) -> AdaptiveTree:
     """Measure every candidate tree's cycle and a plain decoding step here; return the policy
     (its ``current`` tree is the best under the prior ``alpha`` until acceptance is observed)."""
-    costs = measure_trees(target, head, trees, batch, context, repeats)
-    return AdaptiveTree(costs, alpha, measure_step(target, context, batch, repeats))
+    costs, step = measure_trees(target, head, trees, batch, context, repeats)
+    return AdaptiveTree(costs, alpha, step)
