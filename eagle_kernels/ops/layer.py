@@ -266,11 +266,14 @@ class DecoderStep:
         out = torch.empty_like(x)
         shared = [x.data_ptr(), out.data_ptr(), *self._tail, self.cache_lens.data_ptr(),
                   self.tree_mask.data_ptr()]
-        sizes = [self.batch, self.count, first.in_features, first.hidden, first.intermediate,
-                 first.q_width // self.head_dim, self.kv_heads, self.head_dim, *self._sizes]
-        cpu_extension().decoder_stack(pointers, shared, sizes, first.eps,
+        cpu_extension().decoder_stack(pointers, shared, self._kernel_sizes(first), first.eps,
                                       self._scale(sm_scale))
         return out
+
+    def _kernel_sizes(self, layer: LayerWeights) -> list[int]:
+        """The C++ layer's sizes (cpu_bindings.cpp decoder_layer's order)."""
+        return [self.batch, self.count, layer.in_features, layer.hidden, layer.intermediate,
+                layer.q_width // self.head_dim, self.kv_heads, self.head_dim, *self._sizes]
 
     def _scale(self, sm_scale: float | None) -> float:
         return self.head_dim**-0.5 if sm_scale is None else float(sm_scale)
@@ -281,9 +284,8 @@ class DecoderStep:
                     out.data_ptr(), *layer.kernel_pointers(), *self._tail,
                     k_cache.data_ptr(), v_cache.data_ptr(), self.cache_lens.data_ptr(),
                     self.tree_mask.data_ptr()]
-        sizes = [self.batch, self.count, layer.in_features, layer.hidden, layer.intermediate,
-                 layer.q_width // self.head_dim, self.kv_heads, self.head_dim, *self._sizes]
-        cpu_extension().decoder_layer(pointers, sizes, layer.eps, self._scale(sm_scale))
+        cpu_extension().decoder_layer(pointers, self._kernel_sizes(layer), layer.eps,
+                                      self._scale(sm_scale))
         return out
 
 
@@ -330,9 +332,8 @@ def decoder_layer(x: torch.Tensor, weights: Sequence[torch.Tensor],
     if x.dim() != 3:
         raise ValueError(f"x: expected shape [B, T, in], got {list(x.shape)}")
     check_tensor("k_cache", k_cache, (x.dtype,), (x.shape[0], None, None, None), x.device)
-    layer = LayerWeights(weights, biases, input_norm, post_norm, eps)
-    step = DecoderStep(x.shape[0], x.shape[1], positions, cos, sin, k_cache.shape, cache_lens,
-                       tree_mask, tree_offset, x.dtype, x.device)
+    layer, step = _bind(x, weights, biases, input_norm, post_norm, eps, positions, cos, sin,
+                        k_cache, cache_lens, tree_mask, tree_offset)
     step.check(layer, x, k_cache, v_cache, residual)  # the backends take checked arguments
     name, implementation = resolve("decoder_layer", backend, x.device, dtype=x.dtype)
     if name == "cpu":  # the registered function would check everything again
@@ -342,11 +343,19 @@ def decoder_layer(x: torch.Tensor, weights: Sequence[torch.Tensor],
                           tree_offset, residual, sm_scale)
 
 
-def _decoder_layer_cpu(x, weights, biases, input_norm, post_norm, eps, positions, cos, sin,
-                       k_cache, v_cache, cache_lens, tree_mask, tree_offset, residual, sm_scale):
+def _bind(x, weights, biases, input_norm, post_norm, eps, positions, cos, sin, k_cache,
+          cache_lens, tree_mask, tree_offset) -> tuple[LayerWeights, DecoderStep]:
+    """decoder_layer's arguments as a checked LayerWeights and DecoderStep."""
     layer = LayerWeights(weights, biases, input_norm, post_norm, eps)
     step = DecoderStep(x.shape[0], x.shape[1], positions, cos, sin, k_cache.shape, cache_lens,
                        tree_mask, tree_offset, x.dtype, x.device)
+    return layer, step
+
+
+def _decoder_layer_cpu(x, weights, biases, input_norm, post_norm, eps, positions, cos, sin,
+                       k_cache, v_cache, cache_lens, tree_mask, tree_offset, residual, sm_scale):
+    layer, step = _bind(x, weights, biases, input_norm, post_norm, eps, positions, cos, sin,
+                        k_cache, cache_lens, tree_mask, tree_offset)
     return step._run_cpu(layer, x, k_cache, v_cache, residual, sm_scale)
 
 
