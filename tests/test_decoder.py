@@ -249,10 +249,13 @@ def test_decoder_layer_with_separate_residual_and_wide_input(gen):
     """EAGLE-3's midlayer shape: x is [B, T, 2H] (no input norm), the residual is [B, T, H]."""
     layer, cache, x, rope, mask = _layer_case(gen)
     wide = torch.randn(2, x.shape[1], 128, generator=gen)
-    weights = [torch.randn(64, 128, generator=gen), torch.randn(32, 128, generator=gen),
-               torch.randn(32, 128, generator=gen), torch.randn(64, 64, generator=gen),
-               torch.randn(96, 64, generator=gen), torch.randn(96, 64, generator=gen),
-               torch.randn(64, 96, generator=gen)]
+    # A real model's weight scale (as _layer_case): with N(0, 1) weights, fp32 rounding of the
+    # two paths was heavy-tailed and exceeded the 1e-5 threshold below about once in 10 runs.
+    # Scaled, |cpu - torch| / scale over 900 draws: median 1.8e-7, p99 3.3e-7, max 3.9e-7 (a
+    # light tail 26x under the threshold: a chance failure far rarer than 1e-6 per run); a
+    # layer that drops the residual is off by >= 0.53 of the scale on the same draws.
+    shapes = [(64, 128), (32, 128), (32, 128), (64, 64), (96, 64), (96, 64), (64, 96)]
+    weights = [torch.randn(*shape, generator=gen) * shape[1] ** -0.5 for shape in shapes]
     biases = [None] * 7
     args = (wide, weights, biases, None, torch.rand(64, generator=gen), 1e-6, rope.positions,
             rope.cos, rope.sin)
