@@ -305,6 +305,9 @@ def _node_probs(tokens, rows, logits_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, t, vo
     kkey = tl.load(kkey_ptr + rows, mask=valid, other=0)
     tau = tl.load(tau_ptr + rows, mask=valid, other=0.0)
     z = tl.load(z_ptr + rows, mask=valid, other=1.0)
+    # a lane that is no node gets token -1, which token_prob reads nothing for: its row may lie
+    # past the logits (the chain's padding lanes j >= num_nodes address rows seq + j - 1)
+    tokens = tl.where(valid, tokens, -1)
     return tl.where(valid, token_prob(logits_ptr + rows * vocab, tokens, vocab, t, m, kkey, tau,
                                       z), 0.0)
 
