@@ -4,12 +4,14 @@
     python bench/e2e/bench_cpu.py --smoke                                   # seconds, CI
 
 On the default target (SmolLM2-135M-Instruct, fp32, batch 1, context 256) with the bundled
-EAGLE-3 head, every ratio against something measured in the same process:
+EAGLE-3 head, every ratio against something measured in the same process, and every
+measurement below (floors included) timed in the same interleaved rounds, medians over
+``--repeats``, so the machine's drift cannot favour one of them:
 
-* floors: DRAM read bandwidth (a 1 GiB reduction, median of repeats) -> memory floor = bytes of
-  the weights a decode step reads / bandwidth; GEMM rate on an in-cache matrix (the faster of
-  torch's matmul and ours, [64 x 1536] x [1536 x 576]) -> compute floor(N) = FLOPs of N tokens /
-  that rate;
+* floors: DRAM read bandwidth (the faster of a 1 GiB reduction and our GEMV over 1 GiB) ->
+  memory floor = bytes of the weights a decode step reads / bandwidth; GEMM rate on an
+  in-cache matrix (the faster of torch's matmul and ours, [64 x 1536] x [1536 x 576]) ->
+  compute floor(N) = FLOPs of N tokens / that rate;
 * ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax), against
   the memory floor;
 * ``verify`` for N = 1..64 tree nodes (a random EAGLE-like tree's real packed mask): against
@@ -35,41 +37,45 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_rows, environment, time_fn  # noqa: E402
+from common import append_rows, environment  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
-from eagle_kernels.runtime.tree_budget import CANDIDATE_TREES, measure_cycle  # noqa: E402
+from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, cycle_calls,  # noqa: E402
+                                               interleaved_medians)
 
 VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
-def median_seconds(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` on CPU (the kernel benchmarks' timer, common.time_fn)."""
-    return time_fn(fn, repeats=repeats, warmup=2, device="cpu").median_us * 1e-6
+# The in-cache GEMM is timed this many times per call: the call before it streams the weights
+# from DRAM and evicts the GEMM's 3.9 MB, and one cold pass would then count ~10 % of the time.
+GEMM_PASSES = 8
 
 
-def read_bandwidth(megabytes: int, repeats: int) -> float:
-    """Bytes per second streamed from DRAM: the better of a torch reduction over a buffer and
-    our one-row GEMM over a weight of the same size (each far larger than the caches), so the
-    floor is never flattered by a slow way of reading."""
+def bandwidth_calls(megabytes: int) -> tuple[int, list]:
+    """Bytes, and two calls that each stream them from DRAM: a torch reduction over a buffer
+    and our one-row GEMM over a weight of the same size (each far larger than the caches). The
+    faster gives the bandwidth, so the floor is never flattered by a slow way of reading."""
     data = torch.ones(megabytes << 18)  # float32: megabytes MiB
-    by_sum = data.numel() * 4 / median_seconds(lambda: data.sum(), repeats)
     weight = data.view(-1, 1024)
     x = torch.ones(1, 1024)
-    ops.linear(x, weight)  # packs the weight once, outside the timing
-    by_gemm = data.numel() * 4 / median_seconds(lambda: ops.linear(x, weight), repeats)
-    return max(by_sum, by_gemm)
+    return data.numel() * 4, [lambda: data.sum(), lambda: ops.linear(x, weight)]
 
 
-def gemm_rate(repeats: int) -> float:
-    """FLOP/s of the faster of torch's and our GEMM on an in-cache [64 x 1536] x [1536 x 576]."""
+def gemm_calls() -> tuple[float, list]:
+    """FLOPs, and torch's and our GEMM on an in-cache [64 x 1536] x [1536 x 576] (GEMM_PASSES
+    times per call): the faster gives the GEMM rate."""
     x, w = torch.randn(64, 1536), torch.randn(576, 1536)
     wt = w.t().contiguous()
-    flops = 2 * 64 * 1536 * 576
-    best = min(median_seconds(lambda: x @ wt, repeats),
-               median_seconds(lambda: ops.linear(x, w), repeats))
-    return flops / best
+
+    def passes(gemm):
+        def call():
+            for _ in range(GEMM_PASSES):
+                gemm()
+        return call
+
+    return (2 * 64 * 1536 * 576 * GEMM_PASSES,
+            [passes(lambda: x @ wt), passes(lambda: ops.linear(x, w))])
 
 
 def step_bytes(target) -> int:
@@ -105,7 +111,8 @@ def random_tree(nodes: int, generator: torch.Generator):
     return depth, mask
 
 
-def verify_seconds(target, nodes: int, context: int, repeats: int, generator) -> float:
+def verify_call(target, nodes: int, context: int, generator):
+    """The target over a random ``nodes``-node tree after ``context`` tokens, with logits."""
     cache = target.allocate_cache(1, context + nodes)
     cache.lens.fill_(context)
     depth, mask = random_tree(nodes, generator)
@@ -116,10 +123,10 @@ def verify_seconds(target, nodes: int, context: int, repeats: int, generator) ->
         hidden, _ = target(tokens, positions, cache, mask)
         return target.logits(hidden)
 
-    return median_seconds(run, repeats)
+    return run
 
 
-def ar_step_seconds(target, context: int, repeats: int) -> float:
+def ar_step_call(target, context: int):
     """One engine autoregressive step: target over one token, logits, greedy choice."""
     cache = target.allocate_cache(1, context + 1)
     cache.lens.fill_(context)
@@ -131,36 +138,52 @@ def ar_step_seconds(target, context: int, repeats: int) -> float:
         hidden, _ = target(token, position, cache, ones)
         return ops.greedy_accept_chain(token, target.logits(hidden[:, :1]))
 
-    return median_seconds(run, repeats)
+    return run
+
+
+def timed_together(target, head, args) -> dict:
+    """Median seconds of every measurement, all taken in the same interleaved rounds: this VM's
+    speed drifts 20-40 % within minutes, and a ratio between two things timed minutes apart
+    (the AR step against a floor, a cycle against the AR step) would measure the drift."""
+    draw = torch.Generator().manual_seed(0)
+    stream_bytes, streams = bandwidth_calls(args.bandwidth_mb)
+    gemm_flops, gemms = gemm_calls()
+    with torch.inference_mode(), no_value_checks():
+        groups = {"streams": streams, "gemms": gemms,
+                  "ar": [ar_step_call(target, args.context)],
+                  "verify": [verify_call(target, nodes, args.context, draw)
+                             for nodes in args.nodes],
+                  "cycles": [call for tree in args.trees
+                             for call in cycle_calls(target, head, tree, args.context, 1)]}
+        seconds = iter(interleaved_medians([call for calls in groups.values() for call in calls],
+                                           args.repeats, target.device))
+        timed = {name: [next(seconds) for _ in calls] for name, calls in groups.items()}
+    timed["bandwidth"] = stream_bytes / min(timed["streams"])
+    timed["gemm_rate"] = gemm_flops / min(timed["gemms"])
+    return timed
 
 
 def measure(generator, args) -> tuple[list[dict], dict]:
     target, head = generator.engine.target, generator.engine.head
-    draw = torch.Generator().manual_seed(0)
-    bandwidth = read_bandwidth(args.bandwidth_mb, args.repeats)
-    rate = gemm_rate(args.repeats)
+    timed = timed_together(target, head, args)
+    bandwidth, rate, ar = timed["bandwidth"], timed["gemm_rate"], timed["ar"][0]
     weight_bytes = step_bytes(target)
     memory_floor = weight_bytes / bandwidth
     flops = token_flops(target, args.context)
-    rows = []
-    with torch.inference_mode(), no_value_checks():
-        ar = ar_step_seconds(target, args.context, args.repeats)
-        rows.append({"what": "ar_step", "nodes": 1, "ms": ar * 1e3,
-                     "floor_ms": memory_floor * 1e3, "x_floor": ar / memory_floor,
-                     "x_ar_step": 1.0})
-        for nodes in args.nodes:
-            seconds = verify_seconds(target, nodes, args.context, args.repeats, draw)
-            floor = max(memory_floor, nodes * flops / rate)
-            rows.append({"what": "verify", "nodes": nodes, "ms": seconds * 1e3,
-                         "floor_ms": floor * 1e3, "x_floor": seconds / floor,
-                         "x_ar_step": seconds / ar})
-        for tree in args.trees:
-            cost = measure_cycle(target, head, tree, args.context, repeats=args.repeats)
-            per_step = cost.draft / (tree.depth + 1)
-            rows.append({"what": "draft", "tree": f"{tree.top_k}/{tree.depth}/{tree.total_tokens}",
-                         "nodes": tree.total_tokens, "ms": cost.draft * 1e3,
-                         "step_ms": per_step * 1e3, "x_ar_step": per_step / ar,
-                         "verify_ms": cost.verify * 1e3, "cycle_x_ar_step": cost.total / ar})
+    rows = [{"what": "ar_step", "nodes": 1, "ms": ar * 1e3, "floor_ms": memory_floor * 1e3,
+             "x_floor": ar / memory_floor, "x_ar_step": 1.0}]
+    for nodes, seconds in zip(args.nodes, timed["verify"]):
+        floor = max(memory_floor, nodes * flops / rate)
+        rows.append({"what": "verify", "nodes": nodes, "ms": seconds * 1e3,
+                     "floor_ms": floor * 1e3, "x_floor": seconds / floor,
+                     "x_ar_step": seconds / ar})
+    for index, tree in enumerate(args.trees):
+        draft, verify = timed["cycles"][2 * index:2 * index + 2]
+        per_step = draft / (tree.depth + 1)
+        rows.append({"what": "draft", "tree": f"{tree.top_k}/{tree.depth}/{tree.total_tokens}",
+                     "nodes": tree.total_tokens, "ms": draft * 1e3, "step_ms": per_step * 1e3,
+                     "x_ar_step": per_step / ar, "verify_ms": verify * 1e3,
+                     "cycle_x_ar_step": (draft + verify) / ar})
     columns = ("what", "tree", "nodes", "ms", "floor_ms", "x_floor", "x_ar_step", "step_ms",
                "verify_ms", "cycle_x_ar_step")
     rows = [{key: (round(row[key], 4) if isinstance(row.get(key), float) else row.get(key, ""))
@@ -169,7 +192,8 @@ def measure(generator, args) -> tuple[list[dict], dict]:
               "gemm_gflop_s": round(rate / 1e9, 1), "weight_bytes": weight_bytes,
               "memory_floor_ms": round(memory_floor * 1e3, 3),
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
-              "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa()}
+              "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
+              "timing": f"medians of {args.repeats} interleaved rounds"}
     return rows, floors
 
 

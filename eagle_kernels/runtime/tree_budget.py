@@ -85,7 +85,7 @@ class CycleCost:
         return self.draft + self.verify
 
 
-def _interleaved_medians(calls: list, repeats: int, device: torch.device) -> list[float]:
+def interleaved_medians(calls: list, repeats: int, device: torch.device) -> list[float]:
     """Median seconds of each call, timed in rounds (every call once per round, after one
     warm-up each): when this machine's speed drifts while measuring (shared VMs: 20-40 %
     within a minute), every call sees the drift alike, so their ratios, which is what the
@@ -105,7 +105,7 @@ def _interleaved_medians(calls: list, repeats: int, device: torch.device) -> lis
     return [sorted(spent)[len(spent) // 2] for spent in times]
 
 
-def _cycle_calls(target, head, tree: TreeConfig, context: int, batch: int):
+def cycle_calls(target, head, tree: TreeConfig, context: int, batch: int):
     """The two calls a cycle of ``tree`` makes, ready to time (inside inference_mode): the
     head's drafting over its cache, then the target over the drafted tokens with the tree's
     own packed mask and positions, over ``context`` committed tokens."""
@@ -141,14 +141,14 @@ def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int
                   repeats: int = 3) -> CycleCost:
     """Median seconds of drafting one ``tree`` and verifying it, as a cycle runs them."""
     with torch.inference_mode():
-        calls = _cycle_calls(target, head, tree, context, batch)
-        return CycleCost(*_interleaved_medians(list(calls), repeats, target.device))
+        calls = cycle_calls(target, head, tree, context, batch)
+        return CycleCost(*interleaved_medians(list(calls), repeats, target.device))
 
 
 def measure_step(target, context: int = 256, batch: int = 1, repeats: int = 3) -> float:
     """Median seconds of one plain decoding step (target over one token + logits)."""
     with torch.inference_mode():
-        return _interleaved_medians([_step_call(target, context, batch)], repeats,
+        return interleaved_medians([_step_call(target, context, batch)], repeats,
                                     target.device)[0]
 
 
@@ -253,13 +253,13 @@ class AdaptiveTree:
 def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: int = 256,
                   repeats: int = 5) -> tuple[dict[TreeConfig, CycleCost], float]:
     """Cycle costs of every candidate tree on this device and a plain decoding step's
-    seconds, all timed in the same interleaved rounds (see :func:`_interleaved_medians`)."""
+    seconds, all timed in the same interleaved rounds (see :func:`interleaved_medians`)."""
     trees = list(trees)
     with torch.inference_mode():
         calls = [call for tree in trees
-                 for call in _cycle_calls(target, head, tree, context, batch)]
+                 for call in cycle_calls(target, head, tree, context, batch)]
         calls.append(_step_call(target, context, batch))
-        seconds = _interleaved_medians(calls, repeats, target.device)
+        seconds = interleaved_medians(calls, repeats, target.device)
     costs = {tree: CycleCost(seconds[2 * i], seconds[2 * i + 1]) for i, tree in enumerate(trees)}
     return costs, seconds[-1]
 
