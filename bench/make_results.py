@@ -84,8 +84,9 @@ def cpu_section(run: Path, report: dict) -> list[str]:
              f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
              f"in-cache GEMM {floors['gemm_gflop_s']} GFLOP/s; a decode step reads "
              f"{floors['weight_bytes'] / 1e6:.0f} MB of weights -> memory floor "
-             f"{floors['memory_floor_ms']} ms; one token is {floors['token_gflop']} GFLOP.", "",
-             "| what | tree | nodes | ms | floor ms | x floor | x AR step | ms / draft step | "
+             f"{floors['memory_floor_ms']} ms; one token is {floors['token_gflop']} GFLOP."
+             + (f" Timing: {floors['timing']}, floors included." if "timing" in floors else ""),
+             "", "| what | tree | nodes | ms | floor ms | x floor | x AR step | ms / draft step | "
              "cycle x AR step |", "|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         lines.append("| " + " | ".join(str(row.get(key, "")) for key in (

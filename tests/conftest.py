@@ -21,8 +21,8 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     try:
         import interpreter_bounds
         interpreter_bounds.install()  # every load / store inside the launch's tensors
-    except ImportError:  # no triton: the Triton backends are skipped anyway
-        pass
+    except Exception:  # no (working) triton: the Triton backends are unavailable and skipped;
+        pass           # test_interpreter_bounds then fails on its own if triton imports
 
 BASE_SEED = int(os.environ.get("EAGLE_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 

@@ -78,6 +78,12 @@ def gemm_calls() -> tuple[float, list]:
             [passes(lambda: x @ wt), passes(lambda: ops.linear(x, w))])
 
 
+def gemm_rate(repeats: int) -> float:
+    """FLOP/s of the in-cache GEMM alone (bench_train.py's compute floor)."""
+    flops, calls = gemm_calls()
+    return flops / min(interleaved_medians(calls, repeats, torch.device("cpu")))
+
+
 def step_bytes(target) -> int:
     """Bytes of weights one decode step reads: every parameter once (a tied embedding is the
     lm_head's matrix), except an untied embedding table, of which it reads one row."""
