@@ -18,6 +18,7 @@ Cost: a min and a max per memory access, small beside what the interpreter spend
 from __future__ import annotations
 
 import inspect
+import os
 
 import numpy as np
 
@@ -90,7 +91,10 @@ def _check(kind: str, ptrs, mask) -> None:
 
 
 def install() -> None:
-    """Wrap the interpreter's launches, loads and stores (idempotent)."""
+    """Wrap the interpreter's launches, loads and stores (idempotent); nothing to do when
+    Triton kernels are compiled (TRITON_INTERPRET unset)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
     from triton.runtime import interpreter
 
     if getattr(interpreter, "_eagle_bounds_installed", False):

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -110,36 +111,33 @@ def test_stochastic_chain_reads_no_logits_row_past_the_batch():
     """In-contract inputs: the chain kernel's lanes past num_nodes (its block is the next power
     of two) are no nodes and must read nothing. logits is a view whose following rows hold
     1e4, so a read of them overflows fp32 exp, which the Triton interpreter (numpy) reports as
-    a RuntimeWarning, made an error here. (Found as a stray CI warning: the padding lanes
-    addressed rows seq + j - 1 of the next sequence, or past the last one.)"""
-    import warnings
-
+    a RuntimeWarning, made an error here (conftest's interpreter bounds check also stops it).
+    Found as a stray CI warning: the padding lanes addressed rows seq + j - 1 of the next
+    sequence, or past the last one."""
     batch, num_nodes, vocab = 2, 5, 16  # block 8: lanes 5..7 are padding
     buffer = torch.full((batch * num_nodes + 8, vocab), 1e4)
     logits = buffer[:batch * num_nodes].view(batch, num_nodes, vocab)
     logits.copy_(torch.linspace(-2.0, 2.0, vocab).expand(batch, num_nodes, vocab))
     tokens = torch.arange(num_nodes).expand(batch, num_nodes).contiguous()
     draft = torch.full((batch, num_nodes - 1, vocab), 1.0 / vocab)
-    accept_u = torch.full((batch, num_nodes), 0.5)
+    accept_u, bonus_u = torch.full((batch, num_nodes), 0.5), torch.full((batch,), 0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        got = ops.stochastic_accept_chain(tokens, draft, logits, accept_u, torch.full((batch,),
-                                          0.5), temperature=0.5, backend="triton")
-    want = reference.stochastic_accept_chain(tokens, draft, logits, accept_u,
-                                             torch.full((batch,), 0.5), temperature=0.5)
+        got = ops.stochastic_accept_chain(tokens, draft, logits, accept_u, bonus_u,
+                                          temperature=0.5, backend="triton")
+    want = reference.stochastic_accept_chain(tokens, draft, logits, accept_u, bonus_u,
+                                             temperature=0.5)
     for name, a, b in zip(("output_tokens", "num_accepted", "accepted_nodes"), got, want):
         assert torch.equal(a, b), f"{name}: triton {a.tolist()} != reference {b.tolist()}"
 
 
 # Far indices: an unguarded access lands gigabytes past the tensor and faults.
 FAR_READS = textwrap.dedent('''
-    import os
     import sys
     import torch
     sys.path.insert(0, "tests")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        import interpreter_bounds
-        interpreter_bounds.install()  # a guarded index must not read even a neighbour
+    import interpreter_bounds
+    interpreter_bounds.install()  # a guarded index must not read even a neighbour
     from cuda_support import DTYPE_CODES, SENTINEL, assert_guards, guarded
     from eagle_kernels import ops
     from eagle_kernels.ops import attention, kv, reference

@@ -145,13 +145,6 @@ def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int
         return CycleCost(*interleaved_medians(list(calls), repeats, target.device))
 
 
-def measure_step(target, context: int = 256, batch: int = 1, repeats: int = 3) -> float:
-    """Median seconds of one plain decoding step (target over one token + logits)."""
-    with torch.inference_mode():
-        return interleaved_medians([_step_call(target, context, batch)], repeats,
-                                    target.device)[0]
-
-
 @dataclass
 class AdaptiveTree:
     """Picks the tree with the best expected rate, from measured cycle costs and the acceptance
