@@ -4,6 +4,7 @@ check once per instruction set the processor supports."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Iterator
 
@@ -37,5 +38,26 @@ def each_cpu_isa() -> Iterator[str]:
         for isa in _cpu.supported_isas():
             _cpu.set_isa(isa)
             yield isa
+    finally:
+        _cpu.set_isa(default)
+
+
+CPU_ISAS = ("avx512", "avx2", "generic")
+
+
+@contextlib.contextmanager
+def using_cpu_isa(isa: str):
+    """The cpu kernels switched to ``isa`` for the block (the test is skipped where the backend
+    is not built or the processor lacks ``isa``), restored afterwards."""
+    if cpu_backend_missing_reason() is not None:
+        pytest.skip(f"cpu backend: {cpu_backend_missing_reason()}")
+    from eagle_kernels import _cpu
+
+    if isa not in _cpu.supported_isas():
+        pytest.skip(f"this processor lacks {isa}")
+    default = _cpu.isa()
+    _cpu.set_isa(isa)
+    try:
+        yield isa
     finally:
         _cpu.set_isa(default)

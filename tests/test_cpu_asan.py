@@ -27,6 +27,9 @@ from conftest import BASE_SEED
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_TESTS = ("test_decoder.py", "test_attention_cpu.py", "test_loss.py",
                 "test_row_invariance.py", "test_model.py")
+# Files whose cpu routes are fixture parameters beside the Triton / CUDA-host ones: only
+# their tests with "cpu" in the id run under ASan.
+CPU_ROUTE_TESTS = ("test_topk_kernels.py", "test_tree_kernels.py")
 # Same as setup.py's CPU_FLAGS but -O1 -g (ASan's advice: readable reports, still fast).
 FLAGS = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-std=c++17", "-fopenmp",
          "-ffp-contract=off", "-fno-strict-aliasing", "-shared", "-fPIC"]
@@ -84,9 +87,11 @@ def test_cpu_kernel_tests_pass_under_address_sanitizer(tmp_path):
         f"the subprocess did not load the ASan build: {control.stdout}{control.stderr[-2000:]}"
     assert control.returncode != 0 and "AddressSanitizer" in control.stderr, \
         f"ASan missed a one-row overread: {control.stdout}{control.stderr[-2000:]}"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          *(str(ROOT / "tests" / name) for name in KERNEL_TESTS)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
-    start = run.stderr.find("ERROR: AddressSanitizer")
-    report = run.stderr[start:start + 6000] if start >= 0 else run.stderr[-6000:]
-    assert run.returncode == 0, f"under ASan:\n{run.stdout[-3000:]}\n{report}"
+    for names, selection in ((KERNEL_TESTS, []), (CPU_ROUTE_TESTS, ["-k", "cpu"])):
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                              "no:cacheprovider", *selection,
+                              *(str(ROOT / "tests" / name) for name in names)],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+        start = run.stderr.find("ERROR: AddressSanitizer")
+        report = run.stderr[start:start + 6000] if start >= 0 else run.stderr[-6000:]
+        assert run.returncode == 0, f"under ASan:\n{run.stdout[-3000:]}\n{report}"

@@ -1,8 +1,9 @@
 """topk_log_softmax and eagle2_expand kernels against the reference.
 
-Two CPU routes prove the kernels here: ``backend="triton"`` runs the Triton kernels under the
-interpreter (conftest sets TRITON_INTERPRET=1 without a GPU), and the ``*_host`` twins of
-csrc/topk.cu run the CUDA kernels' own per-thread code on CPU pointers. The ``gpu`` tests run
+Three CPU routes prove the kernels here: ``backend="triton"`` runs the Triton kernels under the
+interpreter (conftest sets TRITON_INTERPRET=1 without a GPU), the ``*_host`` twins of
+csrc/topk.cu run the CUDA kernels' own per-thread code on CPU pointers, and ``backend="cpu"``
+runs csrc/cpu/topk.h in every instruction set the processor has. The ``gpu`` tests run
 ``backend="cuda"`` / ``"triton"`` against ``"torch"`` on the full grid when a GPU is present.
 
 What "matches" means for topk_log_softmax (see the docstring of eagle_kernels/ops/topk.py):
@@ -29,6 +30,7 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
+from cpu_support import CPU_ISAS, using_cpu_isa
 from cuda_support import DTYPE_CODES, SENTINEL, needs_gpu, seed_note
 
 VALUE_ATOL = 1e-6
@@ -55,14 +57,21 @@ def host_expand(ext, frontier, children, top_k):
     return outputs
 
 
-@pytest.fixture(params=["triton", "cuda_host"])
+@pytest.fixture(params=["triton", "cuda_host", *(f"cpu-{isa}" for isa in CPU_ISAS)])
 def impl(request):
-    """(name, topk_log_softmax, eagle2_expand) of one kernel route that runs on CPU."""
+    """(name, topk_log_softmax, eagle2_expand) of one kernel route that runs on CPU: the
+    Triton interpreter, the CUDA kernels' host twins, the cpu backend in each instruction set."""
+    if request.param.startswith("cpu-"):
+        with using_cpu_isa(request.param.removeprefix("cpu-")):
+            yield (request.param, lambda *a: ops.topk_log_softmax(*a, backend="cpu"),
+                   lambda *a: ops.eagle2_expand(*a, backend="cpu"))
+        return
     if request.param == "triton":
-        return ("triton", lambda *a: ops.topk_log_softmax(*a, backend="triton"),
-                lambda *a: ops.eagle2_expand(*a, backend="triton"))
+        yield ("triton", lambda *a: ops.topk_log_softmax(*a, backend="triton"),
+               lambda *a: ops.eagle2_expand(*a, backend="triton"))
+        return
     ext = request.getfixturevalue("ext")
-    return ("cuda_host", lambda *a: host_topk(ext, *a), lambda *a: host_expand(ext, *a))
+    yield ("cuda_host", lambda *a: host_topk(ext, *a), lambda *a: host_expand(ext, *a))
 
 
 def assert_topk_matches(values, ids, logits, k, d2t=None, note=""):

@@ -1,7 +1,8 @@
-"""eagle2_rerank (Triton + CUDA) and build_tree (Triton) kernels against the reference.
+"""eagle2_rerank (Triton, CUDA, cpu) and build_tree (Triton, cpu) kernels against the reference.
 
-CPU routes: ``backend="triton"`` under the interpreter, and ``eagle2_rerank_host`` (the CUDA
-kernel's per-candidate and per-node code on CPU pointers). Trees are compared exactly (every
+CPU routes: ``backend="triton"`` under the interpreter, ``eagle2_rerank_host`` (the CUDA
+kernel's per-candidate and per-node code on CPU pointers) and ``backend="cpu"`` (csrc/cpu/tree.h)
+in every instruction set the processor has. Trees are compared exactly (every
 DraftTree field and ``selected``). Score ties are everywhere on purpose (scores on a 0.25 grid):
 the lowest candidate index must win, which also keeps every kept node's parent kept. GPU tests
 compare ``backend="cuda"`` / ``"triton"`` with ``"torch"`` when a GPU is present.
@@ -16,6 +17,7 @@ from eagle_kernels import ops
 from eagle_kernels.ops import reference
 
 from conftest import SHAPES, random_parents
+from cpu_support import CPU_ISAS, cpu_backend_missing_reason, using_cpu_isa
 from cuda_support import (SENTINEL, assert_guards, assert_same, guarded, needs_gpu, seed_note)
 from test_topk import golden_candidates
 
@@ -38,13 +40,19 @@ def host_rerank(ext, roots, tokens, scores, parents, num_nodes, max_depth=None):
     return tree, selected
 
 
-@pytest.fixture(params=["triton", "cuda_host"])
+@pytest.fixture(params=["triton", "cuda_host", *(f"cpu-{isa}" for isa in CPU_ISAS)])
 def rerank(request):
-    """eagle2_rerank of one kernel route that runs on CPU."""
+    """eagle2_rerank of one kernel route that runs on CPU (the cpu backend in each instruction
+    set the processor has)."""
+    if request.param.startswith("cpu-"):
+        with using_cpu_isa(request.param.removeprefix("cpu-")):
+            yield lambda *a: ops.eagle2_rerank(*a, backend="cpu")
+        return
     if request.param == "triton":
-        return lambda *a: ops.eagle2_rerank(*a, backend="triton")
+        yield lambda *a: ops.eagle2_rerank(*a, backend="triton")
+        return
     ext = request.getfixturevalue("ext")
-    return lambda *a: host_rerank(ext, *a)
+    yield lambda *a: host_rerank(ext, *a)
 
 
 def random_candidates(batch, candidates, gen, root_children=None, step=0.25):
@@ -105,13 +113,18 @@ def test_rerank_random(rerank, gen, batch, candidates, num_nodes):
                           f"B={batch} M={candidates} N={num_nodes} {seed_note(gen)}")
 
 
-@pytest.fixture(params=["triton", "cuda_host"])
+@pytest.fixture(params=["triton", "cuda_host", *(f"cpu-{isa}" for isa in CPU_ISAS)])
 def rerank_and_count(request):
     """(eagle2_rerank route, how many random trees it can check here in a few seconds)."""
+    if request.param.startswith("cpu-"):
+        with using_cpu_isa(request.param.removeprefix("cpu-")):
+            yield lambda *a: ops.eagle2_rerank(*a, backend="cpu"), 1000
+        return
     if request.param == "triton":  # the interpreter runs ~100 ms per tree
-        return lambda *a: ops.eagle2_rerank(*a, backend="triton"), 120
+        yield lambda *a: ops.eagle2_rerank(*a, backend="triton"), 120
+        return
     ext = request.getfixturevalue("ext")
-    return lambda *a: host_rerank(ext, *a), 1000
+    yield lambda *a: host_rerank(ext, *a), 1000
 
 
 def test_rerank_many_trees(rerank_and_count, gen):
@@ -133,8 +146,10 @@ def test_rerank_eagle2_draft(rerank, gen):
                           parents, 60, 7, seed_note(gen))
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "cpu"])
 def test_rerank_op_raises_like_the_reference(backend):
+    if backend == "cpu" and cpu_backend_missing_reason() is not None:
+        pytest.skip(f"cpu backend: {cpu_backend_missing_reason()}")
     args = (torch.tensor([7]), torch.tensor([[1, 2]]), torch.tensor([[-2.0, -1.0]]),
             torch.tensor([[-1, 0]], dtype=torch.int32))
     with pytest.raises(ValueError, match="candidate_scores: a kept candidate's parent"):
@@ -167,6 +182,55 @@ def test_host_rerank_invalid_input_stays_in_bounds(ext, gen):
                                batch, candidates, num_nodes, max_depth)
         for buffer, _ in outputs:
             assert_guards(buffer, f"{seed_note(gen)}\n{parents}")
+
+
+@pytest.mark.parametrize("isa", CPU_ISAS)
+def test_cpu_rerank_and_build_tree_invalid_input_stay_in_bounds(gen, isa):
+    """The cpu kernels on garbage (parents out of order or out of range, NaN / inf scores, trees
+    deeper than max_depth), value checks bypassed: every write stays in its output."""
+    with using_cpu_isa(isa):
+        from eagle_kernels import _cpu
+
+        for candidates, num_nodes in ((1, 2), (5, 3), (40, 41), (70, 33)):
+            batch, max_depth = 2, int(torch.randint(0, 3, (1,), generator=gen))
+            parents = torch.randint(-3, candidates + 3, (batch, candidates), generator=gen,
+                                    dtype=torch.int32)
+            scores = torch.randn(batch, candidates, generator=gen)
+            scores[0, :3] = torch.tensor([float("nan"), float("inf"), float("-inf")])[:candidates]
+            tokens = torch.randint(0, 100, (batch, candidates), generator=gen)
+            roots = torch.randint(0, 100, (batch,), generator=gen)
+            words = reference.mask_words(num_nodes)
+            shapes = [((batch, num_nodes), torch.int64), ((batch, num_nodes), torch.int32),
+                      ((batch, num_nodes), torch.int32), ((batch, num_nodes), torch.float32),
+                      ((batch, num_nodes, words), torch.int32),
+                      ((batch, num_nodes, max_depth + 1), torch.int32),
+                      ((batch, num_nodes - 1), torch.int64)]
+            outputs = [guarded(shape, dtype) for shape, dtype in shapes]
+            _cpu.eagle2_rerank(roots.data_ptr(), tokens.data_ptr(), scores.data_ptr(),
+                               parents.data_ptr(), [inner.data_ptr() for _, inner in outputs],
+                               batch, candidates, num_nodes, max_depth)
+            built = [guarded(shape, torch.int32) for shape, _ in shapes[1:2] + shapes[4:6]]
+            bad_parents = parents[:, :num_nodes] if candidates >= num_nodes else \
+                torch.randint(-3, num_nodes + 3, (batch, num_nodes), generator=gen,
+                              dtype=torch.int32)
+            _cpu.build_tree(bad_parents.contiguous().data_ptr(),
+                            *(inner.data_ptr() for _, inner in built), batch, num_nodes,
+                            max_depth)
+            for buffer, _ in outputs + built:
+                assert_guards(buffer, f"{isa} {seed_note(gen)}\n{parents}")
+
+
+@pytest.mark.parametrize("isa", CPU_ISAS)
+@pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 60, 65, 100, 700])
+def test_cpu_build_tree_random(gen, isa, num_nodes):
+    with using_cpu_isa(isa):
+        for shape in SHAPES:
+            parents = random_parents(3, num_nodes, gen, shape)
+            deepest = int(ops.tree.tree_depth(parents).max())
+            for max_depth in (deepest, deepest + 3):
+                assert_same(ops.build_tree(parents, max_depth, backend="cpu"),
+                            reference.build_tree(parents, max_depth),
+                            f"{isa} {shape} tree, max_depth {max_depth} {seed_note(gen)}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -224,6 +224,73 @@ void decoder_stack(const std::vector<std::uintptr_t>& layers,
   }
 }
 
+void topk_log_softmax(std::uintptr_t logits, std::uintptr_t d2t, std::uintptr_t values,
+                      std::uintptr_t ids, int64_t rows, int64_t vocab, int64_t k, int threads) {
+  if (k < 1 || k > vocab) throw std::invalid_argument("k: expected 1 <= k <= vocab");
+  cpu::TopkArgs args{as_ptr<const float>(logits), as_ptr<const int64_t>(d2t),
+                     as_ptr<float>(values), as_ptr<int64_t>(ids), rows, vocab, k,
+                     thread_count(threads)};
+  active->topk_log_softmax(args);
+}
+
+void eagle2_expand(std::uintptr_t frontier_scores, std::uintptr_t child_log_probs,
+                   std::uintptr_t candidate_scores, std::uintptr_t next_index,
+                   std::uintptr_t next_scores, int64_t batch, int64_t frontier,
+                   int64_t children, int64_t top_k, int threads) {
+  if (top_k < 1 || top_k > frontier * children)
+    throw std::invalid_argument("top_k: expected 1 <= top_k <= frontier * children");
+  cpu::ExpandArgs args{as_ptr<const float>(frontier_scores), as_ptr<const float>(child_log_probs),
+                       as_ptr<float>(candidate_scores), as_ptr<int64_t>(next_index),
+                       as_ptr<float>(next_scores), batch, frontier, children, top_k,
+                       thread_count(threads)};
+  active->eagle2_expand(args);
+}
+
+std::vector<uint8_t> tree_workspace;
+
+uint8_t* tree_workspace_for(int64_t batch, int64_t nodes) {
+  const size_t bytes = static_cast<size_t>(batch * nodes);
+  if (tree_workspace.size() < bytes) tree_workspace.resize(bytes);
+  return tree_workspace.data();
+}
+
+void check_tree_sizes(int64_t batch, int64_t nodes, int64_t max_depth) {
+  if (batch < 0 || nodes < 1 || max_depth < 0)
+    throw std::invalid_argument("build_tree: expected batch >= 0, nodes >= 1, max_depth >= 0");
+}
+
+void build_tree(std::uintptr_t parents, std::uintptr_t depth, std::uintptr_t tree_mask,
+                std::uintptr_t paths, int64_t batch, int64_t nodes, int64_t max_depth,
+                int threads) {
+  check_tree_sizes(batch, nodes, max_depth);
+  cpu::BuildTreeArgs args{as_ptr<const int32_t>(parents), as_ptr<int32_t>(depth),
+                          as_ptr<int32_t>(tree_mask), as_ptr<int32_t>(paths),
+                          tree_workspace_for(batch, nodes), batch, nodes, (nodes + 31) / 32,
+                          max_depth + 1, thread_count(threads)};
+  active->build_tree(args);
+}
+
+/// `outputs`: tokens, parents, depth, scores, tree_mask, paths, selected (a DraftTree's fields
+/// in order, then selected).
+void eagle2_rerank(std::uintptr_t root_tokens, std::uintptr_t cand_tokens,
+                   std::uintptr_t cand_scores, std::uintptr_t cand_parents,
+                   const std::vector<std::uintptr_t>& outputs, int64_t batch,
+                   int64_t candidates, int64_t nodes, int64_t max_depth, int threads) {
+  check_tree_sizes(batch, nodes, max_depth);
+  if (outputs.size() != 7) throw std::invalid_argument("outputs: expected 7 pointers");
+  if (nodes > candidates + 1)
+    throw std::invalid_argument("eagle2_rerank: expected nodes <= candidates + 1");
+  cpu::RerankArgs args{as_ptr<const int64_t>(root_tokens), as_ptr<const int64_t>(cand_tokens),
+                       as_ptr<const float>(cand_scores), as_ptr<const int32_t>(cand_parents),
+                       as_ptr<int64_t>(outputs[0]), as_ptr<int32_t>(outputs[1]),
+                       as_ptr<int32_t>(outputs[2]), as_ptr<float>(outputs[3]),
+                       as_ptr<int32_t>(outputs[4]), as_ptr<int32_t>(outputs[5]),
+                       as_ptr<int64_t>(outputs[6]), tree_workspace_for(batch, nodes), batch,
+                       candidates, nodes, (nodes + 31) / 32, max_depth + 1,
+                       thread_count(threads)};
+  active->eagle2_rerank(args);
+}
+
 cpu::SoftCrossEntropyArgs soft_ce_args(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
                                        int64_t rows, int64_t vocab, int threads) {
   return {as_ptr<const float>(x), as_ptr<const float>(y), nullptr, as_ptr<float>(stats),
@@ -286,4 +353,20 @@ PYBIND11_MODULE(_cpu, module) {
   module.def("soft_ce_backward", &soft_ce_backward, py::arg("x"), py::arg("y"), py::arg("stats"),
              py::arg("grad_loss"), py::arg("grad_x"), py::arg("rows"), py::arg("vocab"),
              py::arg("threads") = 0, "soft_cross_entropy backward (csrc/cpu/loss.h).");
+  module.def("topk_log_softmax", &topk_log_softmax, py::arg("logits"), py::arg("d2t"),
+             py::arg("values"), py::arg("ids"), py::arg("rows"), py::arg("vocab"), py::arg("k"),
+             py::arg("threads") = 0, "Fused log-softmax + top-k (csrc/cpu/topk.h).");
+  module.def("eagle2_expand", &eagle2_expand, py::arg("frontier_scores"),
+             py::arg("child_log_probs"), py::arg("candidate_scores"), py::arg("next_index"),
+             py::arg("next_scores"), py::arg("batch"), py::arg("frontier"), py::arg("children"),
+             py::arg("top_k"), py::arg("threads") = 0,
+             "One EAGLE-2 expansion step (csrc/cpu/topk.h).");
+  module.def("build_tree", &build_tree, py::arg("parents"), py::arg("depth"),
+             py::arg("tree_mask"), py::arg("paths"), py::arg("batch"), py::arg("nodes"),
+             py::arg("max_depth"), py::arg("threads") = 0,
+             "Depth, packed ancestor mask and paths (csrc/cpu/tree.h).");
+  module.def("eagle2_rerank", &eagle2_rerank, py::arg("root_tokens"), py::arg("cand_tokens"),
+             py::arg("cand_scores"), py::arg("cand_parents"), py::arg("outputs"),
+             py::arg("batch"), py::arg("candidates"), py::arg("nodes"), py::arg("max_depth"),
+             py::arg("threads") = 0, "Best N - 1 candidates -> a draft tree (csrc/cpu/tree.h).");
 }

@@ -13,7 +13,9 @@ const KernelTable& avx2_kernels() {
   static const KernelTable table{"avx2", avx2::linear, avx2::rms_norm, avx2::silu_mul,
                                  avx2::rope, avx2::tree_attention,
                                  avx2::decoder_layer, avx2::soft_ce_forward,
-                                 avx2::soft_ce_backward};
+                                 avx2::soft_ce_backward,
+                                 avx2::topk_log_softmax, avx2::eagle2_expand,
+                                 avx2::build_tree, avx2::eagle2_rerank};
   return table;
 }
 }  // namespace cpu

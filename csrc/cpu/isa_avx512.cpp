@@ -16,7 +16,9 @@ const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512", avx512::linear, avx512::rms_norm, avx512::silu_mul,
                                  avx512::rope, avx512::tree_attention,
                                  avx512::decoder_layer, avx512::soft_ce_forward,
-                                 avx512::soft_ce_backward};
+                                 avx512::soft_ce_backward,
+                                 avx512::topk_log_softmax, avx512::eagle2_expand,
+                                 avx512::build_tree, avx512::eagle2_rerank};
   return table;
 }
 }  // namespace cpu

@@ -10,7 +10,9 @@ const KernelTable& generic_kernels() {
   static const KernelTable table{"generic", generic::linear, generic::rms_norm,
                                  generic::silu_mul, generic::rope, generic::tree_attention,
                                  generic::decoder_layer, generic::soft_ce_forward,
-                                 generic::soft_ce_backward};
+                                 generic::soft_ce_backward,
+                                 generic::topk_log_softmax, generic::eagle2_expand,
+                                 generic::build_tree, generic::eagle2_rerank};
   return table;
 }
 }  // namespace cpu

@@ -20,6 +20,8 @@ namespace EK_ISA_NAMESPACE {
 #include "attention.h"
 #include "decoder_layer.h"
 #include "loss.h"
+#include "topk.h"
+#include "tree.h"
 }  // namespace EK_ISA_NAMESPACE
 }  // namespace cpu
 }  // namespace eagle_kernels

@@ -98,6 +98,60 @@ constexpr float kLossMaxFloor = -1.0e30f;
 /// Vocabulary entries per partial sum in loss.h (a multiple of every ISA's lane count).
 constexpr int64_t kLossBlock = 256;
 
+/// topk_log_softmax (topk.h): the k best of each vocabulary row, their log-softmax and ids.
+struct TopkArgs {
+  const float* logits;  ///< [rows, vocab] contiguous (-inf allowed)
+  const int64_t* d2t;   ///< [vocab] draft -> target id offsets, or nullptr
+  float* values;        ///< [rows, k] log-probs, best first
+  int64_t* ids;         ///< [rows, k] (target) ids
+  int64_t rows, vocab, k;
+  int threads;
+};
+
+/// eagle2_expand (topk.h): candidate scores of a frontier's children and the next frontier.
+struct ExpandArgs {
+  const float* frontier_scores;  ///< [batch, frontier]
+  const float* child_log_probs;  ///< [batch, frontier, children]
+  float* candidate_scores;       ///< [batch, frontier * children]
+  int64_t* next_index;           ///< [batch, top_k]
+  float* next_scores;            ///< [batch, top_k]
+  int64_t batch, frontier, children, top_k;
+  int threads;
+};
+
+/// build_tree (tree.h): depth, packed ancestor mask and paths of B trees of N nodes.
+struct BuildTreeArgs {
+  const int32_t* parents;  ///< [batch, nodes], topologically ordered (-1 for the root)
+  int32_t* depth;          ///< [batch, nodes]
+  int32_t* tree_mask;      ///< [batch, nodes, words]
+  int32_t* paths;          ///< [batch, nodes, width], width = max_depth + 1
+  uint8_t* workspace;      ///< [batch, nodes]
+  int64_t batch, nodes, words, width;
+  int threads;
+};
+
+/// eagle2_rerank (tree.h): the best N - 1 of M drafted candidates as a tree, built in place.
+struct RerankArgs {
+  const int64_t* root_tokens;  ///< [batch]
+  const int64_t* cand_tokens;  ///< [batch, candidates]
+  const float* cand_scores;    ///< [batch, candidates]
+  const int32_t* cand_parents;  ///< [batch, candidates], -1: child of the root
+  int64_t* tokens;             ///< [batch, nodes]
+  int32_t* parents;            ///< [batch, nodes]
+  int32_t* depth;              ///< [batch, nodes]
+  float* scores;               ///< [batch, nodes]
+  int32_t* tree_mask;          ///< [batch, nodes, words]
+  int32_t* paths;              ///< [batch, nodes, width]
+  int64_t* selected;           ///< [batch, nodes - 1]
+  uint8_t* workspace;          ///< [batch, nodes]
+  int64_t batch, candidates, nodes, words, width;
+  int threads;
+};
+
+/// Vocabulary entries per partial sum of topk_log_softmax's e^(x - max) (any size works; the
+/// two-level sum keeps a 150k row's rounding small).
+constexpr int64_t kTopkBlock = 256;
+
 /**
  * One whole decoder layer (pre-norm Llama / Qwen2 / Mistral block, SiLU-gated MLP) over M = B*T
  * rows, in one call: what the runtime runs per layer on CPU, so a decode step costs 30 calls
@@ -161,6 +215,10 @@ struct KernelTable {
   void (*decoder_layer)(const DecoderLayerArgs&);
   void (*soft_ce_forward)(const SoftCrossEntropyArgs&);
   void (*soft_ce_backward)(const SoftCrossEntropyArgs&);
+  void (*topk_log_softmax)(const TopkArgs&);
+  void (*eagle2_expand)(const ExpandArgs&);
+  void (*build_tree)(const BuildTreeArgs&);
+  void (*eagle2_rerank)(const RerankArgs&);
 };
 
 // Defined in isa_<name>.cpp; avx512 and avx2 exist only on x86-64.

@@ -26,13 +26,6 @@ static float row_max(const float* row, int64_t n, float floor) {
   return m;
 }
 
-/// Lanes [0, n) of p, the others -inf (so their exponentials are exactly 0).
-static vf load_or_minus_inf(const float* p, int n) {
-  float lanes[kW];
-  for (int i = 0; i < kW; ++i) lanes[i] = i < n ? p[i] : -__builtin_inff();
-  return vload(lanes);
-}
-
 /// Adds the terms of x[v0, v1), y[v0, v1) to the three sums (see the file comment).
 static void soft_ce_terms(const float* x, const float* y, int64_t v0, int64_t v1, vf vmx, vf vmy,
                           vf& sx, vf& sy, vf& sxy) {

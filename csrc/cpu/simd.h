@@ -56,6 +56,8 @@ EK_INLINE float vhsum(vf v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 EK_INLINE float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
+/// Bit i set where !(a[i] <= b[i]): a above b, or either of them NaN.
+EK_INLINE unsigned vmask_not_le(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_NLE_UQ); }
 
 #elif defined(EK_ISA_AVX2)
 
@@ -96,6 +98,9 @@ EK_INLINE float vhmax(vf v) {
   __m128 s4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   __m128 s2 = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_max_ss(s2, _mm_movehdup_ps(s2)));
+}
+EK_INLINE unsigned vmask_not_le(vf a, vf b) {
+  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_NLE_UQ)));
 }
 
 #elif defined(EK_ISA_GENERIC)
@@ -159,6 +164,11 @@ EK_INLINE float vhmax(vf v) {
   float b = v.l[1] > v.l[3] ? v.l[1] : v.l[3];
   return a > b ? a : b;
 }
+EK_INLINE unsigned vmask_not_le(vf a, vf b) {
+  unsigned bits = 0;
+  for (int i = 0; i < 4; ++i) bits |= (a.l[i] <= b.l[i] ? 0u : 1u) << i;
+  return bits;
+}
 
 #else
 #error "define one of EK_ISA_AVX512, EK_ISA_AVX2, EK_ISA_GENERIC before including simd.h"
@@ -183,4 +193,11 @@ EK_INLINE vf vexp(vf x) {
   p = vfma(p, r, vset1(5.0000001201e-1f));
   p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
   return vselect_less(x, lo, vzero(), vmul(p, vexp2_int(n)));
+}
+
+/// Lanes [0, n) of p, the others -inf (so their exponentials are exactly 0); never reads p[n..).
+EK_INLINE vf load_or_minus_inf(const float* p, int n) {
+  float lanes[kW];
+  for (int i = 0; i < kW; ++i) lanes[i] = i < n ? p[i] : -__builtin_inff();
+  return vload(lanes);
 }

@@ -4,8 +4,9 @@ Public ops with the contracts of the same-named functions in :mod:`eagle_kernels
 :func:`topk_log_softmax`, :func:`eagle2_expand` (the final rerank into a tree,
 :func:`~eagle_kernels.ops.tree.eagle2_rerank`, lives with tree construction, as its CUDA kernel
 does). All orders are deterministic: best first, equal values by lowest index. Backends:
-``torch`` (reference), ``triton`` (below) and ``cuda`` (``csrc/topk.cu``); the kernels are
-explicit only until they have been proven on a GPU.
+``torch`` (reference), ``triton`` (below), ``cuda`` (``csrc/topk.cu``) and ``cpu``
+(``csrc/cpu/topk.h``, what ``auto`` runs on CPU); the GPU kernels are explicit only until they
+have been proven on a GPU.
 
 Ordering keys. Every kernel ranks an fp32 value v at index i by one int64 key,
 ``ordered(v) << 32 | (2^31 - 1 - i)``: ``ordered`` maps the float bits to an int32 that sorts
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
+from ._backend import cpu_extension, cuda_extension, cuda_limit, cuda_stream, register, resolve
 from ._triton import tl, triton
 from ._validate import FLOAT_DTYPES, check_int, check_logits, check_tensor, value_checks_enabled
 from .sampling import LOGIT_DTYPE_CODES, ordered_bits
@@ -39,7 +40,7 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     logits : [R, V] float16 / bfloat16 / float32, contiguous (-inf allowed, not NaN).
     k : int, 1 <= k <= V.
     d2t : [V] int64, optional; draft id i maps to target id ``i + d2t[i]`` (EAGLE-3).
-    backend : "auto", "cuda" (k <= ``_C.TOPK_MAX_K``, 32), "triton" or "torch".
+    backend : "auto", "cuda" (k <= ``_C.TOPK_MAX_K``, 32), "triton", "cpu" or "torch".
 
     Returns
     -------
@@ -67,8 +68,8 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
     ----------
     frontier_scores : [B, K] float32.   child_log_probs : [B, K, C] float32.
     top_k : int, 1 <= top_k <= K * C.
-    backend : "auto", "cuda" (K * C <= ``_C.EXPAND_MAX_CANDIDATES``, 6144), "triton" or
-        "torch"; all bit-exact.
+    backend : "auto", "cuda" (K * C <= ``_C.EXPAND_MAX_CANDIDATES``, 6144), "triton", "cpu"
+        or "torch"; all bit-exact.
 
     Returns
     -------
@@ -262,6 +263,32 @@ def _eagle2_expand_cuda(frontier_scores, child_log_probs, top_k):
     return candidate, next_index, next_scores
 
 
+# --------------------------------------------------------------------------------------------
+# CPU kernels (csrc/cpu/topk.h): the drafting step's top-k on CPU, OpenMP over rows
+# --------------------------------------------------------------------------------------------
+
+def _topk_log_softmax_cpu(logits, k, d2t):
+    rows, vocab = logits.shape
+    logits = logits.float().contiguous()  # fp16 / bf16 upcast exactly: the same ranks
+    values = torch.empty(rows, k, dtype=torch.float32)
+    ids = torch.empty(rows, k, dtype=torch.int64)
+    cpu_extension().topk_log_softmax(logits.data_ptr(), 0 if d2t is None else d2t.data_ptr(),
+                                     values.data_ptr(), ids.data_ptr(), rows, vocab, k)
+    return values, ids
+
+
+def _eagle2_expand_cpu(frontier_scores, child_log_probs, top_k):
+    batch, frontier, children = child_log_probs.shape
+    candidate, next_index, next_scores = _expand_outputs(batch, frontier * children, top_k,
+                                                         frontier_scores.device)
+    cpu_extension().eagle2_expand(
+        frontier_scores.data_ptr(), child_log_probs.data_ptr(), candidate.data_ptr(),
+        next_index.data_ptr(), next_scores.data_ptr(), batch, frontier, children, top_k)
+    return candidate, next_index, next_scores
+
+
+register("topk_log_softmax", "cpu", _topk_log_softmax_cpu)
+register("eagle2_expand", "cpu", _eagle2_expand_cpu)
 register("topk_log_softmax", "triton", _topk_log_softmax_triton, auto=False)
 register("eagle2_expand", "triton", _eagle2_expand_triton, auto=False)
 register("topk_log_softmax", "cuda", _topk_log_softmax_cuda, auto=False,

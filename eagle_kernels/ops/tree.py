@@ -2,8 +2,9 @@
 
 Public ops :func:`build_tree` and :func:`eagle2_rerank`, with the contracts of the same-named
 functions in :mod:`eagle_kernels.ops.reference`.
-Backends: ``torch`` (reference), ``cuda`` (``csrc/tree.cu``) and ``triton`` (below); both
-kernels are explicit only until they have been proven on a GPU.
+Backends: ``torch`` (reference), ``cuda`` (``csrc/tree.cu``), ``triton`` (below) and ``cpu``
+(``csrc/cpu/tree.h``, what ``auto`` runs on CPU); the GPU kernels are explicit only until they
+have been proven on a GPU.
 
 Triton kernel (one program per tree, N <= :data:`TRITON_MAX_NODES`): :func:`tree_body` walks
 every node's ancestor chain at once (a vector of N cursors stepping to their parents until all
@@ -21,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
+from ._backend import (cpu_extension, cuda_extension, cuda_limit, cuda_stream, register,
+                       resolve)
 from ._triton import tl, triton
 from ._validate import (check_int, check_parents, check_range, check_same_device, check_tensor,
                         value_checks_enabled)
@@ -61,7 +63,8 @@ def build_tree(
         D, default N - 1; must be >= every node's depth.
     backend : str
         "auto", "cuda" (N <= ``_C.BUILD_TREE_MAX_NODES``, 8192), "triton" (N <=
-        :data:`TRITON_MAX_NODES`, 1024) or "torch" (see :mod:`eagle_kernels.ops._backend`).
+        :data:`TRITON_MAX_NODES`, 1024), "cpu" or "torch" (see
+        :mod:`eagle_kernels.ops._backend`).
 
     Returns
     -------
@@ -90,7 +93,7 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
     candidate_parents : [B, M] int32, ``-1 <= candidate_parents[b, i] < i``.
     num_nodes : int, 1 <= N <= M + 1.   max_depth : int, optional (default N - 1).
     backend : "auto", "cuda" (M <= ``_C.RERANK_MAX_CANDIDATES``, 2048), "triton" (N <=
-        :data:`~eagle_kernels.ops.tree.TRITON_MAX_NODES`, 1024) or "torch"; all exact. The
+        :data:`~eagle_kernels.ops.tree.TRITON_MAX_NODES`, 1024), "cpu" or "torch"; all exact. The
         kernels build the whole tree (depth, mask, paths included) in one launch.
 
     Returns
@@ -378,6 +381,33 @@ def _eagle2_rerank_cuda(root_tokens, candidate_tokens, candidate_scores, candida
     return tree, selected
 
 
+# --------------------------------------------------------------------------------------------
+# CPU kernels (csrc/cpu/tree.h): one tree per OpenMP iteration
+# --------------------------------------------------------------------------------------------
+
+def _build_tree_cpu(parents: torch.Tensor, max_depth: int):
+    batch, num_nodes = parents.shape
+    depth = torch.empty_like(parents)
+    tree_mask = torch.empty(batch, num_nodes, reference.mask_words(num_nodes), dtype=torch.int32)
+    paths = torch.empty(batch, num_nodes, max_depth + 1, dtype=torch.int32)
+    cpu_extension().build_tree(parents.data_ptr(), depth.data_ptr(), tree_mask.data_ptr(),
+                               paths.data_ptr(), batch, num_nodes, max_depth)
+    return depth, tree_mask, paths
+
+
+def _eagle2_rerank_cpu(root_tokens, candidate_tokens, candidate_scores, candidate_parents,
+                       num_nodes, max_depth):
+    batch, candidates = candidate_tokens.shape
+    tree, selected = _rerank_outputs(batch, num_nodes, max_depth, candidate_tokens.device)
+    cpu_extension().eagle2_rerank(
+        root_tokens.data_ptr(), candidate_tokens.data_ptr(), candidate_scores.data_ptr(),
+        candidate_parents.data_ptr(), [t.data_ptr() for t in (*tree, selected)], batch,
+        candidates, num_nodes, max_depth)
+    return tree, selected
+
+
+register("build_tree", "cpu", _build_tree_cpu)
+register("eagle2_rerank", "cpu", _eagle2_rerank_cpu)
 register("build_tree", "torch", reference.build_tree)
 register("build_tree", "triton", _build_tree_triton, auto=False,
          supports=triton_nodes_unsupported)
