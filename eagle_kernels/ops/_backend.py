@@ -155,6 +155,13 @@ def backend_status(backend: str) -> BackendStatus:
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 
+def _available(backend: str) -> bool:
+    """``backend_status(backend).available`` without building the reason (resolve's hot path)."""
+    if backend == "cpu":
+        return _import_status(CPU_MODULE).available
+    return backend_status(backend).available
+
+
 def available_backends() -> dict[str, BackendStatus]:
     """Map each backend name to whether it runs here and why (not)."""
     return {name: backend_status(name) for name in BACKENDS}
@@ -257,8 +264,9 @@ def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, 
     if requested == "auto":
         for name in BACKENDS:
             impl = implementations.get(name)
-            if (impl is not None and backend_status(name).available
-                    and _supports_device(name, device)
+            # Device first: it is the cheap test, and resolve runs on every op call.
+            if (impl is not None and _supports_device(name, device)
+                    and _available(name)
                     and _auto_allowed(op, name, impl, device, facts)
                     and _unsupported(impl, facts) is None):
                 return name, impl.fn

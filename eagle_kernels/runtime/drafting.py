@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
-from ..ops.reference import pack_tree_mask
+from ..ops.reference import mask_words, pack_tree_mask
 from .draft_heads import DraftHead
 from .kv_cache import KVCache
 
@@ -88,6 +88,18 @@ def causal_tree_mask(batch: int, count: int, device: torch.device) -> torch.Tens
     return mask.unsqueeze(0).expand(batch, -1, -1).contiguous()
 
 
+@functools.lru_cache(maxsize=CAUSAL_MASK_CACHE_SIZE)
+def _frontier_bits(top_k: int, depth: int, device: str) -> torch.Tensor:
+    """[max(depth, 1), top_k, words] int32, shared (callers never write to it): row ``slot`` of
+    step ``s`` has the packed bit of drafted key ``s * top_k + slot``, the key a frontier node
+    of step ``s`` writes into the head's cache. A frontier's mask is its parent's row OR this."""
+    steps = max(depth, 1)
+    key = torch.arange(steps * top_k).view(steps, top_k, 1)
+    words = torch.zeros(steps, top_k, mask_words(steps * top_k), dtype=torch.int64)
+    words.scatter_(2, key // 32, torch.ones_like(key) << (key % 32))
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).to(device)
+
+
 def gather_rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows ``values[b, index[b, k]]`` of ``values`` [B, T, C] for ``index`` [B, K] -> [B, K, C]."""
     return values.gather(1, index.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
@@ -125,15 +137,14 @@ def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
     frontier_tokens, frontier_scores = tokens, scores
     frontier_hidden = root_hidden.unsqueeze(1).expand(-1, k, -1)
     frontier_ids = torch.arange(k, device=device).expand(batch, -1)  # candidate index
-    slots = torch.arange(k, device=device)
-    ancestors = torch.zeros(batch, k, max(tree.drafted_keys, 1), dtype=torch.bool, device=device)
-    ancestors[:, slots, slots] = True
+    own_bits = _frontier_bits(k, tree.depth, str(device))
+    ancestors = own_bits[0].expand(batch, -1, -1)  # packed: frontier slot -> drafted keys seen
     base = k
     for step in range(tree.depth):
         keys = (step + 1) * k
         positions = (cache.lens.to(torch.int64) + step).unsqueeze(1).expand(-1, k)
         out = head(frontier_tokens, frontier_hidden, positions, cache,
-                   pack_tree_mask(ancestors[:, :, :keys].contiguous()), tree_offset=step * k)
+                   ancestors[:, :, :mask_words(keys)].contiguous(), tree_offset=step * k)
         logits = head.draft_logits(out)
         child_scores, child_tokens = ops.topk_log_softmax(logits.reshape(batch * k, -1), k, d2t)
         child_tokens = child_tokens.view(batch, k * k)
@@ -148,8 +159,7 @@ def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
             frontier_scores = next_scores
             frontier_hidden = gather_rows(out, parent_slot)
             frontier_ids = base + next_index
-            ancestors = gather_rows(ancestors, parent_slot)
-            ancestors[:, slots, keys + slots] = True
+            ancestors = gather_rows(ancestors, parent_slot) | own_bits[step + 1]
         base += k * k
     drafted, _ = ops.eagle2_rerank(root_tokens, torch.cat(cand_tokens, 1),
                                    torch.cat(cand_scores, 1), torch.cat(cand_parents, 1),
