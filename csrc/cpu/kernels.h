@@ -148,6 +148,11 @@ struct RerankArgs {
   int threads;
 };
 
+/// The drafting kernels (topk.h, tree.h) run on one thread below this many entries of work
+/// (logits, candidates, path cells): a draft step's few small calls would otherwise each pay
+/// a parallel region's wake-up, which costs far more than the work whenever another process
+/// holds a core.
+constexpr int64_t kParallelMinEntries = 1 << 15;
 /// Vocabulary entries per partial sum of topk_log_softmax's e^(x - max) (any size works; the
 /// two-level sum keeps a 150k row's rounding small).
 constexpr int64_t kTopkBlock = 256;

@@ -83,7 +83,8 @@ static void topk_log_softmax_row(const TopkArgs& a, int64_t r) {
 }
 
 static void topk_log_softmax(const TopkArgs& a) {
-#pragma omp parallel for num_threads(a.threads) schedule(static)
+#pragma omp parallel for num_threads(a.threads) schedule(static) \
+    if (a.rows * a.vocab >= kParallelMinEntries)
   for (int64_t r = 0; r < a.rows; ++r) topk_log_softmax_row(a, r);
 }
 
@@ -91,7 +92,8 @@ static void topk_log_softmax(const TopkArgs& a) {
 /// then the top_k best of each tree's candidates.
 static void eagle2_expand(const ExpandArgs& a) {
   const int64_t candidates = a.frontier * a.children;
-#pragma omp parallel for num_threads(a.threads) schedule(static)
+#pragma omp parallel for num_threads(a.threads) schedule(static) \
+    if (a.batch * candidates >= kParallelMinEntries)
   for (int64_t b = 0; b < a.batch; ++b) {
     float* scores = a.candidate_scores + b * candidates;
     for (int64_t f = 0; f < a.frontier; ++f) {

@@ -50,7 +50,8 @@ static void build_one_tree(const int32_t* parents, int64_t n, int64_t words, int
 }
 
 static void build_tree(const BuildTreeArgs& a) {
-#pragma omp parallel for num_threads(a.threads) schedule(static)
+#pragma omp parallel for num_threads(a.threads) schedule(static) \
+    if (a.batch * a.nodes * a.width >= kParallelMinEntries)
   for (int64_t b = 0; b < a.batch; ++b) {
     build_one_tree(a.parents + b * a.nodes, a.nodes, a.words, a.width, a.depth + b * a.nodes,
                    a.tree_mask + b * a.nodes * a.words, a.paths + b * a.nodes * a.width,
@@ -103,6 +104,7 @@ static void rerank_one_tree(const RerankArgs& a, int64_t b) {
 }
 
 static void eagle2_rerank(const RerankArgs& a) {
-#pragma omp parallel for num_threads(a.threads) schedule(static)
+#pragma omp parallel for num_threads(a.threads) schedule(static) \
+    if (a.batch * a.candidates >= kParallelMinEntries)
   for (int64_t b = 0; b < a.batch; ++b) rerank_one_tree(a, b);
 }
