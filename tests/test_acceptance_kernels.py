@@ -27,10 +27,12 @@ import torch
 
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
+from eagle_kernels.ops._validate import no_value_checks
 
 import bigram_harness
 from conftest import chain_parents, random_parents
-from cuda_support import needs_gpu, seed_note
+from cpu_support import CPU_ISAS, using_cpu_isa
+from cuda_support import assert_guards, guarded, needs_gpu, seed_note
 from test_acceptance import GOLDEN_PARENTS, GOLDEN_TOKENS, one_hot_logits
 from test_acceptance_cuda import planted_acceptance
 
@@ -45,43 +47,99 @@ def same(got, want):
 # ---- greedy ---------------------------------------------------------------------------------
 
 
-def test_greedy_tree_golden():
+@pytest.fixture(params=["triton", *(f"cpu-{isa}" for isa in CPU_ISAS)])
+def greedy_backend(request):
+    """A backend with greedy kernels that runs here: Triton (the interpreter on CPU), and the
+    cpu backend in each instruction set the processor has."""
+    if request.param.startswith("cpu-"):
+        if DEVICE != "cpu":
+            pytest.skip("cpu kernels take CPU tensors")
+        with using_cpu_isa(request.param.removeprefix("cpu-")):
+            yield "cpu"
+        return
+    yield request.param
+
+
+def test_greedy_tree_golden(greedy_backend):
     _, _, paths = ops.build_tree(GOLDEN_PARENTS, max_depth=3)
     targets = torch.tensor([[6, 0, 9, 0, 0, 3, 0]])
     result = ops.greedy_accept_tree(GOLDEN_TOKENS, paths, one_hot_logits(targets, 128),
-                                    backend="triton")
+                                    backend=greedy_backend)
     assert result.output_tokens.tolist() == [[6, 9, 3, -1]]
     assert result.num_accepted.tolist() == [2]
     assert result.accepted_nodes.tolist() == [[0, 2, 5, -1]]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_greedy_tree_planted_and_ties(gen, dtype):
+def test_greedy_tree_planted_and_ties(gen, dtype, greedy_backend):
     """Small vocabularies: accidental matches, ties between paths and between logits."""
     for num_nodes, vocab in ((1, 3), (9, 4), (33, 6), (64, 3)):
         parents = random_parents(2, num_nodes, gen)
         tokens, paths, logits = planted_acceptance(parents, vocab, gen)
         logits = logits.round().to(dtype)  # rounding creates argmax ties
-        assert same(ops.greedy_accept_tree(tokens, paths, logits, backend="triton"),
+        assert same(ops.greedy_accept_tree(tokens, paths, logits, backend=greedy_backend),
                     reference.greedy_accept_tree(tokens, paths, logits)), seed_note(gen)
 
 
-def test_greedy_argmax_ties_across_vocab_blocks(gen):
+def test_greedy_argmax_ties_across_vocab_blocks(gen, greedy_backend):
     """vocab 5000 spans three 2048-wide blocks: the lowest index wins a tie between blocks."""
     tokens = torch.randint(0, 5000, (3, 4), generator=gen)
     logits = torch.randn(3, 4, 5000, generator=gen)
     logits[0, :, [100, 2100, 4500]] = 9.0
     logits[1, :, [4999, 2048]] = 9.0
-    assert same(ops.greedy_accept_chain(tokens, logits, backend="triton"),
+    assert same(ops.greedy_accept_chain(tokens, logits, backend=greedy_backend),
                 reference.greedy_accept_chain(tokens, logits)), seed_note(gen)
 
 
-def test_greedy_chain_matches_reference(gen):
+def test_greedy_chain_matches_reference(gen, greedy_backend):
     for _ in range(3):
         tokens = torch.randint(0, 3, (5, 7), generator=gen)
         logits = torch.randn(5, 7, 3, generator=gen)
-        assert same(ops.greedy_accept_chain(tokens, logits, backend="triton"),
+        assert same(ops.greedy_accept_chain(tokens, logits, backend=greedy_backend),
                     reference.greedy_accept_chain(tokens, logits)), seed_note(gen)
+
+
+@pytest.mark.parametrize("isa", CPU_ISAS)
+def test_cpu_greedy_target_vocab_ties_and_nan(gen, isa):
+    """SmolLM2's 49152-entry rows (several rows: the parallel argmax), planted ties in the last
+    lanes and across the row, and NaN logits with value checks off (torch.argmax: the first NaN
+    is the maximum)."""
+    with using_cpu_isa(isa), no_value_checks():
+        logits = torch.randn(2, 16, 49152, generator=gen)
+        logits[0, :, [40000, 45000, 49151]] = 9.0
+        logits[1, 2, [49147, 49151]] = 9.0
+        logits[1, 5, [900, 777]] = float("nan")
+        tokens = torch.randint(0, 49152, (2, 16), generator=gen)
+        tokens[:, 1:] = logits.argmax(-1)[:, :-1]  # a chain the target accepts entirely
+        tokens[1, 9] = 0
+        parents = random_parents(2, 16, gen)
+        _, _, paths = ops.build_tree(parents)
+        assert same(ops.greedy_accept_chain(tokens, logits, backend="cpu"),
+                    reference.greedy_accept_chain(tokens, logits)), seed_note(gen)
+        assert same(ops.greedy_accept_tree(tokens, paths, logits, backend="cpu"),
+                    reference.greedy_accept_tree(tokens, paths, logits)), seed_note(gen)
+
+
+@pytest.mark.parametrize("isa", CPU_ISAS)
+def test_cpu_greedy_garbage_paths_stay_in_bounds(gen, isa):
+    """Paths with indices outside [-1, N) and rows that are not paths, checks bypassed: every
+    write stays in its output."""
+    with using_cpu_isa(isa):
+        from eagle_kernels import _cpu
+
+        for batch, nodes, num_paths, width in ((1, 1, 1, 1), (2, 5, 3, 4), (3, 9, 9, 2)):
+            logits = torch.randn(batch, nodes, 37, generator=gen)
+            tokens = torch.randint(0, 37, (batch, nodes), generator=gen)
+            paths = torch.randint(-3, nodes + 3, (batch, num_paths, width), generator=gen,
+                                  dtype=torch.int32)
+            outputs = [guarded((batch, width), torch.int64), guarded((batch,), torch.int32),
+                       guarded((batch, width), torch.int32), guarded((batch, nodes), torch.int64)]
+            _cpu.greedy_accept(logits.data_ptr(), tokens.data_ptr(), paths.data_ptr(),
+                               outputs[3][1].data_ptr(),
+                               [inner.data_ptr() for _, inner in outputs[:3]], batch, nodes, 37,
+                               num_paths, width)
+            for buffer, _ in outputs:
+                assert_guards(buffer, f"{isa} {seed_note(gen)}\n{paths}")
 
 
 # ---- target_probs ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ KERNEL_TESTS = ("test_decoder.py", "test_attention_cpu.py", "test_loss.py",
                 "test_row_invariance.py", "test_model.py")
 # Files whose cpu routes are fixture parameters beside the Triton / CUDA-host ones: only
 # their tests with "cpu" in the id run under ASan.
-CPU_ROUTE_TESTS = ("test_topk_kernels.py", "test_tree_kernels.py")
+CPU_ROUTE_TESTS = ("test_topk_kernels.py", "test_tree_kernels.py", "test_acceptance_kernels.py")
 # Same as setup.py's CPU_FLAGS but -O1 -g (ASan's advice: readable reports, still fast).
 FLAGS = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-std=c++17", "-fopenmp",
          "-ffp-contract=off", "-fno-strict-aliasing", "-shared", "-fPIC"]

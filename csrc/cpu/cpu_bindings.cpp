@@ -291,6 +291,22 @@ void eagle2_rerank(std::uintptr_t root_tokens, std::uintptr_t cand_tokens,
   active->eagle2_rerank(args);
 }
 
+/// `outputs`: output_tokens, num_accepted, accepted_nodes (an AcceptResult's fields).
+void greedy_accept(std::uintptr_t logits, std::uintptr_t tokens, std::uintptr_t paths,
+                   std::uintptr_t target_ids, const std::vector<std::uintptr_t>& outputs,
+                   int64_t batch, int64_t nodes, int64_t vocab, int64_t num_paths,
+                   int64_t width, int threads) {
+  if (outputs.size() != 3) throw std::invalid_argument("outputs: expected 3 pointers");
+  if (batch < 0 || nodes < 1 || vocab < 1 || num_paths < 1 || width < 1)
+    throw std::invalid_argument("greedy_accept: expected batch >= 0 and positive sizes");
+  cpu::GreedyAcceptArgs args{as_ptr<const float>(logits), as_ptr<const int64_t>(tokens),
+                             as_ptr<const int32_t>(paths), as_ptr<int64_t>(target_ids),
+                             as_ptr<int64_t>(outputs[0]), as_ptr<int32_t>(outputs[1]),
+                             as_ptr<int32_t>(outputs[2]), batch, nodes, vocab, num_paths,
+                             width, thread_count(threads)};
+  active->greedy_accept(args);
+}
+
 cpu::SoftCrossEntropyArgs soft_ce_args(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
                                        int64_t rows, int64_t vocab, int threads) {
   return {as_ptr<const float>(x), as_ptr<const float>(y), nullptr, as_ptr<float>(stats),
@@ -369,4 +385,8 @@ PYBIND11_MODULE(_cpu, module) {
              py::arg("cand_scores"), py::arg("cand_parents"), py::arg("outputs"),
              py::arg("batch"), py::arg("candidates"), py::arg("nodes"), py::arg("max_depth"),
              py::arg("threads") = 0, "Best N - 1 candidates -> a draft tree (csrc/cpu/tree.h).");
+  module.def("greedy_accept", &greedy_accept, py::arg("logits"), py::arg("tokens"),
+             py::arg("paths"), py::arg("target_ids"), py::arg("outputs"), py::arg("batch"),
+             py::arg("nodes"), py::arg("vocab"), py::arg("num_paths"), py::arg("width"),
+             py::arg("threads") = 0, "Greedy tree / chain acceptance (csrc/cpu/acceptance.h).");
 }

@@ -15,7 +15,8 @@ const KernelTable& avx2_kernels() {
                                  avx2::decoder_layer, avx2::soft_ce_forward,
                                  avx2::soft_ce_backward,
                                  avx2::topk_log_softmax, avx2::eagle2_expand,
-                                 avx2::build_tree, avx2::eagle2_rerank};
+                                 avx2::build_tree, avx2::eagle2_rerank,
+                                 avx2::greedy_accept};
   return table;
 }
 }  // namespace cpu

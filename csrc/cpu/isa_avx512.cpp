@@ -18,7 +18,8 @@ const KernelTable& avx512_kernels() {
                                  avx512::decoder_layer, avx512::soft_ce_forward,
                                  avx512::soft_ce_backward,
                                  avx512::topk_log_softmax, avx512::eagle2_expand,
-                                 avx512::build_tree, avx512::eagle2_rerank};
+                                 avx512::build_tree, avx512::eagle2_rerank,
+                                 avx512::greedy_accept};
   return table;
 }
 }  // namespace cpu

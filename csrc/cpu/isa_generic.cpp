@@ -12,7 +12,8 @@ const KernelTable& generic_kernels() {
                                  generic::decoder_layer, generic::soft_ce_forward,
                                  generic::soft_ce_backward,
                                  generic::topk_log_softmax, generic::eagle2_expand,
-                                 generic::build_tree, generic::eagle2_rerank};
+                                 generic::build_tree, generic::eagle2_rerank,
+                                 generic::greedy_accept};
   return table;
 }
 }  // namespace cpu

@@ -22,6 +22,7 @@ namespace EK_ISA_NAMESPACE {
 #include "loss.h"
 #include "topk.h"
 #include "tree.h"
+#include "acceptance.h"
 }  // namespace EK_ISA_NAMESPACE
 }  // namespace cpu
 }  // namespace eagle_kernels

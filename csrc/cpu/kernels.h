@@ -148,7 +148,21 @@ struct RerankArgs {
   int threads;
 };
 
-/// The drafting kernels (topk.h, tree.h) run on one thread below this many entries of work
+/// greedy_accept_tree / _chain (acceptance.h): argmax of every node's logits, then the first
+/// longest path the target agrees with.
+struct GreedyAcceptArgs {
+  const float* logits;      ///< [batch, nodes, vocab]
+  const int64_t* tokens;    ///< [batch, nodes]
+  const int32_t* paths;     ///< [batch, num_paths, width], -1 padded
+  int64_t* target_ids;      ///< [batch, nodes] workspace: the argmax of each node
+  int64_t* output_tokens;   ///< [batch, width]
+  int32_t* num_accepted;    ///< [batch]
+  int32_t* accepted_nodes;  ///< [batch, width]
+  int64_t batch, nodes, vocab, num_paths, width;
+  int threads;
+};
+
+/// The drafting and acceptance kernels (topk.h, tree.h, acceptance.h) run on one thread below this many entries of work
 /// (logits, candidates, path cells): a draft step's few small calls would otherwise each pay
 /// a parallel region's wake-up, which costs far more than the work whenever another process
 /// holds a core.
@@ -224,6 +238,7 @@ struct KernelTable {
   void (*eagle2_expand)(const ExpandArgs&);
   void (*build_tree)(const BuildTreeArgs&);
   void (*eagle2_rerank)(const RerankArgs&);
+  void (*greedy_accept)(const GreedyAcceptArgs&);
 };
 
 // Defined in isa_<name>.cpp; avx512 and avx2 exist only on x86-64.

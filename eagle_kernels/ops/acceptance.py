@@ -6,7 +6,8 @@ Public ops with the contracts of the same-named functions in :mod:`eagle_kernels
 Randomness always comes in as tensors of uniform samples, so results are reproducible and the
 ops are safe under CUDA-graph capture. Backends: ``torch`` (reference) everywhere; ``cuda``
 (``csrc/acceptance.cu`` greedy, ``csrc/sampling.cu`` stochastic and target_probs) and
-``triton`` (this file and :mod:`eagle_kernels.ops.sampling`) for every op. Kernels are
+``triton`` (this file and :mod:`eagle_kernels.ops.sampling`) for every op; ``cpu``
+(``csrc/cpu/acceptance.h``) for the greedy ops, what ``auto`` runs on CPU. GPU kernels are
 explicit only (``auto=False``) until proven against the reference on a GPU.
 
 Triton kernels (no host syncs, one program per row or per sequence):
@@ -27,7 +28,8 @@ import torch
 from . import reference
 from .sampling import (LOGIT_DTYPE_CODES, check_sampling, row_stats_cuda, row_stats_triton,
                        sample_row, temperature_args, token_prob, vocab_block)
-from ._backend import cuda_extension, cuda_limit, cuda_stream, register, resolve
+from ._backend import (cpu_extension, cuda_extension, cuda_limit, cuda_stream, register,
+                       resolve)
 from ._triton import tl, triton
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
                         check_same_device, check_tensor, check_uniforms, value_checks_enabled)
@@ -472,6 +474,30 @@ def _stochastic_accept_chain_triton(tokens, draft_probs, target_logits, accept_u
     return result
 
 
+# --------------------------------------------------------------------------------------------
+# CPU kernels (csrc/cpu/acceptance.h): greedy acceptance, what auto runs on CPU
+# --------------------------------------------------------------------------------------------
+
+def _greedy_accept_tree_cpu(tokens, paths, target_logits) -> AcceptResult:
+    batch, num_nodes, vocab = target_logits.shape
+    _, num_paths, width = paths.shape
+    logits = target_logits.float().contiguous()  # fp16 / bf16 upcast exactly: the same argmax
+    target_ids = torch.empty(batch, num_nodes, dtype=torch.int64)
+    result = _empty_outputs(batch, width, tokens.device)
+    cpu_extension().greedy_accept(logits.data_ptr(), tokens.data_ptr(), paths.data_ptr(),
+                                  target_ids.data_ptr(), [t.data_ptr() for t in result], batch,
+                                  num_nodes, vocab, num_paths, width)
+    return result
+
+
+def _greedy_accept_chain_cpu(tokens, target_logits) -> AcceptResult:
+    batch, num_nodes = tokens.shape
+    paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
+    return _greedy_accept_tree_cpu(tokens, paths, target_logits)
+
+
+register("greedy_accept_tree", "cpu", _greedy_accept_tree_cpu)
+register("greedy_accept_chain", "cpu", _greedy_accept_chain_cpu)
 register("greedy_accept_tree", "torch", reference.greedy_accept_tree)
 register("greedy_accept_tree", "cuda", _greedy_accept_tree_cuda, auto=False)
 register("greedy_accept_tree", "triton", _greedy_accept_tree_triton, auto=False)
