@@ -12,7 +12,9 @@ Ordering keys. Every kernel ranks an fp32 value v at index i by one int64 key,
 ``ordered(v) << 32 | (2^31 - 1 - i)``: ``ordered`` maps the float bits to an int32 that sorts
 like the float (-0.0 folded into 0.0, every NaN above +inf as torch's sort does), the low word
 makes the lower index win ties. Keys are unique, so "top k" is k rounds of "take the max key"
-(or a rank count) with no tie logic, and every thread/lane order gives the same answer.
+(or a rank count) with no tie logic, and every thread/lane order gives the same answer. The
+cpu kernels scan a row in index order and compare (value, then index) directly: the same
+order, without the key.
 
 Exactness of ``topk_log_softmax``. The reference and the kernels rank by the logit (exact in
 fp32 for all three dtypes), not by the rounded log-prob, which could merge two different
