@@ -160,64 +160,60 @@ def test_rerank_op_raises_like_the_reference(backend):
                           backend=backend)
 
 
+GARBAGE_SIZES = ((1, 2), (5, 3), (40, 41), (70, 33))  # (candidates, num_nodes)
+
+
+def garbage_rerank_case(gen, candidates, num_nodes):
+    """Garbage rerank input (parents out of order or out of range, NaN / inf scores, a random
+    max_depth) and guarded outputs: (inputs, outputs, sizes); ``outputs`` are (buffer, inner)
+    pairs in the order tokens, parents, depth, scores, tree_mask, paths, selected."""
+    batch, max_depth = 2, int(torch.randint(0, 3, (1,), generator=gen))
+    parents = torch.randint(-3, candidates + 3, (batch, candidates), generator=gen,
+                            dtype=torch.int32)
+    scores = torch.randn(batch, candidates, generator=gen)
+    scores[0, :3] = torch.tensor([float("nan"), float("inf"), float("-inf")])[:candidates]
+    tokens = torch.randint(0, 100, (batch, candidates), generator=gen)
+    roots = torch.randint(0, 100, (batch,), generator=gen)
+    words = reference.mask_words(num_nodes)
+    shapes = [((batch, num_nodes), torch.int64), ((batch, num_nodes), torch.int32),
+              ((batch, num_nodes), torch.int32), ((batch, num_nodes), torch.float32),
+              ((batch, num_nodes, words), torch.int32),
+              ((batch, num_nodes, max_depth + 1), torch.int32),
+              ((batch, num_nodes - 1), torch.int64)]
+    outputs = [guarded(shape, dtype) for shape, dtype in shapes]
+    return (roots, tokens, scores, parents), outputs, (batch, candidates, num_nodes, max_depth)
+
+
 def test_host_rerank_invalid_input_stays_in_bounds(ext, gen):
     """Garbage parents and scores (increasing, NaN, +-inf): every write stays in its output."""
-    for candidates, num_nodes in ((1, 2), (5, 3), (40, 41), (70, 33)):
-        batch, max_depth = 2, int(torch.randint(0, 3, (1,), generator=gen))
-        parents = torch.randint(-3, candidates + 3, (batch, candidates), generator=gen,
-                                dtype=torch.int32)
-        scores = torch.randn(batch, candidates, generator=gen)
-        scores[0, :3] = torch.tensor([float("nan"), float("inf"), float("-inf")])[:candidates]
-        tokens = torch.randint(0, 100, (batch, candidates), generator=gen)
-        roots = torch.randint(0, 100, (batch,), generator=gen)
-        words = reference.mask_words(num_nodes)
-        shapes = [((batch, num_nodes), torch.int64), ((batch, num_nodes), torch.int32),
-                  ((batch, num_nodes), torch.int32), ((batch, num_nodes), torch.float32),
-                  ((batch, num_nodes, words), torch.int32),
-                  ((batch, num_nodes, max_depth + 1), torch.int32),
-                  ((batch, num_nodes - 1), torch.int64)]
-        outputs = [guarded(shape, dtype) for shape, dtype in shapes]
-        ext.eagle2_rerank_host(roots.data_ptr(), tokens.data_ptr(), scores.data_ptr(),
-                               parents.data_ptr(), *(inner.data_ptr() for _, inner in outputs),
-                               batch, candidates, num_nodes, max_depth)
+    for candidates, num_nodes in GARBAGE_SIZES:
+        inputs, outputs, sizes = garbage_rerank_case(gen, candidates, num_nodes)
+        ext.eagle2_rerank_host(*(t.data_ptr() for t in inputs),
+                               *(inner.data_ptr() for _, inner in outputs), *sizes)
         for buffer, _ in outputs:
-            assert_guards(buffer, f"{seed_note(gen)}\n{parents}")
+            assert_guards(buffer, f"{seed_note(gen)}\n{inputs[3]}")
 
 
 @pytest.mark.parametrize("isa", CPU_ISAS)
 def test_cpu_rerank_and_build_tree_invalid_input_stay_in_bounds(gen, isa):
-    """The cpu kernels on garbage (parents out of order or out of range, NaN / inf scores, trees
-    deeper than max_depth), value checks bypassed: every write stays in its output."""
+    """The cpu kernels on the same garbage (build_tree on garbage parents, trees deeper than
+    max_depth), value checks bypassed: every write stays in its output."""
     with using_cpu_isa(isa):
         from eagle_kernels import _cpu
 
-        for candidates, num_nodes in ((1, 2), (5, 3), (40, 41), (70, 33)):
-            batch, max_depth = 2, int(torch.randint(0, 3, (1,), generator=gen))
-            parents = torch.randint(-3, candidates + 3, (batch, candidates), generator=gen,
-                                    dtype=torch.int32)
-            scores = torch.randn(batch, candidates, generator=gen)
-            scores[0, :3] = torch.tensor([float("nan"), float("inf"), float("-inf")])[:candidates]
-            tokens = torch.randint(0, 100, (batch, candidates), generator=gen)
-            roots = torch.randint(0, 100, (batch,), generator=gen)
-            words = reference.mask_words(num_nodes)
-            shapes = [((batch, num_nodes), torch.int64), ((batch, num_nodes), torch.int32),
-                      ((batch, num_nodes), torch.int32), ((batch, num_nodes), torch.float32),
-                      ((batch, num_nodes, words), torch.int32),
-                      ((batch, num_nodes, max_depth + 1), torch.int32),
-                      ((batch, num_nodes - 1), torch.int64)]
-            outputs = [guarded(shape, dtype) for shape, dtype in shapes]
-            _cpu.eagle2_rerank(roots.data_ptr(), tokens.data_ptr(), scores.data_ptr(),
-                               parents.data_ptr(), [inner.data_ptr() for _, inner in outputs],
-                               batch, candidates, num_nodes, max_depth)
-            built = [guarded(shape, torch.int32) for shape, _ in shapes[1:2] + shapes[4:6]]
-            bad_parents = parents[:, :num_nodes] if candidates >= num_nodes else \
-                torch.randint(-3, num_nodes + 3, (batch, num_nodes), generator=gen,
-                              dtype=torch.int32)
-            _cpu.build_tree(bad_parents.contiguous().data_ptr(),
-                            *(inner.data_ptr() for _, inner in built), batch, num_nodes,
-                            max_depth)
+        for candidates, num_nodes in GARBAGE_SIZES:
+            inputs, outputs, sizes = garbage_rerank_case(gen, candidates, num_nodes)
+            _cpu.eagle2_rerank(*(t.data_ptr() for t in inputs),
+                               [inner.data_ptr() for _, inner in outputs], *sizes)
+            batch, _, _, max_depth = sizes
+            built = [guarded(inner.shape, torch.int32) for _, inner in
+                     (outputs[2], outputs[4], outputs[5])]  # depth, tree_mask, paths
+            bad_parents = torch.randint(-3, num_nodes + 3, (batch, num_nodes), generator=gen,
+                                        dtype=torch.int32)
+            _cpu.build_tree(bad_parents.data_ptr(), *(inner.data_ptr() for _, inner in built),
+                            batch, num_nodes, max_depth)
             for buffer, _ in outputs + built:
-                assert_guards(buffer, f"{isa} {seed_note(gen)}\n{parents}")
+                assert_guards(buffer, f"{isa} {seed_note(gen)}\n{inputs[3]}\n{bad_parents}")
 
 
 @pytest.mark.parametrize("isa", CPU_ISAS)
