@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from eagle_kernels import ops
-from eagle_kernels.ops import reference
+from eagle_kernels.ops import _backend, reference
 
 from cpu_support import CPU_ISAS, using_cpu_isa
 from cuda_support import DTYPE_CODES, SENTINEL, needs_gpu, seed_note
@@ -175,6 +175,24 @@ def test_topk_large_vocab(impl, gen, vocab, batch):
     d2t = torch.randint(0, 50, (vocab,), generator=gen) if vocab == 32000 else None
     values, ids = topk(logits, 10, d2t)
     assert_topk_matches(values, ids, logits, 10, d2t, f"{name} V={vocab} {seed_note(gen)}")
+
+
+def test_cpu_select_limit(gen):
+    """k = _cpu.SELECT_MAX_K runs on the cpu kernels and matches; one more falls through to
+    torch under auto and is refused by name when the cpu backend is asked for."""
+    with using_cpu_isa("generic"):
+        from eagle_kernels import _cpu
+
+        most = _cpu.SELECT_MAX_K
+        logits = random_logits(2, most + 300, torch.float32, gen, "ties")
+        values, ids = ops.topk_log_softmax(logits, most, backend="cpu")
+        assert_topk_matches(values, ids, logits, most, note=seed_note(gen))
+        assert _backend.resolve("topk_log_softmax", "auto", logits.device,
+                                k=most + 1)[0] == "torch"
+        with pytest.raises(ValueError, match="SELECT_MAX_K"):
+            ops.topk_log_softmax(logits, most + 1, backend="cpu")
+        with pytest.raises(ValueError, match="SELECT_MAX_K"):
+            ops.eagle2_expand(torch.zeros(1, 2), torch.zeros(1, 2, most), most + 1, backend="cpu")
 
 
 def test_cuda_topk_rejects_large_k(ext):

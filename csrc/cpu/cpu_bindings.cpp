@@ -226,7 +226,8 @@ void decoder_stack(const std::vector<std::uintptr_t>& layers,
 
 void topk_log_softmax(std::uintptr_t logits, std::uintptr_t d2t, std::uintptr_t values,
                       std::uintptr_t ids, int64_t rows, int64_t vocab, int64_t k, int threads) {
-  if (k < 1 || k > vocab) throw std::invalid_argument("k: expected 1 <= k <= vocab");
+  if (k < 1 || k > vocab || k > cpu::kSelectMaxK)
+    throw std::invalid_argument("k: expected 1 <= k <= min(vocab, SELECT_MAX_K)");
   cpu::TopkArgs args{as_ptr<const float>(logits), as_ptr<const int64_t>(d2t),
                      as_ptr<float>(values), as_ptr<int64_t>(ids), rows, vocab, k,
                      thread_count(threads)};
@@ -237,8 +238,8 @@ void eagle2_expand(std::uintptr_t frontier_scores, std::uintptr_t child_log_prob
                    std::uintptr_t candidate_scores, std::uintptr_t next_index,
                    std::uintptr_t next_scores, int64_t batch, int64_t frontier,
                    int64_t children, int64_t top_k, int threads) {
-  if (top_k < 1 || top_k > frontier * children)
-    throw std::invalid_argument("top_k: expected 1 <= top_k <= frontier * children");
+  if (top_k < 1 || top_k > frontier * children || top_k > cpu::kSelectMaxK)
+    throw std::invalid_argument("top_k: expected 1 <= top_k <= min(K * C, SELECT_MAX_K)");
   cpu::ExpandArgs args{as_ptr<const float>(frontier_scores), as_ptr<const float>(child_log_probs),
                        as_ptr<float>(candidate_scores), as_ptr<int64_t>(next_index),
                        as_ptr<float>(next_scores), batch, frontier, children, top_k,
@@ -278,8 +279,9 @@ void eagle2_rerank(std::uintptr_t root_tokens, std::uintptr_t cand_tokens,
                    int64_t candidates, int64_t nodes, int64_t max_depth, int threads) {
   check_tree_sizes(batch, nodes, max_depth);
   if (outputs.size() != 7) throw std::invalid_argument("outputs: expected 7 pointers");
-  if (nodes > candidates + 1)
-    throw std::invalid_argument("eagle2_rerank: expected nodes <= candidates + 1");
+  if (nodes > candidates + 1 || nodes - 1 > cpu::kSelectMaxK)
+    throw std::invalid_argument(
+        "eagle2_rerank: expected nodes <= min(candidates, SELECT_MAX_K) + 1");
   cpu::RerankArgs args{as_ptr<const int64_t>(root_tokens), as_ptr<const int64_t>(cand_tokens),
                        as_ptr<const float>(cand_scores), as_ptr<const int32_t>(cand_parents),
                        as_ptr<int64_t>(outputs[0]), as_ptr<int32_t>(outputs[1]),
@@ -334,6 +336,7 @@ void soft_ce_backward(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
 PYBIND11_MODULE(_cpu, module) {
   module.doc() = "eagle_kernels CPU kernels (fp32, OpenMP, AVX-512 / AVX2 / generic at run time)";
   select_default_isa();
+  module.attr("SELECT_MAX_K") = cpu::kSelectMaxK;
   module.def("isa", [] { return std::string(active->isa); },
              "The instruction set the kernels run with.");
   module.def("supported_isas", &supported_isas,

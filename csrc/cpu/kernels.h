@@ -167,6 +167,9 @@ struct GreedyAcceptArgs {
 /// a parallel region's wake-up, which costs far more than the work whenever another process
 /// holds a core.
 constexpr int64_t kParallelMinEntries = 1 << 15;
+/// Largest k the cpu top-k selection takes (topk.h select_top keeps a sorted array: an insert
+/// shifts up to k entries). Exported as _cpu.SELECT_MAX_K; larger k falls through to torch.
+constexpr int64_t kSelectMaxK = 1024;
 /// Vocabulary entries per partial sum of topk_log_softmax's e^(x - max) (any size works; the
 /// two-level sum keeps a 150k row's rounding small).
 constexpr int64_t kTopkBlock = 256;

@@ -21,7 +21,8 @@ static inline bool ranks_above(float a, float b) {
   return a > b;               // false when b is NaN; -0.0 > 0.0 is false
 }
 
-/// The k best of row[0, n) (1 <= k <= n) into best_value / best_index [k], best first.
+/// The k best of row[0, n) (1 <= k <= n, k <= kSelectMaxK: an insert shifts up to k entries)
+/// into best_value / best_index [k], best first.
 static void select_top(const float* row, int64_t n, int64_t k, float* best_value,
                        int64_t* best_index) {
   int64_t count = 0;
@@ -71,10 +72,10 @@ static void topk_log_softmax_row(const TopkArgs& a, int64_t r) {
   float* values = a.values + r * a.k;
   int64_t* ids = a.ids + r * a.k;
   select_top(row, a.vocab, a.k, values, ids);
-  // The best entry is the row's maximum. A row with a NaN, or with only -inf, has a NaN
-  // log-softmax everywhere (as torch.log_softmax).
+  // The best entry is the row's maximum. A row with a NaN or a +inf, or with only -inf, has a
+  // NaN log-softmax everywhere (as torch.log_softmax); no exponential is taken of it.
   const float max = values[0];
-  const bool undefined = max != max || max == -__builtin_inff();
+  const bool undefined = max != max || max == -__builtin_inff() || max == __builtin_inff();
   const float log_sum = undefined ? 0.0f : __builtin_logf(row_exp_sum(row, a.vocab, max));
   for (int64_t j = 0; j < a.k; ++j) {
     values[j] = undefined ? __builtin_nanf("") : (values[j] - max) - log_sum;

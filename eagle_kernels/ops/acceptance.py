@@ -482,7 +482,7 @@ def _greedy_accept_tree_cpu(tokens, paths, target_logits) -> AcceptResult:
     batch, num_nodes, vocab = target_logits.shape
     _, num_paths, width = paths.shape
     logits = target_logits.float().contiguous()  # fp16 / bf16 upcast exactly: the same argmax
-    target_ids = torch.empty(batch, num_nodes, dtype=torch.int64)
+    target_ids = torch.empty(batch, num_nodes, dtype=torch.int64, device=tokens.device)
     result = _empty_outputs(batch, width, tokens.device)
     cpu_extension().greedy_accept(logits.data_ptr(), tokens.data_ptr(), paths.data_ptr(),
                                   target_ids.data_ptr(), [t.data_ptr() for t in result], batch,

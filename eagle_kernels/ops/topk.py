@@ -86,7 +86,7 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
                                        | torch.isnan(frontier_scores).any()):
         raise ValueError("child_log_probs: expected no NaN (frontier_scores too)")
     _, implementation = resolve("eagle2_expand", backend, frontier_scores.device,
-                                candidates=frontier * child_log_probs.shape[2])
+                                candidates=frontier * child_log_probs.shape[2], top_k=top_k)
     return implementation(frontier_scores, child_log_probs, top_k)
 
 
@@ -269,11 +269,18 @@ def _eagle2_expand_cuda(frontier_scores, child_log_probs, top_k):
 # CPU kernels (csrc/cpu/topk.h): the drafting step's top-k on CPU, OpenMP over rows
 # --------------------------------------------------------------------------------------------
 
+def cpu_select_supports(count: int, name: str) -> str | None:
+    """Why the cpu kernels cannot keep the ``count`` best (their limit, csrc/cpu/kernels.h
+    kSelectMaxK), or None."""
+    most = cpu_extension().SELECT_MAX_K
+    return f"{name}: expected <= {most} (_cpu.SELECT_MAX_K), got {count}" if count > most else None
+
+
 def _topk_log_softmax_cpu(logits, k, d2t):
     rows, vocab = logits.shape
     logits = logits.float().contiguous()  # fp16 / bf16 upcast exactly: the same ranks
-    values = torch.empty(rows, k, dtype=torch.float32)
-    ids = torch.empty(rows, k, dtype=torch.int64)
+    values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
     cpu_extension().topk_log_softmax(logits.data_ptr(), 0 if d2t is None else d2t.data_ptr(),
                                      values.data_ptr(), ids.data_ptr(), rows, vocab, k)
     return values, ids
@@ -289,8 +296,10 @@ def _eagle2_expand_cpu(frontier_scores, child_log_probs, top_k):
     return candidate, next_index, next_scores
 
 
-register("topk_log_softmax", "cpu", _topk_log_softmax_cpu)
-register("eagle2_expand", "cpu", _eagle2_expand_cpu)
+register("topk_log_softmax", "cpu", _topk_log_softmax_cpu,
+         supports=lambda k=1, **_: cpu_select_supports(k, "k"))
+register("eagle2_expand", "cpu", _eagle2_expand_cpu,
+         supports=lambda top_k=1, **_: cpu_select_supports(top_k, "top_k"))
 register("topk_log_softmax", "triton", _topk_log_softmax_triton, auto=False)
 register("eagle2_expand", "triton", _eagle2_expand_triton, auto=False)
 register("topk_log_softmax", "cuda", _topk_log_softmax_cuda, auto=False,

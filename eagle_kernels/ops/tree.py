@@ -28,7 +28,7 @@ from ._triton import tl, triton
 from ._validate import (check_int, check_parents, check_range, check_same_device, check_tensor,
                         value_checks_enabled)
 from .reference import DraftTree
-from .topk import NO_KEY, order_key, rank_rows
+from .topk import NO_KEY, cpu_select_supports, order_key, rank_rows
 
 
 def tree_depth(parents: torch.Tensor) -> torch.Tensor:
@@ -388,8 +388,9 @@ def _eagle2_rerank_cuda(root_tokens, candidate_tokens, candidate_scores, candida
 def _build_tree_cpu(parents: torch.Tensor, max_depth: int):
     batch, num_nodes = parents.shape
     depth = torch.empty_like(parents)
-    tree_mask = torch.empty(batch, num_nodes, reference.mask_words(num_nodes), dtype=torch.int32)
-    paths = torch.empty(batch, num_nodes, max_depth + 1, dtype=torch.int32)
+    tree_mask = torch.empty(batch, num_nodes, reference.mask_words(num_nodes), dtype=torch.int32,
+                            device=parents.device)
+    paths = torch.empty(batch, num_nodes, max_depth + 1, dtype=torch.int32, device=parents.device)
     cpu_extension().build_tree(parents.data_ptr(), depth.data_ptr(), tree_mask.data_ptr(),
                                paths.data_ptr(), batch, num_nodes, max_depth)
     return depth, tree_mask, paths
@@ -407,7 +408,9 @@ def _eagle2_rerank_cpu(root_tokens, candidate_tokens, candidate_scores, candidat
 
 
 register("build_tree", "cpu", _build_tree_cpu)
-register("eagle2_rerank", "cpu", _eagle2_rerank_cpu)
+register("eagle2_rerank", "cpu", _eagle2_rerank_cpu,
+         supports=lambda num_nodes=1, **_: cpu_select_supports(num_nodes - 1,
+                                                                   "num_nodes - 1"))
 register("build_tree", "torch", reference.build_tree)
 register("build_tree", "triton", _build_tree_triton, auto=False,
          supports=triton_nodes_unsupported)

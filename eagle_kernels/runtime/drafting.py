@@ -138,7 +138,9 @@ def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
     frontier_hidden = root_hidden.unsqueeze(1).expand(-1, k, -1)
     frontier_ids = torch.arange(k, device=device).expand(batch, -1)  # candidate index
     own_bits = _frontier_bits(k, tree.depth, str(device))
-    ancestors = own_bits[0].expand(batch, -1, -1)  # packed: frontier slot -> drafted keys seen
+    # packed: frontier slot -> drafted keys it sees; a copy, so the cached bits are never handed
+    # to the head (at batch 1 .contiguous() of a view of them would return the view itself)
+    ancestors = own_bits[0].expand(batch, -1, -1).clone()
     base = k
     for step in range(tree.depth):
         keys = (step + 1) * k
