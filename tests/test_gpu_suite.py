@@ -91,4 +91,6 @@ def test_the_interpreter_is_never_chosen_by_auto(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))
     _verdict(tmp_path, "GPU A", "2026-01-01")
-    assert _backend.resolve("build_tree", "auto", torch.device("cpu"), num_nodes=4)[0] == "torch"
+    # never the interpreter: the cpu kernels where they are built, else the reference
+    assert _backend.resolve("build_tree", "auto", torch.device("cpu"), num_nodes=4)[0] in (
+        "cpu", "torch")

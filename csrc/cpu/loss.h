@@ -74,19 +74,18 @@ static void soft_ce_backward(const SoftCrossEntropyArgs& a) {
     const float* x = a.x + t * a.vocab;
     const float* y = a.y + t * a.vocab;
     float* grad = a.grad_x + t * a.vocab;
-    const vf shift_x = vset1(a.stats[t] + a.stats[a.rows + t]);
-    const vf shift_y = vset1(a.stats[2 * a.rows + t] + a.stats[3 * a.rows + t]);
+    // (x - max) - log sum, in that order (as torch's log_softmax): max + log sum rounded to
+    // one fp32 first would lose log sum entirely at |x| ~ 1e4 (ulp 1e-3).
+    const vf max_x = vset1(a.stats[t]), log_x = vset1(a.stats[a.rows + t]);
+    const vf max_y = vset1(a.stats[2 * a.rows + t]), log_y = vset1(a.stats[3 * a.rows + t]);
     const vf g = vset1(a.grad_loss[t]);
     int64_t v = 0;
-    for (; v + kW <= a.vocab; v += kW) {
-      const vf d = vsub(vexp(vsub(vload(x + v), shift_x)), vexp(vsub(vload(y + v), shift_y)));
-      vstore(grad + v, vmul(d, g));
-    }
-    if (v < a.vocab) {
-      const int n = static_cast<int>(a.vocab - v);
-      const vf d = vsub(vexp(vsub(load_or_minus_inf(x + v, n), shift_x)),
-                        vexp(vsub(load_or_minus_inf(y + v, n), shift_y)));
-      vstore_n(grad + v, vmul(d, g), n);
+    for (; v < a.vocab; v += kW) {
+      const int n = a.vocab - v < kW ? static_cast<int>(a.vocab - v) : kW;
+      const vf xv = n == kW ? vload(x + v) : load_or_minus_inf(x + v, n);
+      const vf yv = n == kW ? vload(y + v) : load_or_minus_inf(y + v, n);
+      const vf d = vsub(vexp(vsub(vsub(xv, max_x), log_x)), vexp(vsub(vsub(yv, max_y), log_y)));
+      if (n == kW) vstore(grad + v, vmul(d, g)); else vstore_n(grad + v, vmul(d, g), n);
     }
   }
 }
