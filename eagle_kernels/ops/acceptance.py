@@ -141,11 +141,14 @@ def _greedy_accept_tree_cuda(tokens, paths, target_logits) -> AcceptResult:
     return result
 
 
-def _greedy_accept_chain_cuda(tokens, target_logits) -> AcceptResult:
-    """A chain is a tree with one path 0..N-1: the tree kernels with that paths tensor."""
-    batch, num_nodes = tokens.shape
-    paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
-    return _greedy_accept_tree_cuda(tokens, paths, target_logits)
+def _chain_as_tree(greedy_accept_tree_impl):
+    """greedy_accept_chain from a backend's greedy_accept_tree: a chain is a tree with one
+    path 0..N-1, so the tree kernels run with that paths tensor."""
+    def greedy_accept_chain_impl(tokens, target_logits) -> AcceptResult:
+        batch, num_nodes = tokens.shape
+        paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
+        return greedy_accept_tree_impl(tokens, paths, target_logits)
+    return greedy_accept_chain_impl
 
 
 def _stochastic_cuda_supports(num_nodes, **_) -> str | None:
@@ -280,12 +283,6 @@ def _greedy_accept_tree_triton(tokens, paths, target_logits) -> AcceptResult:
             BLOCK_P=triton.next_power_of_2(max(num_paths, 1)),
             BLOCK_W=triton.next_power_of_2(width + 1))
     return result
-
-
-def _greedy_accept_chain_triton(tokens, target_logits) -> AcceptResult:
-    batch, num_nodes = tokens.shape
-    paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
-    return _greedy_accept_tree_triton(tokens, paths, target_logits)
 
 
 # --------------------------------------------------------------------------------------------
@@ -490,20 +487,15 @@ def _greedy_accept_tree_cpu(tokens, paths, target_logits) -> AcceptResult:
     return result
 
 
-def _greedy_accept_chain_cpu(tokens, target_logits) -> AcceptResult:
-    batch, num_nodes = tokens.shape
-    paths = reference.chain_paths(batch, num_nodes, tokens.device).contiguous()
-    return _greedy_accept_tree_cpu(tokens, paths, target_logits)
-
-
 register("greedy_accept_tree", "cpu", _greedy_accept_tree_cpu)
-register("greedy_accept_chain", "cpu", _greedy_accept_chain_cpu)
+register("greedy_accept_chain", "cpu", _chain_as_tree(_greedy_accept_tree_cpu))
 register("greedy_accept_tree", "torch", reference.greedy_accept_tree)
 register("greedy_accept_tree", "cuda", _greedy_accept_tree_cuda, auto=False)
 register("greedy_accept_tree", "triton", _greedy_accept_tree_triton, auto=False)
 register("greedy_accept_chain", "torch", reference.greedy_accept_chain)
-register("greedy_accept_chain", "cuda", _greedy_accept_chain_cuda, auto=False)
-register("greedy_accept_chain", "triton", _greedy_accept_chain_triton, auto=False)
+register("greedy_accept_chain", "cuda", _chain_as_tree(_greedy_accept_tree_cuda), auto=False)
+register("greedy_accept_chain", "triton", _chain_as_tree(_greedy_accept_tree_triton),
+         auto=False)
 register("stochastic_accept_tree", "torch", reference.stochastic_accept_tree)
 register("stochastic_accept_tree", "cuda", _stochastic_accept_tree_cuda, auto=False,
          supports=_stochastic_cuda_supports)

@@ -93,11 +93,9 @@ def _frontier_bits(top_k: int, depth: int, device: str) -> torch.Tensor:
     """[max(depth, 1), top_k, words] int32, shared (callers never write to it): row ``slot`` of
     step ``s`` has the packed bit of drafted key ``s * top_k + slot``, the key a frontier node
     of step ``s`` writes into the head's cache. A frontier's mask is its parent's row OR this."""
-    steps = max(depth, 1)
-    key = torch.arange(steps * top_k).view(steps, top_k, 1)
-    words = torch.zeros(steps, top_k, mask_words(steps * top_k), dtype=torch.int64)
-    words.scatter_(2, key // 32, torch.ones_like(key) << (key % 32))
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).to(device)
+    keys = max(depth, 1) * top_k
+    own_key = torch.eye(keys, dtype=torch.bool).view(-1, top_k, keys)
+    return pack_tree_mask(own_key).to(device)
 
 
 def gather_rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
