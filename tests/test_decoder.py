@@ -20,8 +20,8 @@ def assert_as_close_as_torch(ours, torch_low, exact):
     assert ours_error <= 2 * torch_error + 4e-7 * scale, (ours_error, torch_error, scale)
 
 
-LINEAR_SHAPES = [(1, 576, 1536), (16, 576, 192), (61, 1536, 576), (5, 577, 13), (3, 5, 7),
-                 (1, 1, 1), (2, 33, 0), (0, 8, 4)]
+LINEAR_SHAPES = [(1, 576, 1536), (16, 576, 192), (61, 1536, 576), (5, 577, 13), (4, 576, 1000),
+                 (3, 5, 7), (1, 1, 1), (2, 33, 0), (0, 8, 4)]
 
 
 @needs_cpu_backend
@@ -74,7 +74,7 @@ def test_cpu_rows_do_not_depend_on_their_neighbours(gen, op):
         return ops.apply_rope(heads, positions[:, rows].contiguous(), cos, sin, backend="cpu")[0]
 
     for isa in each_cpu_isa():
-        for count in (1, 2, 3, 5, 16, 37, 64):
+        for count in (1, 2, 3, 4, 5, 6, 16, 37, 64):
             rows = torch.randperm(64, generator=gen)[:count]
             together = run(rows)
             for place in range(count):

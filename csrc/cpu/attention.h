@@ -3,11 +3,10 @@
  * @brief CPU tree attention (contract: eagle_kernels.ops.reference.tree_attention, fp32).
  *        Included inside an instruction-set namespace after simd.h.
  *
- * One task = one query node of one sequence and one KV head: its `group` query heads share the
- * keys. A query's visible keys, in position order, are the prefix [0, L) and then its tree
- * ancestors (set bits of its mask row) by increasing tree index: an ancestor always has a
- * smaller index than its descendants, so index order is depth order is position order. Over
- * that list, for each head:
+ * One task = one query head of one query node of one sequence. A query's visible keys, in
+ * position order, are the prefix [0, L) and then its tree ancestors (set bits of its mask row)
+ * by increasing tree index: an ancestor always has a smaller index than its descendants, so
+ * index order is depth order is position order. Over that list:
  *
  *   s_t = (q . k_t) * scale          one lane-wise FMA chain over d + vhsum, per key
  *   m   = max_t s_t                  exact whatever the order
@@ -34,6 +33,48 @@ EK_INLINE float dot(const float* a, const float* b, int64_t n) {
   return vhsum(acc);
 }
 
+/// Keys per block of key_scores: that many independent FMA chains in flight. One chain at a
+/// time waits on the FMA latency at every step (a 64-wide dot took ~55 cycles, 8 of them FMAs).
+constexpr int kKeyBlock = 8;
+
+/// Address of the t-th visible key (or value) row: the prefix in position order, then the
+/// visible tree slots.
+EK_INLINE const float* visible_row(const float* prefix_rows, const float* tree_rows,
+                                   const int32_t* tree_slots, int64_t prefix, int64_t stride,
+                                   int64_t t) {
+  return t < prefix ? prefix_rows + t * stride
+                    : tree_rows + static_cast<int64_t>(tree_slots[t - prefix]) * stride;
+}
+
+/// s[t] = dot(q, k_t) * scale for the `count` visible keys. Each score is dot()'s arithmetic
+/// exactly (its own chain, its own vhsum); a block only interleaves kKeyBlock such chains.
+static void key_scores(const float* q, const float* k_prefix, const float* k_tree,
+                       const int32_t* tree_slots, int64_t prefix, int64_t count, int64_t stride,
+                       int64_t dim, float scale, float* s) {
+  int64_t t0 = 0;
+  for (; t0 + kKeyBlock <= count; t0 += kKeyBlock) {
+    const float* keys[kKeyBlock];
+    vf acc[kKeyBlock];
+    for (int j = 0; j < kKeyBlock; ++j) {
+      keys[j] = visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t0 + j);
+      acc[j] = vzero();
+    }
+    int64_t i = 0;
+    for (; i + kW <= dim; i += kW) {
+      const vf qv = vload(q + i);
+      for (int j = 0; j < kKeyBlock; ++j) acc[j] = vfma(qv, vload(keys[j] + i), acc[j]);
+    }
+    if (i < dim) {
+      const int rest = static_cast<int>(dim - i);
+      const vf qv = vload_n(q + i, rest);
+      for (int j = 0; j < kKeyBlock; ++j) acc[j] = vfma(qv, vload_n(keys[j] + i, rest), acc[j]);
+    }
+    for (int j = 0; j < kKeyBlock; ++j) s[t0 + j] = vhsum(acc[j]) * scale;
+  }
+  for (int64_t t = t0; t < count; ++t)
+    s[t] = dot(q, visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t), dim) * scale;
+}
+
 /// Softmax weights e_t = exp(s_t - max) in place over `count` scores; returns their sum.
 /// Entries [count, padded) are scratch and end as 0.
 static float softmax_weights(float* s, int64_t count) {
@@ -51,33 +92,68 @@ static float softmax_weights(float* s, int64_t count) {
   return vhsum(sum);
 }
 
-/// out[d] = (sum_t e[t] * v_t[d]) * inv for the visible values; d in chunks of <= 8 vectors.
+constexpr int kValueChunks = 8;  ///< vectors of d per pass over the values
+
+/// out[d0, d0 + (C - 1) * kW + last) = (sum_t e[t] * v_t[d]) * inv: C accumulators, each a
+/// sequential FMA chain over t. C and whether the last vector is whole are compile-time, so the
+/// accumulators stay in registers (a run-time count kept them on the stack) and whole vectors
+/// need no masked load.
+template <int C, bool kWholeLast>
+static void weighted_value_chunks(const float* e, int64_t count, const float* prefix_v,
+                                  const float* tree_v, const int32_t* tree_slots, int64_t prefix,
+                                  int64_t stride, int64_t d0, int last, float inv, float* out) {
+  vf acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = vzero();
+  for (int64_t t = 0; t < count; ++t) {
+    const float* v = visible_row(prefix_v, tree_v, tree_slots, prefix, stride, t) + d0;
+    const vf p = vset1(e[t]);
+    for (int c = 0; c + 1 < C; ++c) acc[c] = vfma(p, vload(v + c * kW), acc[c]);
+    acc[C - 1] = vfma(p, kWholeLast ? vload(v + (C - 1) * kW) : vload_n(v + (C - 1) * kW, last),
+                      acc[C - 1]);
+  }
+  const vf scale = vset1(inv);
+  for (int c = 0; c + 1 < C; ++c) vstore(out + d0 + c * kW, vmul(acc[c], scale));
+  if (kWholeLast)
+    vstore(out + d0 + (C - 1) * kW, vmul(acc[C - 1], scale));
+  else
+    vstore_n(out + d0 + (C - 1) * kW, vmul(acc[C - 1], scale), last);
+}
+
+/// weighted_value_chunks<C, ...> for a run-time chunk count in [1, C].
+template <int C>
+static void weighted_value_chunks_any(int chunks, const float* e, int64_t count,
+                                      const float* prefix_v, const float* tree_v,
+                                      const int32_t* tree_slots, int64_t prefix, int64_t stride,
+                                      int64_t d0, int last, float inv, float* out) {
+  if (chunks == C) {
+    if (last == kW)
+      return weighted_value_chunks<C, true>(e, count, prefix_v, tree_v, tree_slots, prefix,
+                                            stride, d0, last, inv, out);
+    return weighted_value_chunks<C, false>(e, count, prefix_v, tree_v, tree_slots, prefix,
+                                           stride, d0, last, inv, out);
+  }
+  if constexpr (C > 1)
+    weighted_value_chunks_any<C - 1>(chunks, e, count, prefix_v, tree_v, tree_slots, prefix,
+                                     stride, d0, last, inv, out);
+}
+
+/// out[d] = (sum_t e[t] * v_t[d]) * inv for the visible values; d in passes of <= 8 vectors.
 static void weighted_values(const float* e, int64_t count, const float* prefix_v,
                             const float* tree_v, const int32_t* tree_slots, int64_t prefix,
                             int64_t stride, int64_t dim, float inv, float* out) {
-  constexpr int kChunks = 8;
-  for (int64_t d0 = 0; d0 < dim; d0 += kChunks * kW) {
-    const int64_t width = dim - d0 < kChunks * kW ? dim - d0 : kChunks * kW;
+  for (int64_t d0 = 0; d0 < dim; d0 += kValueChunks * kW) {
+    const int64_t width = dim - d0 < kValueChunks * kW ? dim - d0 : kValueChunks * kW;
     const int chunks = static_cast<int>((width + kW - 1) / kW);
     const int last = static_cast<int>(width - (chunks - 1) * kW);
-    vf acc[kChunks];
-    for (int c = 0; c < kChunks; ++c) acc[c] = vzero();
-    for (int64_t t = 0; t < count; ++t) {
-      const float* v = (t < prefix ? prefix_v + t * stride
-                                   : tree_v + static_cast<int64_t>(tree_slots[t - prefix]) * stride) + d0;
-      const vf p = vset1(e[t]);
-      for (int c = 0; c + 1 < chunks; ++c) acc[c] = vfma(p, vload(v + c * kW), acc[c]);
-      acc[chunks - 1] = vfma(p, vload_n(v + (chunks - 1) * kW, last), acc[chunks - 1]);
-    }
-    const vf scale = vset1(inv);
-    for (int c = 0; c + 1 < chunks; ++c) vstore(out + d0 + c * kW, vmul(acc[c], scale));
-    vstore_n(out + d0 + (chunks - 1) * kW, vmul(acc[chunks - 1], scale), last);
+    weighted_value_chunks_any<kValueChunks>(chunks, e, count, prefix_v, tree_v, tree_slots,
+                                            prefix, stride, d0, last, inv, out);
   }
 }
 
-static void attention_task(const AttentionArgs& a, int64_t b, int64_t i, int64_t kvh,
-                           float* scores, int32_t* tree_slots) {
-  const int64_t group = a.q_heads / a.kv_heads, dim = a.head_dim;
+/// One query head of one query node: its scores over the visible keys, softmax, values.
+static void attention_task(const AttentionArgs& a, int64_t b, int64_t i, int64_t head,
+                           float* s, int32_t* tree_slots) {
+  const int64_t kvh = head / (a.q_heads / a.kv_heads), dim = a.head_dim;
   const int64_t stride = a.kv_heads * dim;  // between consecutive cache positions
   int64_t prefix = a.lens[b];
   prefix = prefix < 0 ? 0 : (prefix > a.max_len - a.tree_keys ? a.max_len - a.tree_keys : prefix);
@@ -89,38 +165,32 @@ static void attention_task(const AttentionArgs& a, int64_t b, int64_t i, int64_t
   const int64_t base = b * a.max_len * stride + kvh * dim;
   const float* k_prefix = a.k_cache + base;
   const float* v_prefix = a.v_cache + base;
-  const float* k_tree = k_prefix + prefix * stride;
-  const float* v_tree = v_prefix + prefix * stride;
-  const int64_t padded = (a.max_len + 16) / 16 * 16;
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t head = kvh * group + g;
-    const float* q = a.q + ((b * a.queries + i) * a.q_heads + head) * dim;
-    float* out = a.out + ((b * a.queries + i) * a.q_heads + head) * dim;
-    if (count == 0) {
-      for (int64_t d = 0; d < dim; ++d) out[d] = 0.0f;
-      continue;
-    }
-    float* s = scores + g * padded;
-    for (int64_t t = 0; t < prefix; ++t) s[t] = dot(q, k_prefix + t * stride, dim) * a.scale;
-    for (int64_t t = 0; t < visible_tree; ++t)
-      s[prefix + t] = dot(q, k_tree + static_cast<int64_t>(tree_slots[t]) * stride, dim) * a.scale;
-    const float total = softmax_weights(s, count);
-    weighted_values(s, count, v_prefix, v_tree, tree_slots, prefix, stride, dim, 1.0f / total, out);
+  const float* q = a.q + ((b * a.queries + i) * a.q_heads + head) * dim;
+  float* out = a.out + ((b * a.queries + i) * a.q_heads + head) * dim;
+  if (count == 0) {
+    for (int64_t d = 0; d < dim; ++d) out[d] = 0.0f;
+    return;
   }
+  key_scores(q, k_prefix, k_prefix + prefix * stride, tree_slots, prefix, count, stride, dim,
+             a.scale, s);
+  const float total = softmax_weights(s, count);
+  weighted_values(s, count, v_prefix, v_prefix + prefix * stride, tree_slots, prefix, stride, dim,
+                  1.0f / total, out);
 }
 
 static void tree_attention(const AttentionArgs& a) {
-  const int64_t group = a.q_heads / a.kv_heads;
-  const int64_t per_thread = attention_workspace_floats(group, a.max_len, a.tree_keys);
-  const int64_t tasks = a.batch * a.queries * a.kv_heads;
+  const int64_t per_thread = attention_workspace_floats(a.max_len, a.tree_keys);
+  // One task per query head (not per KV head): a decode step has only kv_heads KV heads, too
+  // few to share out evenly; the group's heads re-read the same keys from cache instead.
+  const int64_t tasks = a.batch * a.queries * a.q_heads;
 #pragma omp parallel num_threads(a.threads)
   {
     float* scores = a.workspace + omp_get_thread_num() * per_thread;
-    int32_t* tree_slots = reinterpret_cast<int32_t*>(scores + group * ((a.max_len + 16) / 16 * 16));
+    int32_t* tree_slots = reinterpret_cast<int32_t*>(scores + attention_scores_floats(a.max_len));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t kvh = task % a.kv_heads, i = (task / a.kv_heads) % a.queries;
-      attention_task(a, task / (a.kv_heads * a.queries), i, kvh, scores, tree_slots);
+      const int64_t head = task % a.q_heads, i = (task / a.q_heads) % a.queries;
+      attention_task(a, task / (a.q_heads * a.queries), i, head, scores, tree_slots);
     }
   }
 }

@@ -29,12 +29,20 @@ constexpr int kChunk = 64;
 constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 #if defined(EK_ISA_AVX512)
 constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
+constexpr int kFewRows = kRowTile;                // (few-row tiles not measured on AVX-512)
 #elif defined(EK_ISA_AVX2)
 constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers; two
                                                   // panel streams: M = 6..12 ~10 % faster than 6x1
+constexpr int kFewRows = 5;                       // 4..5 rows: one 5x1 tile (10 accumulators)
 #else
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
+constexpr int kFewRows = kRowTile;
 #endif
+// kRowTile < M <= kFewRows rows go in one tile of every row and one panel: each panel is read
+// once, straight from DRAM, and its FMAs hide under its bytes' arrival. Measured on AVX2 (one
+// process, layers alternating): M = 4 -7..-14 % and M = 5 -16 % per decoder layer against
+// 3 + 1 / 3 + 2 row tiles over L2 blocks; at M = 3 and M = 6 a one-panel tile was 2-4 % slower
+// than the 3x2 tiles, so those keep them.
 constexpr int kSingleRowPanels = 8 / kPanelVectors;  // m == 1: 8 chains, memory-bound
 constexpr int64_t kPanelBlockBytes = 256 * 1024;  // panels per L2 block, many-row case
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
@@ -106,15 +114,15 @@ static void panel_tile_panels(int panels, const float* x, int64_t ldx, const flo
     panel_tile_panels<MR, J - 1>(panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
 }
 
-/// panel_tile<rows, panels> for run-time counts in [1, MR] x [1, kPanelTile].
-template <int MR>
+/// panel_tile<rows, panels> for run-time counts in [1, MR] x [1, J].
+template <int MR, int J>
 static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, const float* w,
                            int64_t k, const float* bias, float* y, int64_t ldy, int64_t cols,
                            Prefetch ahead) {
   if (rows == MR)
-    return panel_tile_panels<MR, kPanelTile>(panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
+    return panel_tile_panels<MR, J>(panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
   if constexpr (MR > 1)
-    panel_tile_any<MR - 1>(rows, panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
+    panel_tile_any<MR - 1, J>(rows, panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
 }
 
 /// One row, panels [p0, p1) of a segment: kSingleRowPanels streams at a time.
@@ -135,12 +143,24 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, int64
   }
 }
 
+/// All a.m <= kFewRows rows, panels [p0, p1) of a segment, one panel at a time.
+static void linear_few_rows(const LinearArgs& a, const LinearSegment& s, int64_t p0, int64_t p1) {
+  const int rows = static_cast<int>(a.m);
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t col = p * kPanel;
+    panel_tile_any<kFewRows, 1>(rows, 1, a.x, a.ldx, s.w + p * a.k * kPanel, a.k,
+                                s.bias ? s.bias + col : nullptr, s.y + col, s.ldy, s.n - col,
+                                Prefetch{});
+  }
+}
+
 /// Every row, panels [p0, p1) of a segment, a block of panels at a time. The first row tile
 /// of a block streams it from DRAM; the others find it in L2 and, while they compute, prefetch
 /// the next block (spread evenly over their tile calls), so DRAM and the FMA units overlap
 /// instead of taking turns (with several row tiles, M >= 2 * kRowTile).
 static void linear_panels(const LinearArgs& a, const LinearSegment& s, int64_t p0, int64_t p1) {
   if (a.m == 1) return linear_single_row(a, s, p0, p1);
+  if (a.m > kRowTile && a.m <= kFewRows) return linear_few_rows(a, s, p0, p1);
   const int64_t panel_bytes = a.k * kPanel * 4;
   int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / kPanelTile * kPanelTile : 0;
   if (block < kPanelTile) block = kPanelTile;
@@ -164,7 +184,8 @@ static void linear_panels(const LinearArgs& a, const LinearSegment& s, int64_t p
                    (last - first + a.k - 1) / a.k};
           ++call;
         }
-        panel_tile_any<kRowTile>(rows, panels, a.x + r * a.ldx, a.ldx, s.w + p * panel_floats,
+        panel_tile_any<kRowTile, kPanelTile>(rows, panels, a.x + r * a.ldx, a.ldx,
+                                             s.w + p * panel_floats,
                                  a.k, s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col,
                                  s.ldy, s.n - col, ahead);
       }

@@ -219,11 +219,12 @@ static inline int64_t decoder_layer_workspace_floats(int64_t rows, int64_t in_fe
   return rows * (in_features + 2 * q_width + 2 * kv_width + 4 * hidden + 2 * intermediate);
 }
 
-/// Floats of attention workspace one thread needs (static: every translation unit, each
-/// compiled for its own instruction set, keeps a private copy).
-static inline int64_t attention_workspace_floats(int64_t group, int64_t max_len, int64_t tree_keys) {
-  const int64_t padded = (max_len + 16) / 16 * 16;
-  return group * padded + tree_keys + 16;
+/// Floats of attention workspace one thread needs: one head's scores (padded to whole vectors),
+/// then the visible tree slots (static: every translation unit, each compiled for its own
+/// instruction set, keeps a private copy).
+static inline int64_t attention_scores_floats(int64_t max_len) { return (max_len + 16) / 16 * 16; }
+static inline int64_t attention_workspace_floats(int64_t max_len, int64_t tree_keys) {
+  return attention_scores_floats(max_len) + tree_keys + 16;
 }
 
 /// The kernels of one instruction set.
