@@ -416,3 +416,55 @@ def test_stacked_layers_equal_layer_by_layer(gen, features):
     assert torch.equal(h1, h2)
     assert (f1 is None and f2 is None) or torch.equal(f1, f2)
     assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 300, 40), (4, 577, 37),
+                                            (5, 64, 16), (61, 1536, 200)])
+def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
+                                                                  out):
+    """A weight whose every element is a bf16 value (a bf16 checkpoint run in fp32) is packed in
+    bf16, half the bytes, and gives the fp32 pack's results bit for bit, on every instruction
+    set; any other weight keeps an fp32 pack."""
+    from eagle_kernels.ops import decoder
+
+    x = torch.randn(rows, width, generator=gen)
+    exact = torch.randn(out, width, generator=gen).bfloat16().float()
+    assert decoder.pack_weight(exact).dtype == torch.bfloat16
+    inexact = exact.clone()
+    inexact[out // 2, width // 2] += 2.0**-20
+    assert decoder.pack_weight(inexact).dtype == torch.float32
+    for isa in each_cpu_isa():
+        ours = ops.linear(x, exact.clone(), backend="cpu")
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder, "PACK_BF16_EXACT", False)
+            fp32_pack = ops.linear(x, exact.clone(), backend="cpu")
+        assert torch.equal(ours, fp32_pack), isa
+
+
+@needs_cpu_backend
+def test_bf16_exact_target_runs_the_fp32_bits(gen, monkeypatch):
+    """The fused layers over bf16 packs (a bf16 checkpoint loaded in fp32) give the hidden states
+    and K/V of the same layers over fp32 packs, bit for bit."""
+    from runtime_helpers import tiny_target
+
+    from eagle_kernels.ops import decoder
+
+    seed = int(torch.randint(1000, (1,), generator=gen))
+    tokens = torch.randint(0, 300, (2, 5), generator=gen)
+    mask = ops.pack_tree_mask(torch.tril(torch.ones(2, 5, 5, dtype=torch.bool)))
+    results = []
+    for bf16_packs in (True, False):
+        target = tiny_target(seed=seed)
+        with torch.no_grad():
+            for parameter in target.parameters():
+                parameter.copy_(parameter.bfloat16().float())
+        cache = target.allocate_cache(2, 16)
+        positions = torch.arange(5).repeat(2, 1)
+        with monkeypatch.context() as patch, torch.inference_mode():
+            patch.setattr(decoder, "PACK_BF16_EXACT", bf16_packs)
+            hidden, _ = target(tokens, positions, cache, mask)
+        results.append((hidden, cache))
+    (h1, c1), (h2, c2) = results
+    assert torch.equal(h1, h2)
+    assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))

@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -83,16 +84,29 @@ void select_default_isa() {
 
 int thread_count(int threads) { return threads > 0 ? threads : omp_get_max_threads(); }
 
+std::vector<float> widening_workspace;
+
+/// `threads` buffers for widening bf16 panel blocks of GEMMs over up to `k` (decoder.h).
+float* linear_workspace(int threads, int64_t k) {
+  const size_t floats = static_cast<size_t>(threads * cpu::linear_workspace_floats(k));
+  if (widening_workspace.size() < floats) widening_workspace.resize(floats);
+  return widening_workspace.data();
+}
+
+/// `segments`: per weight its pack (see packed_weight in kernels.h), bias (0: none), y, n, ldy.
 void linear(std::uintptr_t x, int64_t m, int64_t k, int64_t ldx,
             const std::vector<int64_t>& segments, int threads) {
   if (segments.size() % 5 != 0) throw std::invalid_argument("segments: expected 5 ints each");
   std::vector<cpu::LinearSegment> parts;
   for (size_t i = 0; i < segments.size(); i += 5) {
-    parts.push_back({as_ptr<const float>(segments[i]), as_ptr<const float>(segments[i + 1]),
+    parts.push_back({cpu::packed_weight(static_cast<std::uintptr_t>(segments[i])),
+                     as_ptr<const float>(segments[i + 1]),
                      as_ptr<float>(segments[i + 2]), segments[i + 3], segments[i + 4]});
   }
+  const int count = thread_count(threads);
+  float* widened = linear_workspace(count, k);
   cpu::LinearArgs args{as_ptr<const float>(x), m, k, ldx, parts.data(),
-                       static_cast<int>(parts.size()), thread_count(threads)};
+                       static_cast<int>(parts.size()), widened, count};
   active->linear(args);
 }
 
@@ -143,7 +157,8 @@ std::vector<float> layer_workspace;
 constexpr size_t kLayerPointers = 26, kLayerSizes = 12, kStackLayerPointers = 18;
 
 /// One decoder layer (kernels.h DecoderLayerArgs). `pointers` in this order: x, residual, out,
-/// input_norm (0: none), post_norm, wq, wk, wv, wo, wg, wu, wd, bq, bk, bv, bo, bg, bu, bd
+/// input_norm (0: none), post_norm, wq, wk, wv, wo, wg, wu, wd (packs, see packed_weight in
+/// kernels.h), bq, bk, bv, bo, bg, bu, bd
 /// (0: no bias), positions, cos, sin, k_cache, v_cache, lens, tree_mask. `sizes`: batch,
 /// count, in_features, hidden, intermediate, q_heads, kv_heads, head_dim, table_rows, max_len,
 /// tree_offset, words.
@@ -161,9 +176,9 @@ void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, f
       as_ptr<const float>(p[0]), as_ptr<const float>(p[1]), as_ptr<float>(p[2]),
       n[0], n[1], n[2], n[3], n[4],
       as_ptr<const float>(p[3]), as_ptr<const float>(p[4]),
-      as_ptr<const float>(p[5]), as_ptr<const float>(p[6]), as_ptr<const float>(p[7]),
-      as_ptr<const float>(p[8]), as_ptr<const float>(p[9]), as_ptr<const float>(p[10]),
-      as_ptr<const float>(p[11]),
+      cpu::packed_weight(p[5]), cpu::packed_weight(p[6]), cpu::packed_weight(p[7]),
+      cpu::packed_weight(p[8]), cpu::packed_weight(p[9]), cpu::packed_weight(p[10]),
+      cpu::packed_weight(p[11]),
       as_ptr<const float>(p[12]), as_ptr<const float>(p[13]), as_ptr<const float>(p[14]),
       as_ptr<const float>(p[15]), as_ptr<const float>(p[16]), as_ptr<const float>(p[17]),
       as_ptr<const float>(p[18]),
@@ -171,7 +186,8 @@ void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, f
       as_ptr<const int64_t>(p[19]), as_ptr<const float>(p[20]), as_ptr<const float>(p[21]), n[8],
       as_ptr<float>(p[22]), as_ptr<float>(p[23]), as_ptr<const int32_t>(p[24]), n[9], n[10],
       as_ptr<const int32_t>(p[25]), n[11],
-      layer_workspace.data(), attention_workspace.data(), count};
+      layer_workspace.data(), attention_workspace.data(),
+      linear_workspace(count, std::max({n[2], n[3], n[4], n[5] * n[7]})), count};
   active->decoder_layer(args);
 }
 

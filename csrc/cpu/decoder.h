@@ -12,10 +12,10 @@
 //
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) over prepacked weights: w's rows in panels of
 // kPanel = 16 columns, [ceil(N / 16), K, 16] (zero-padded; eagle_kernels/ops/decoder.py packs
-// them once per weight). Each output y[m, n] lives in one vector lane: a sequential FMA chain
-// over each chunk of kChunk k's (acc = fma(x[m, k], w[n, k], acc)), the chunks added in order,
-// then + bias: no horizontal sums,
-// so the value does not depend on the tile shape, the row count, the thread count, nor even the
+// them once per weight, in bf16 when every weight is exactly a bf16 value: half the bytes to
+// stream, widened exactly, so the same bits as an fp32 pack). Each output y[m, n] lives in one
+// vector lane: a sequential FMA chain over each chunk of kChunk k's (acc = fma(x[m, k], w[n, k],
+// acc)), the chunks added in order, then + bias: no horizontal sums, so the value does not depend on the tile shape, the row count, the thread count, nor even the
 // instruction set (every ISA runs the same chain of correctly rounded FMAs). A tile of MR rows x
 // J panels keeps MR * J * (16 / kW) such chains in registers: per k, J panel loads and MR
 // broadcasts feed MR * J * 16 / kW FMAs. Threads split the panels, never the reduction; with
@@ -44,20 +44,24 @@ constexpr int kFewRows = kRowTile;
 // 3 + 1 / 3 + 2 row tiles over L2 blocks; at M = 3 and M = 6 a one-panel tile was 2-4 % slower
 // than the 3x2 tiles, so those keep them.
 constexpr int kSingleRowPanels = 8 / kPanelVectors;  // m == 1: 8 chains, memory-bound
-constexpr int64_t kPanelBlockBytes = 256 * 1024;  // panels per L2 block, many-row case
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
 
 /// Cache lines a tile asks the memory system for while it computes: `lines` 64-byte lines from
 /// `from`, `per_k` of them per k step (see linear_panels). Never changes what is computed.
 struct Prefetch {
-  const float* from = nullptr;
+  const char* from = nullptr;
   int64_t lines = 0, per_k = 0;
 };
 
+/// One vector of packed weights, fp32 or bf16 (widened exactly).
+EK_INLINE vf vload_weights(const float* p) { return vload(p); }
+EK_INLINE vf vload_weights(const uint16_t* p) { return vload_bf16(p); }
+
 /// Rows [0, MR) x panels [0, J) of y; `cols` valid columns from the first panel's first.
-template <int MR, int J>
-static void panel_tile(const float* x, int64_t ldx, const float* panels, int64_t k,
+/// WT: the pack's element type (float, or uint16_t holding bf16).
+template <int MR, int J, typename WT>
+static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
                        const float* bias, float* y, int64_t ldy, int64_t cols,
                        Prefetch ahead = {}) {
   constexpr int V = J * kPanelVectors;
@@ -74,12 +78,12 @@ static void panel_tile(const float* x, int64_t ldx, const float* panels, int64_t
     for (int64_t kk = k0; kk < k1; ++kk) {
       for (int64_t j = 0; j < ahead.per_k && ahead.lines > 0; ++j, --ahead.lines) {
         __builtin_prefetch(ahead.from, 0, 2);
-        ahead.from += 16;
+        ahead.from += 64;
       }
       vf w[V];
       for (int j = 0; j < J; ++j)
         for (int v = 0; v < kPanelVectors; ++v)
-          w[j * kPanelVectors + v] = vload(panels + j * panel_stride + kk * kPanel + v * kW);
+          w[j * kPanelVectors + v] = vload_weights(panels + j * panel_stride + kk * kPanel + v * kW);
       for (int i = 0; i < MR; ++i) {
         const vf xv = vset1(x[i * ldx + kk]);
         for (int v = 0; v < V; ++v) acc[i][v] = vfma(xv, w[v], acc[i][v]);
@@ -105,8 +109,8 @@ static void panel_tile(const float* x, int64_t ldx, const float* panels, int64_t
 }
 
 /// panel_tile<MR, panels> for a run-time panel count in [1, J].
-template <int MR, int J>
-static void panel_tile_panels(int panels, const float* x, int64_t ldx, const float* w, int64_t k,
+template <int MR, int J, typename WT>
+static void panel_tile_panels(int panels, const float* x, int64_t ldx, const WT* w, int64_t k,
                               const float* bias, float* y, int64_t ldy, int64_t cols,
                               Prefetch ahead) {
   if (panels == J) return panel_tile<MR, J>(x, ldx, w, k, bias, y, ldy, cols, ahead);
@@ -115,8 +119,8 @@ static void panel_tile_panels(int panels, const float* x, int64_t ldx, const flo
 }
 
 /// panel_tile<rows, panels> for run-time counts in [1, MR] x [1, J].
-template <int MR, int J>
-static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, const float* w,
+template <int MR, int J, typename WT>
+static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, const WT* w,
                            int64_t k, const float* bias, float* y, int64_t ldy, int64_t cols,
                            Prefetch ahead) {
   if (rows == MR)
@@ -125,13 +129,14 @@ static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, co
     panel_tile_any<MR - 1, J>(rows, panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
 }
 
-/// One row, panels [p0, p1) of a segment: kSingleRowPanels streams at a time.
-static void linear_single_row(const LinearArgs& a, const LinearSegment& s, int64_t p0,
-                              int64_t p1) {
+/// One row, panels [p0, p1) of a segment (pack `packed`): kSingleRowPanels streams at a time.
+template <typename WT>
+static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const WT* packed,
+                              int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; p += kSingleRowPanels) {
     const int panels = static_cast<int>(p1 - p < kSingleRowPanels ? p1 - p : kSingleRowPanels);
     const int64_t col = p * kPanel;
-    const float* w = s.w + p * a.k * kPanel;
+    const WT* w = packed + p * a.k * kPanel;
     const float* bias = s.bias ? s.bias + col : nullptr;
     if (panels == kSingleRowPanels) {
       panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col);
@@ -144,52 +149,90 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, int64
 }
 
 /// All a.m <= kFewRows rows, panels [p0, p1) of a segment, one panel at a time.
-static void linear_few_rows(const LinearArgs& a, const LinearSegment& s, int64_t p0, int64_t p1) {
+template <typename WT>
+static void linear_few_rows(const LinearArgs& a, const LinearSegment& s, const WT* packed,
+                            int64_t p0, int64_t p1) {
   const int rows = static_cast<int>(a.m);
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t col = p * kPanel;
-    panel_tile_any<kFewRows, 1>(rows, 1, a.x, a.ldx, s.w + p * a.k * kPanel, a.k,
+    panel_tile_any<kFewRows, 1>(rows, 1, a.x, a.ldx, packed + p * a.k * kPanel, a.k,
                                 s.bias ? s.bias + col : nullptr, s.y + col, s.ldy, s.n - col,
                                 Prefetch{});
   }
 }
 
+/// Panels per L2 block of the many-row path: kPanelBlockBytes of fp32 panels (a bf16 block is
+/// widened into a buffer of that size), at least kPanelTile panels, a whole number of tiles.
+static int64_t panels_per_block(int64_t k) {
+  static_assert(kPanelTile <= kBlockMinPanels, "a block must fit the widening workspace");
+  const int64_t panel_bytes = k * kPanel * 4;
+  const int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / kPanelTile * kPanelTile : 0;
+  return block < kPanelTile ? kPanelTile : block;
+}
+
+/// Every row tile over panels [b0, b1), whose packs start at `panels` (panel b0 first). Row
+/// tiles from index `prefetching_from` on spread prefetches of the next block (`next_lines`
+/// 64-byte lines from `next`) evenly over their tile calls, so DRAM keeps streaming while the
+/// FMA units work on panels already in L2.
+template <typename WT>
+static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const WT* panels,
+                            int64_t b0, int64_t b1, int64_t prefetching_from, const char* next,
+                            int64_t next_lines) {
+  const int64_t panel_floats = a.k * kPanel;
+  const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
+  const int64_t calls = (row_tiles - prefetching_from) * ((b1 - b0 + kPanelTile - 1) / kPanelTile);
+  int64_t call = 0;
+  for (int64_t r = 0; r < a.m; r += kRowTile) {
+    const int rows = static_cast<int>(a.m - r < kRowTile ? a.m - r : kRowTile);
+    for (int64_t p = b0; p < b1; p += kPanelTile) {
+      const int count = static_cast<int>(b1 - p < kPanelTile ? b1 - p : kPanelTile);
+      const int64_t col = p * kPanel;
+      Prefetch ahead;
+      if (r / kRowTile >= prefetching_from && next_lines > 0 && calls > 0) {
+        const int64_t first = next_lines * call / calls, last = next_lines * (call + 1) / calls;
+        ahead = {next + first * 64, last - first, (last - first + a.k - 1) / a.k};
+        ++call;
+      }
+      panel_tile_any<kRowTile, kPanelTile>(rows, count, a.x + r * a.ldx, a.ldx,
+                                           panels + (p - b0) * panel_floats, a.k,
+                                           s.bias ? s.bias + col : nullptr,
+                                           s.y + r * s.ldy + col, s.ldy, s.n - col, ahead);
+    }
+  }
+}
+
+/// `count` bf16 values (a multiple of kW) widened to fp32, exactly.
+static void widen_bf16(const uint16_t* from, int64_t count, float* to) {
+  for (int64_t i = 0; i < count; i += kW) vstore(to + i, vload_bf16(from + i));
+}
+
 /// Every row, panels [p0, p1) of a segment, a block of panels at a time. The first row tile
 /// of a block streams it from DRAM; the others find it in L2 and, while they compute, prefetch
-/// the next block (spread evenly over their tile calls), so DRAM and the FMA units overlap
-/// instead of taking turns (with several row tiles, M >= 2 * kRowTile).
-static void linear_panels(const LinearArgs& a, const LinearSegment& s, int64_t p0, int64_t p1) {
-  if (a.m == 1) return linear_single_row(a, s, p0, p1);
-  if (a.m > kRowTile && a.m <= kFewRows) return linear_few_rows(a, s, p0, p1);
-  const int64_t panel_bytes = a.k * kPanel * 4;
-  int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / kPanelTile * kPanelTile : 0;
-  if (block < kPanelTile) block = kPanelTile;
-  const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
-  const int64_t panel_floats = a.k * kPanel;
+/// the next block, so DRAM and the FMA units overlap instead of taking turns (with several row
+/// tiles, M >= 2 * kRowTile). A bf16 block read by several row tiles is first widened into this
+/// thread's fp32 buffer (widening in every tile cost ~25 % of these compute-bound GEMMs); then
+/// every row tile reads L2 and prefetches.
+template <typename WT>
+static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT* packed,
+                          int64_t p0, int64_t p1) {
+  if (a.m == 1) return linear_single_row(a, s, packed, p0, p1);
+  if (a.m > kRowTile && a.m <= kFewRows) return linear_few_rows(a, s, packed, p0, p1);
+  const int64_t block = panels_per_block(a.k), panel_floats = a.k * kPanel;
+  const bool widen = sizeof(WT) == 2 && a.m > kRowTile;
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
     const int64_t n1 = b1 + block < p1 ? b1 + block : p1;  // the next block: [b1, n1)
-    const int64_t next_lines = (n1 - b1) * panel_floats / 16;
-    const int64_t calls = (row_tiles - 1) * ((b1 - b0 + kPanelTile - 1) / kPanelTile);
-    int64_t call = 0;
-    for (int64_t r = 0; r < a.m; r += kRowTile) {
-      const int rows = static_cast<int>(a.m - r < kRowTile ? a.m - r : kRowTile);
-      for (int64_t p = b0; p < b1; p += kPanelTile) {
-        const int panels = static_cast<int>(b1 - p < kPanelTile ? b1 - p : kPanelTile);
-        const int64_t col = p * kPanel;
-        Prefetch ahead;
-        if (r > 0 && next_lines > 0) {
-          const int64_t first = next_lines * call / calls, last = next_lines * (call + 1) / calls;
-          ahead = {s.w + b1 * panel_floats + first * 16, last - first,
-                   (last - first + a.k - 1) / a.k};
-          ++call;
-        }
-        panel_tile_any<kRowTile, kPanelTile>(rows, panels, a.x + r * a.ldx, a.ldx,
-                                             s.w + p * panel_floats,
-                                 a.k, s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col,
-                                 s.ldy, s.n - col, ahead);
+    const int64_t next_lines = (n1 - b1) * panel_floats * static_cast<int64_t>(sizeof(WT)) / 64;
+    const char* next = reinterpret_cast<const char*>(packed + b1 * panel_floats);
+    if constexpr (sizeof(WT) == 2) {
+      if (widen) {
+        float* widened = a.widened + omp_get_thread_num() * linear_workspace_floats(a.k);
+        widen_bf16(packed + b0 * panel_floats, (b1 - b0) * panel_floats, widened);
+        block_row_tiles<float>(a, s, widened, b0, b1, 0, next, next_lines);
+        continue;
       }
     }
+    block_row_tiles<WT>(a, s, packed + b0 * panel_floats, b0, b1, 1, next, next_lines);
   }
 }
 
@@ -208,7 +251,10 @@ static void linear(const LinearArgs& a) {
       const int64_t panels = (s.n + kPanel - 1) / kPanel;
       const int64_t p0 = begin > offset ? begin - offset : 0;
       const int64_t p1 = end - offset < panels ? end - offset : panels;
-      if (p0 < p1) linear_panels(a, s, p0, p1);
+      if (p0 < p1 && s.w.bf16)
+        linear_panels(a, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
+      else if (p0 < p1)
+        linear_panels(a, s, static_cast<const float*>(s.w.data), p0, p1);
       offset += panels;
     }
   }

@@ -8,13 +8,13 @@
  */
 
 /// y[:, :n] for one weight (+ bias) of a linear layer over rows x [m, k].
-static LinearSegment segment(const float* w, const float* bias, float* y, int64_t n) {
+static LinearSegment segment(PackedWeight w, const float* bias, float* y, int64_t n) {
   return LinearSegment{w, bias, y, n, n};
 }
 
-static void run_linear(const float* x, int64_t m, int64_t k, const LinearSegment* segments,
-                       int count, int threads) {
-  linear(LinearArgs{x, m, k, k, segments, count, threads});
+static void run_linear(const DecoderLayerArgs& a, const float* x, int64_t m, int64_t k,
+                       const LinearSegment* segments, int count) {
+  linear(LinearArgs{x, m, k, k, segments, count, a.linear_workspace, a.threads});
 }
 
 /// New K/V rows into the cache at lens[b] + tree_offset + t; rows that would land outside
@@ -68,7 +68,7 @@ static void decoder_layer(const DecoderLayerArgs& a) {
   }
   const LinearSegment qkv[3] = {segment(a.wq, a.bq, q, q_width), segment(a.wk, a.bk, k, kv_width),
                                 segment(a.wv, a.bv, v, kv_width)};
-  run_linear(attention_input, rows, a.in_features, qkv, 3, a.threads);
+  run_linear(a, attention_input, rows, a.in_features, qkv, 3);
   rope(RopeArgs{q, a.positions, a.cos, a.sin, rows, a.q_heads, a.head_dim, q_width, a.table_rows,
                 a.threads});
   rope(RopeArgs{k, a.positions, a.cos, a.sin, rows, a.kv_heads, a.head_dim, kv_width,
@@ -79,15 +79,15 @@ static void decoder_layer(const DecoderLayerArgs& a) {
                                a.tree_offset + a.count, a.words, a.scale,
                                a.attention_workspace, a.threads});
   const LinearSegment out_proj = segment(a.wo, a.bo, o, a.hidden);
-  run_linear(attended, rows, q_width, &out_proj, 1, a.threads);
+  run_linear(a, attended, rows, q_width, &out_proj, 1);
   rms_norm(RmsNormArgs{o, a.residual, h, a.post_norm, normed2, rows, a.hidden, a.hidden,
                        a.hidden, a.eps, a.threads});
   const LinearSegment gate_up[2] = {segment(a.wg, a.bg, gate, a.intermediate),
                                     segment(a.wu, a.bu, up, a.intermediate)};
-  run_linear(normed2, rows, a.hidden, gate_up, 2, a.threads);
+  run_linear(a, normed2, rows, a.hidden, gate_up, 2);
   silu_mul(SiluMulArgs{gate, up, gate, rows, a.intermediate, a.intermediate, a.intermediate,
                        a.threads});
   const LinearSegment down_proj = segment(a.wd, a.bd, down, a.hidden);
-  run_linear(gate, rows, a.intermediate, &down_proj, 1, a.threads);
+  run_linear(a, gate, rows, a.intermediate, &down_proj, 1);
   add_rows(h, down, a.out, rows * a.hidden, a.threads);
 }

@@ -20,10 +20,25 @@
 namespace eagle_kernels {
 namespace cpu {
 
+/// A weight packed for the GEMM: [ceil(n / 16), k, 16], panel p holding w[16p : 16p + 16, :]^T
+/// (zero-padded), see decoder.h. Its elements are fp32, or bf16 when every weight is exactly a
+/// bf16 value (the pack then holds the same numbers in half the bytes; the kernel widens them
+/// exactly, so the results are the fp32 pack's bit for bit).
+struct PackedWeight {
+  const void* data;
+  bool bf16;
+};
+
+/// Python hands a packed weight over as one integer: its address, with bit 0 set for a bf16
+/// pack (packs are 64-byte aligned, so the bit is otherwise always 0).
+static inline PackedWeight packed_weight(std::uintptr_t tagged) {
+  return PackedWeight{reinterpret_cast<const void*>(tagged & ~std::uintptr_t{1}),
+                      (tagged & 1u) != 0};
+}
+
 /// One weight matrix of a (fused) linear layer: y[:, :n] = x @ w^T (+ bias).
 struct LinearSegment {
-  const float* w;     ///< packed [ceil(n / 16), k, 16]: panel p holds w[16p : 16p + 16, :]^T
-                      ///< (zero-padded), see decoder.h
+  PackedWeight w;
   const float* bias;  ///< [n] or nullptr
   float* y;           ///< [m, n] with row stride ldy
   int64_t n;
@@ -35,8 +50,20 @@ struct LinearArgs {
   int64_t m, k, ldx;
   const LinearSegment* segments;
   int num_segments;
+  float* widened;  ///< threads * linear_workspace_floats(k): bf16 panel blocks widened to fp32
   int threads;
 };
+
+/// Bytes of packed panels a many-row GEMM keeps in L2 while every row tile passes over them
+/// (decoder.h linear_panels); at least kBlockMinPanels panels whatever their size.
+constexpr int64_t kPanelBlockBytes = 256 * 1024;
+constexpr int64_t kBlockMinPanels = 4;  ///< >= every instruction set's kPanelTile
+
+/// Floats one thread needs to widen one block of bf16 panels over k to fp32 (decoder.h).
+static inline int64_t linear_workspace_floats(int64_t k) {
+  const int64_t floats = kPanelBlockBytes / 4, smallest = kBlockMinPanels * k * 16;
+  return floats > smallest ? floats : smallest;
+}
 
 struct RmsNormArgs {
   const float* x;         ///< [rows, n], row stride ldx
@@ -194,7 +221,7 @@ struct DecoderLayerArgs {
   int64_t batch, count, in_features, hidden, intermediate;
   const float* input_norm;  ///< [in_features] or nullptr (no input norm)
   const float* post_norm;   ///< [hidden]
-  const float *wq, *wk, *wv, *wo, *wg, *wu, *wd;          ///< nn.Linear weights [N, K]
+  PackedWeight wq, wk, wv, wo, wg, wu, wd;                ///< nn.Linear weights [N, K], packed
   const float *bq, *bk, *bv, *bo, *bg, *bu, *bd;          ///< biases or nullptr
   int64_t q_heads, kv_heads, head_dim;
   float eps, scale;
@@ -208,6 +235,7 @@ struct DecoderLayerArgs {
   int64_t words;
   float* workspace;  ///< decoder_layer_workspace_floats(...)
   float* attention_workspace;  ///< threads * attention_workspace_floats(...)
+  float* linear_workspace;     ///< threads * linear_workspace_floats(widest k of the layer)
   int threads;
 };
 

@@ -28,6 +28,11 @@ EK_INLINE vf vset1(float x) { return _mm512_set1_ps(x); }
 EK_INLINE vf vload(const float* p) { return _mm512_loadu_ps(p); }
 /// First `n` lanes from `p` (0 <= n <= kW), the others zero; never touches p[n..).
 EK_INLINE vf vload_n(const float* p, int n) { return _mm512_maskz_loadu_ps(lane_mask(n), p); }
+/// kW bf16 values from `p`, widened exactly to fp32 (a bf16 is the top half of an fp32).
+EK_INLINE vf vload_bf16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 EK_INLINE void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm512_mask_storeu_ps(p, lane_mask(n), v); }
 EK_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -72,6 +77,10 @@ EK_INLINE vf vzero() { return _mm256_setzero_ps(); }
 EK_INLINE vf vset1(float x) { return _mm256_set1_ps(x); }
 EK_INLINE vf vload(const float* p) { return _mm256_loadu_ps(p); }
 EK_INLINE vf vload_n(const float* p, int n) { return _mm256_maskload_ps(p, lane_mask(n)); }
+EK_INLINE vf vload_bf16(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 EK_INLINE void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm256_maskstore_ps(p, lane_mask(n), v); }
 EK_INLINE vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
@@ -118,6 +127,14 @@ EK_INLINE vf vload(const float* p) { return vf{{p[0], p[1], p[2], p[3]}}; }
 EK_INLINE vf vload_n(const float* p, int n) {
   vf r = vzero();
   for (int i = 0; i < n; ++i) r.l[i] = p[i];
+  return r;
+}
+EK_INLINE vf vload_bf16(const uint16_t* p) {
+  vf r;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    __builtin_memcpy(&r.l[i], &bits, 4);
+  }
   return r;
 }
 EK_INLINE void vstore(float* p, vf v) { for (int i = 0; i < 4; ++i) p[i] = v.l[i]; }

@@ -145,6 +145,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 # --------------------------------------------------------------------------------------------
 
 PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder.h kPanel)
+PACK_BF16_EXACT = True  # pack exactly-bf16 weights in bf16 (see pack_weight; tests compare both)
 
 
 class _PackedWeights:
@@ -185,13 +186,30 @@ def _version_of(w: torch.Tensor) -> int | None:
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [ceil(N / 16), K, 16]: panel p holds columns 16p..16p+15 of ``w.T``."""
+    """[N, K] -> [ceil(N / 16), K, 16]: panel p holds columns 16p..16p+15 of ``w.T``.
+
+    In bfloat16 when every element of ``w`` is exactly a bf16 value (a bf16 checkpoint run in
+    fp32, as the bundled EAGLE heads are): the kernel widens the pack exactly, so its results are
+    the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM)."""
     rows, width = w.shape
     padded_rows = -(-rows // PANEL) * PANEL
     with torch.no_grad():
         padded = w.new_zeros(padded_rows, width)
         padded[:rows] = w
-        return padded.view(padded_rows // PANEL, PANEL, width).transpose(1, 2).contiguous()
+        packed = padded.view(padded_rows // PANEL, PANEL, width).transpose(1, 2).contiguous()
+        if (PACK_BF16_EXACT and w.dtype == torch.float32
+                and torch.equal(packed.bfloat16().float(), packed)):
+            packed = packed.bfloat16()
+    return packed
+
+
+def pack_address(packed: torch.Tensor) -> int:
+    """The integer the cpu kernels take for a pack: its address, with bit 0 set for a bf16
+    pack (csrc/cpu/kernels.h ``packed_weight``; packs are 64-byte aligned, so the bit is free)."""
+    address = packed.data_ptr()
+    if address % 64:
+        raise RuntimeError(f"cpu kernels: a packed weight is not 64-byte aligned ({address:#x})")
+    return address | int(packed.dtype == torch.bfloat16)
 
 
 _PACKS = _PackedWeights()
@@ -208,7 +226,7 @@ def _linear_group_cpu(x, weights, biases):
     for w, packed, b in zip(weights, packs, biases):
         y = torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype)
         outputs.append(y)
-        segments += [packed.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+        segments += [pack_address(packed), 0 if b is None else b.data_ptr(), y.data_ptr(),
                      w.shape[0], w.shape[0]]
     if rows and width:
         cpu_extension().linear(x.data_ptr(), rows, width, width, segments)

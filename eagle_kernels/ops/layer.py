@@ -30,7 +30,7 @@ import torch
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
 from ._validate import check_range, check_tensor, value_checks_enabled
-from .decoder import _PACKS, _check_input
+from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -141,7 +141,7 @@ class LayerWeights:
                 self._checked = stamp
             self._packs = [_PACKS.get(w) for w in self.weights]
             self._pointers = [0 if self.input_norm is None else self.input_norm.data_ptr(),
-                              self.post_norm.data_ptr(), *(p.data_ptr() for p in self._packs),
+                              self.post_norm.data_ptr(), *(pack_address(p) for p in self._packs),
                               *(0 if b is None else b.data_ptr() for b in self.biases)]
             self._packed = stamp
         return self._pointers
