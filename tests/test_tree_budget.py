@@ -10,8 +10,8 @@ import torch
 from eagle_kernels.runtime import Engine, TreeConfig
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
 from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, AdaptiveTree, CycleCost,
-                                               alpha_for_tau, choose_tree, expected_tau,
-                                               measure_cycle, tree_tau)
+                                               PRIOR_WEIGHT, choose_tree, expected_tau,
+                                               fit_alpha, measure_cycle, tree_tau)
 from runtime_helpers import tiny_target
 
 SMALL, MEDIUM, LARGE = TreeConfig(1, 0, 2), TreeConfig(4, 3, 12), TreeConfig(10, 6, 60)
@@ -33,7 +33,24 @@ def test_tau_model_and_its_inverse():
     assert expected_tau(60, 7, 0.7, 10) > expected_tau(16, 3, 0.7, 10) > 1.0
     for tree in (SMALL, MEDIUM, LARGE):
         for alpha in (0.05, 0.3, 0.8):
-            assert alpha_for_tau(tree, tree_tau(tree, alpha)) == pytest.approx(alpha, abs=1e-6)
+            assert fit_alpha([(tree, tree_tau(tree, alpha))]) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_acceptance_fit_matches_the_tokens_the_trees_produced():
+    """The fitted alpha makes the trees that ran expect exactly the tokens they produced (a
+    mean of per-cycle inverses would sit well below: 0.30 here, expecting 1.38 tokens, not 1.49)."""
+    chain = TreeConfig(2, 1, 3)
+    cycles = [(chain, 1)] * 56 + [(chain, 2)] * 39 + [(chain, 3)] * 5
+    assert tree_tau(chain, fit_alpha(cycles)) == pytest.approx(1.49, abs=1e-6)
+    mixed = cycles + [(MEDIUM, 4)] * 10
+    alpha = fit_alpha(mixed)
+    expected = 100 * tree_tau(chain, alpha) + 10 * tree_tau(MEDIUM, alpha)
+    assert expected == pytest.approx(149 + 40, abs=1e-4)
+    policy = AdaptiveTree(synthetic_costs(), prior_alpha=0.5)
+    for _ in range(4):
+        policy.observe(chain, [0, 1, 0, 2])  # 4 cycles x 4 sequences: 16 of MEMORY
+    seen = fit_alpha([(chain, n + 1) for n in [0, 1, 0, 2] * 4])
+    assert policy.alpha() == pytest.approx((0.5 * PRIOR_WEIGHT + seen * 16) / (PRIOR_WEIGHT + 16))
 
 
 def test_weak_acceptance_picks_small_trees_and_strong_acceptance_large_ones():

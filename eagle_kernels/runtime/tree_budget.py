@@ -60,13 +60,17 @@ def tree_tau(tree: TreeConfig, alpha: float) -> float:
     return expected_tau(tree.total_tokens, tree.depth, alpha, tree.top_k)
 
 
-def alpha_for_tau(tree: TreeConfig, tau: float) -> float:
-    """The alpha under which ``tree`` is expected to give ``tau`` (bisection; tau is monotone
-    in alpha), clamped to [0.01, 0.99]."""
+def fit_alpha(cycles: list[tuple[TreeConfig, float]]) -> float:
+    """The alpha in [0.01, 0.99] under which ``cycles`` ((tree, tokens produced) pairs) were
+    expected to produce the tokens they did (bisection: tree_tau grows with alpha)."""
+    runs: dict[TreeConfig, int] = {}
+    for tree, _ in cycles:
+        runs[tree] = runs.get(tree, 0) + 1
+    produced = sum(tokens for _, tokens in cycles)
     low, high = 0.01, 0.99
-    for _ in range(40):
+    for _ in range(30):
         middle = (low + high) / 2
-        if tree_tau(tree, middle) < tau:
+        if sum(count * tree_tau(tree, middle) for tree, count in runs.items()) < produced:
             low = middle
         else:
             high = middle
@@ -159,11 +163,13 @@ class AdaptiveTree:
     costs: dict[TreeConfig, CycleCost]
     prior_alpha: float = PRIOR_ALPHA
     step_seconds: float | None = None
-    history: list[float] = field(default_factory=list)  # alpha implied by each cycle seen
+    history: list[tuple[TreeConfig, int]] = field(default_factory=list)  # (tree, tokens) per
+    #                                                         cycle and sequence, the last MEMORY
     current: TreeConfig | None = None
     _since_pick: int = 0
     _calls_since_probe: int = 0
     _worth: bool | None = None
+    _alpha: float | None = None  # alpha() of the current history
 
     def __post_init__(self):
         if not self.costs:
@@ -181,10 +187,19 @@ class AdaptiveTree:
                           max(t.total_tokens for t in self.costs))
 
     def alpha(self) -> float:
-        """Per-token acceptance implied by the cycles seen (each cycle's observed tau inverted
-        through its own tree's model), averaged with the prior's weight."""
-        implied = self.history[-MEMORY:]
-        return (self.prior_alpha * PRIOR_WEIGHT + sum(implied)) / (PRIOR_WEIGHT + len(implied))
+        """Per-token acceptance fitted to the cycles seen, averaged with the prior's weight.
+
+        The fit is the alpha under which the trees that ran were expected to produce as many
+        tokens as they did (sum over cycles of tree_tau(tree, alpha) = sum of tokens). Averaging
+        each cycle's own inverse instead is biased low: a cycle yields 1, 2, ... tokens, whose
+        inverses (0.01, 0.62, ... for a two-level chain) average below the inverse of their
+        mean, so a head whose trees paid looked as if they did not."""
+        if self._alpha is None:
+            seen = self.history[-MEMORY:]
+            fitted = fit_alpha(seen) if seen else self.prior_alpha
+            self._alpha = ((self.prior_alpha * PRIOR_WEIGHT + fitted * len(seen))
+                           / (PRIOR_WEIGHT + len(seen)))
+        return self._alpha
 
     def rate(self, tree: TreeConfig, alpha: float | None = None) -> float:
         alpha = self.alpha() if alpha is None else alpha
@@ -219,9 +234,9 @@ class AdaptiveTree:
 
     def observe(self, tree: TreeConfig, accepted: list[int]) -> None:
         """Record one cycle: ``accepted[b]`` draft tokens accepted by each active sequence."""
-        for count in accepted:
-            self.history.append(alpha_for_tau(tree, count + 1.0))
+        self.history += [(tree, count + 1) for count in accepted]
         del self.history[:-MEMORY]
+        self._alpha = None
         self._since_pick += 1
         if self._since_pick >= REPICK_EVERY:
             self._since_pick = 0
