@@ -33,16 +33,17 @@ constexpr int kFewRows = kRowTile;                // (few-row tiles not measured
 #elif defined(EK_ISA_AVX2)
 constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers; two
                                                   // panel streams: M = 6..12 ~10 % faster than 6x1
-constexpr int kFewRows = 5;                       // 4..5 rows: one 5x1 tile (10 accumulators)
+constexpr int kFewRows = 6;                       // 4..6 rows: one 6x1 tile (12 accumulators)
 #else
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
 constexpr int kFewRows = kRowTile;
 #endif
-// kRowTile < M <= kFewRows rows go in one tile of every row and one panel: each panel is read
-// once, straight from DRAM, and its FMAs hide under its bytes' arrival. Measured on AVX2 (one
-// process, layers alternating): M = 4 -7..-14 % and M = 5 -16 % per decoder layer against
-// 3 + 1 / 3 + 2 row tiles over L2 blocks; at M = 3 and M = 6 a one-panel tile was 2-4 % slower
-// than the 3x2 tiles, so those keep them.
+// kRowTile < M <= kFewRows rows go in one tile of every row and one panel, each panel read once
+// straight from DRAM while the next one is prefetched. Measured on AVX2 (one process,
+// alternating): per decoder layer M = 4 -7..-14 % and M = 5 -16 % against 3 + 1 / 3 + 2 row
+// tiles over L2 blocks; the prefetch then took a verify pass over 4 / 5 nodes another -12 %,
+// and 6 nodes -10 % against 3 + 3. At M <= 3 the tiles of kRowTile rows stay (a one-panel
+// tile with the prefetch: +5 % at M = 3; the prefetch alone: +5-7 % at M = 1..3).
 constexpr int kSingleRowPanels = 8 / kPanelVectors;  // m == 1: 8 chains, memory-bound
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
@@ -148,16 +149,24 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const
   }
 }
 
-/// All a.m <= kFewRows rows, panels [p0, p1) of a segment, one panel at a time.
+/// All a.m <= kFewRows rows, panels [p0, p1) of a segment, one panel at a time, each tile
+/// prefetching the next panel (spread over its k steps): these tiles are FMA-heavy enough that
+/// the hardware prefetcher alone lets DRAM idle.
 template <typename WT>
 static void linear_few_rows(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                             int64_t p0, int64_t p1) {
   const int rows = static_cast<int>(a.m);
+  const int64_t panel_elements = a.k * kPanel;
+  const int64_t panel_lines = panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t col = p * kPanel;
-    panel_tile_any<kFewRows, 1>(rows, 1, a.x, a.ldx, packed + p * a.k * kPanel, a.k,
+    Prefetch ahead;
+    if (p + 1 < p1)
+      ahead = {reinterpret_cast<const char*>(packed + (p + 1) * panel_elements), panel_lines,
+               (panel_lines + a.k - 1) / a.k};
+    panel_tile_any<kFewRows, 1>(rows, 1, a.x, a.ldx, packed + p * panel_elements, a.k,
                                 s.bias ? s.bias + col : nullptr, s.y + col, s.ldy, s.n - col,
-                                Prefetch{});
+                                ahead);
   }
 }
 
