@@ -55,8 +55,12 @@ GEMM_PASSES = 8
 def bandwidth_calls(megabytes: int) -> tuple[int, list]:
     """Bytes, and two calls that each stream them from DRAM: a torch reduction over a buffer
     and our one-row GEMM over a weight of the same size (each far larger than the caches). The
-    faster gives the bandwidth, so the floor is never flattered by a slow way of reading."""
-    data = torch.ones(megabytes << 18)  # float32: megabytes MiB
+    faster gives the bandwidth, so the floor is never flattered by a slow way of reading.
+
+    The buffer holds random values, as weights do: this VM's memory serves pages of repeated
+    content faster (our GEMV read a 1 GiB buffer of ones at 66 GB/s and one of random values at
+    33 GB/s, side by side), and a floor measured on ones would be one no real weight can reach."""
+    data = torch.rand(megabytes << 18, generator=torch.Generator().manual_seed(0))  # MiB fp32
     weight = data.view(-1, 1024)
     x = torch.ones(1, 1024)
     return data.numel() * 4, [lambda: data.sum(), lambda: ops.linear(x, weight)]

@@ -91,7 +91,9 @@ def graphed(fn: Callable[[], object]) -> Callable[[], None]:
 def copy_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024) -> float:
     """Measured device-to-device copy bandwidth in GB/s (bytes read + written per second): the
     memory roofline the benchmarks report fractions of."""
-    source = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
+    # Random bytes: pages never written (or of repeated content) can be served faster than
+    # real data on some machines (a VM read a buffer of ones at twice the rate of random ones).
+    source = torch.randint(0, 256, (megabytes << 20,), dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     timing = time_fn(lambda: target.copy_(source), repeats=20, flush_l2=False, device=device)
     return 2 * source.numel() / (timing.median_us * 1e-6) / 1e9
