@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench/results/local")
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--prompts", type=int, default=10, help="e2e prompts per set")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--no-e2e", action="store_true", help="floors, verify and draft only")
