@@ -15,8 +15,9 @@
 // them once per weight, in bf16 when every weight is exactly a bf16 value: half the bytes to
 // stream, widened exactly, so the same bits as an fp32 pack). Each output y[m, n] lives in one
 // vector lane: a sequential FMA chain over each chunk of kChunk k's (acc = fma(x[m, k], w[n, k],
-// acc)), the chunks added in order, then + bias: no horizontal sums, so the value does not depend on the tile shape, the row count, the thread count, nor even the
-// instruction set (every ISA runs the same chain of correctly rounded FMAs). A tile of MR rows x
+// acc)), the chunks added in order, then + bias: no horizontal sums, so the value does not
+// depend on the tile shape, the row count, the thread count, nor even the instruction set
+// (every ISA runs the same chain of correctly rounded FMAs). A tile of MR rows x
 // J panels keeps MR * J * (16 / kW) such chains in registers: per k, J panel loads and MR
 // broadcasts feed MR * J * 16 / kW FMAs. Threads split the panels, never the reduction; with
 // many rows, panels go in blocks that stay in L2 while every row tile passes over them.
@@ -84,7 +85,8 @@ static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
       vf w[V];
       for (int j = 0; j < J; ++j)
         for (int v = 0; v < kPanelVectors; ++v)
-          w[j * kPanelVectors + v] = vload_weights(panels + j * panel_stride + kk * kPanel + v * kW);
+          w[j * kPanelVectors + v] =
+              vload_weights(panels + j * panel_stride + kk * kPanel + v * kW);
       for (int i = 0; i < MR; ++i) {
         const vf xv = vset1(x[i * ldx + kk]);
         for (int v = 0; v < V; ++v) acc[i][v] = vfma(xv, w[v], acc[i][v]);
@@ -175,7 +177,8 @@ static void linear_few_rows(const LinearArgs& a, const LinearSegment& s, const W
 static int64_t panels_per_block(int64_t k) {
   static_assert(kPanelTile <= kBlockMinPanels, "a block must fit the widening workspace");
   const int64_t panel_bytes = k * kPanel * 4;
-  const int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / kPanelTile * kPanelTile : 0;
+  const int64_t block =
+      panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / kPanelTile * kPanelTile : 0;
   return block < kPanelTile ? kPanelTile : block;
 }
 
@@ -187,7 +190,7 @@ template <typename WT>
 static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const WT* panels,
                             int64_t b0, int64_t b1, int64_t prefetching_from, const char* next,
                             int64_t next_lines) {
-  const int64_t panel_floats = a.k * kPanel;
+  const int64_t panel_elements = a.k * kPanel;
   const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
   const int64_t calls = (row_tiles - prefetching_from) * ((b1 - b0 + kPanelTile - 1) / kPanelTile);
   int64_t call = 0;
@@ -203,7 +206,7 @@ static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const W
         ++call;
       }
       panel_tile_any<kRowTile, kPanelTile>(rows, count, a.x + r * a.ldx, a.ldx,
-                                           panels + (p - b0) * panel_floats, a.k,
+                                           panels + (p - b0) * panel_elements, a.k,
                                            s.bias ? s.bias + col : nullptr,
                                            s.y + r * s.ldy + col, s.ldy, s.n - col, ahead);
     }
@@ -226,22 +229,21 @@ static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT*
                           int64_t p0, int64_t p1) {
   if (a.m == 1) return linear_single_row(a, s, packed, p0, p1);
   if (a.m > kRowTile && a.m <= kFewRows) return linear_few_rows(a, s, packed, p0, p1);
-  const int64_t block = panels_per_block(a.k), panel_floats = a.k * kPanel;
-  const bool widen = sizeof(WT) == 2 && a.m > kRowTile;
+  const int64_t block = panels_per_block(a.k), panel_elements = a.k * kPanel;
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
     const int64_t n1 = b1 + block < p1 ? b1 + block : p1;  // the next block: [b1, n1)
-    const int64_t next_lines = (n1 - b1) * panel_floats * static_cast<int64_t>(sizeof(WT)) / 64;
-    const char* next = reinterpret_cast<const char*>(packed + b1 * panel_floats);
+    const int64_t next_lines = (n1 - b1) * panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
+    const char* next = reinterpret_cast<const char*>(packed + b1 * panel_elements);
     if constexpr (sizeof(WT) == 2) {
-      if (widen) {
+      if (a.m > kRowTile) {  // several row tiles read this block: widen it once
         float* widened = a.widened + omp_get_thread_num() * linear_workspace_floats(a.k);
-        widen_bf16(packed + b0 * panel_floats, (b1 - b0) * panel_floats, widened);
+        widen_bf16(packed + b0 * panel_elements, (b1 - b0) * panel_elements, widened);
         block_row_tiles<float>(a, s, widened, b0, b1, 0, next, next_lines);
         continue;
       }
     }
-    block_row_tiles<WT>(a, s, packed + b0 * panel_floats, b0, b1, 1, next, next_lines);
+    block_row_tiles<WT>(a, s, packed + b0 * panel_elements, b0, b1, 1, next, next_lines);
   }
 }
 
@@ -260,10 +262,12 @@ static void linear(const LinearArgs& a) {
       const int64_t panels = (s.n + kPanel - 1) / kPanel;
       const int64_t p0 = begin > offset ? begin - offset : 0;
       const int64_t p1 = end - offset < panels ? end - offset : panels;
-      if (p0 < p1 && s.w.bf16)
-        linear_panels(a, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
-      else if (p0 < p1)
-        linear_panels(a, s, static_cast<const float*>(s.w.data), p0, p1);
+      if (p0 < p1) {
+        if (s.w.bf16)
+          linear_panels(a, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
+        else
+          linear_panels(a, s, static_cast<const float*>(s.w.data), p0, p1);
+      }
       offset += panels;
     }
   }

@@ -169,7 +169,6 @@ class AdaptiveTree:
     _since_pick: int = 0
     _calls_since_probe: int = 0
     _worth: bool | None = None
-    _alpha: float | None = None  # alpha() of the current history
 
     def __post_init__(self):
         if not self.costs:
@@ -194,12 +193,9 @@ class AdaptiveTree:
         each cycle's own inverse instead is biased low: a cycle yields 1, 2, ... tokens, whose
         inverses (0.01, 0.62, ... for a two-level chain) average below the inverse of their
         mean, so a head whose trees paid looked as if they did not."""
-        if self._alpha is None:
-            seen = self.history[-MEMORY:]
-            fitted = fit_alpha(seen) if seen else self.prior_alpha
-            self._alpha = ((self.prior_alpha * PRIOR_WEIGHT + fitted * len(seen))
-                           / (PRIOR_WEIGHT + len(seen)))
-        return self._alpha
+        seen = self.history[-MEMORY:]
+        fitted = fit_alpha(seen) if seen else self.prior_alpha
+        return (self.prior_alpha * PRIOR_WEIGHT + fitted * len(seen)) / (PRIOR_WEIGHT + len(seen))
 
     def rate(self, tree: TreeConfig, alpha: float | None = None) -> float:
         alpha = self.alpha() if alpha is None else alpha
@@ -236,7 +232,6 @@ class AdaptiveTree:
         """Record one cycle: ``accepted[b]`` draft tokens accepted by each active sequence."""
         self.history += [(tree, count + 1) for count in accepted]
         del self.history[:-MEMORY]
-        self._alpha = None
         self._since_pick += 1
         if self._since_pick >= REPICK_EVERY:
             self._since_pick = 0
