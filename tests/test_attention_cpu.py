@@ -22,9 +22,11 @@ from test_attention_kernels import assert_flash_close, make_case
 pytestmark = needs_cpu_backend
 
 # (batch, num_queries, prefix, q_heads, kv_heads, head_dim): decode, verify trees, prefill
-# chunks, GQA groups 1..4, head_dims that are not multiples of 16 lanes.
+# chunks, GQA groups 1..4, 16 (the most heads one task holds) and 20 (one head per task),
+# head_dims that are not multiples of 16 lanes, prefixes over several key blocks of 64.
 GRID = [(1, 1, 0, 4, 2, 64), (3, 7, 37, 9, 3, 64), (1, 33, 511, 4, 2, 64), (3, 65, 1, 9, 3, 64),
-        (2, 1, 300, 9, 3, 128), (2, 5, 17, 2, 2, 80), (1, 3, 9, 3, 1, 8), (2, 60, 256, 9, 3, 64)]
+        (2, 1, 300, 9, 3, 128), (2, 5, 17, 2, 2, 80), (1, 3, 9, 3, 1, 8), (2, 60, 256, 9, 3, 64),
+        (2, 9, 130, 32, 2, 40), (1, 5, 70, 20, 1, 64)]
 
 
 def cpu_attention(q, k, v, lens, mask, tree_keys=None):

@@ -3,9 +3,9 @@
  * @brief CPU tree attention (contract: eagle_kernels.ops.reference.tree_attention, fp32).
  *        Included inside an instruction-set namespace after simd.h.
  *
- * One task = one query head of one query node of one sequence. A query's visible keys, in
- * position order, are the prefix [0, L) and then its tree ancestors (set bits of its mask row)
- * by increasing tree index: an ancestor always has a smaller index than its descendants, so
+ * One task = some query heads of some query nodes of one sequence, all reading one KV head
+ * (attention_plan in kernels.h). A query's visible keys, in position order, are the prefix
+ * [0, L) and then its tree ancestors (set bits of its mask row) by increasing tree index: an ancestor always has a smaller index than its descendants, so
  * index order is depth order is position order. Over that list:
  *
  *   s_t = (q . k_t) * scale          one lane-wise FMA chain over d + vhsum, per key
@@ -96,16 +96,18 @@ static float softmax_weights(float* s, int64_t count) {
 
 constexpr int kValueChunks = 8;  ///< vectors of d per pass over the values
 
-/// out[d0, d0 + (C - 1) * kW + last) = (sum_t e[t] * v_t[d]) * inv: C accumulators, each a
-/// sequential FMA chain over t. C and whether the last vector is whole are compile-time, so the
-/// accumulators stay in registers (a run-time count kept them on the stack) and whole vectors
-/// need no masked load.
+/// partial[d0, d0 + C * kW) += sum_t e[t] * v_t[d] over `count` visible values, each lane a
+/// sequential FMA chain over t continued from `partial` (storing and reloading an fp32 vector
+/// is exact, so splitting t into blocks keeps the bits). C and whether the last vector is whole
+/// are compile-time, so the accumulators stay in registers (a run-time count kept them on the
+/// stack) and whole vectors need no masked load. `partial` is padded to whole vectors.
 template <int C, bool kWholeLast>
-static void weighted_value_chunks(const float* e, int64_t count, const float* prefix_v,
-                                  const float* tree_v, const int32_t* tree_slots, int64_t prefix,
-                                  int64_t stride, int64_t d0, int last, float inv, float* out) {
+static void accumulate_value_chunks(const float* e, int64_t count, const float* prefix_v,
+                                    const float* tree_v, const int32_t* tree_slots,
+                                    int64_t prefix, int64_t stride, int64_t d0, int last,
+                                    float* partial) {
   vf acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = vzero();
+  for (int c = 0; c < C; ++c) acc[c] = vload(partial + d0 + c * kW);
   for (int64_t t = 0; t < count; ++t) {
     const float* v = visible_row(prefix_v, tree_v, tree_slots, prefix, stride, t) + d0;
     const vf p = vset1(e[t]);
@@ -113,86 +115,150 @@ static void weighted_value_chunks(const float* e, int64_t count, const float* pr
     acc[C - 1] = vfma(p, kWholeLast ? vload(v + (C - 1) * kW) : vload_n(v + (C - 1) * kW, last),
                       acc[C - 1]);
   }
-  const vf scale = vset1(inv);
-  for (int c = 0; c + 1 < C; ++c) vstore(out + d0 + c * kW, vmul(acc[c], scale));
-  if (kWholeLast)
-    vstore(out + d0 + (C - 1) * kW, vmul(acc[C - 1], scale));
-  else
-    vstore_n(out + d0 + (C - 1) * kW, vmul(acc[C - 1], scale), last);
+  for (int c = 0; c < C; ++c) vstore(partial + d0 + c * kW, acc[c]);
 }
 
-/// weighted_value_chunks<C, ...> for a run-time chunk count in [1, C].
+/// accumulate_value_chunks<C, ...> for a run-time chunk count in [1, C].
 template <int C>
-static void weighted_value_chunks_any(int chunks, const float* e, int64_t count,
-                                      const float* prefix_v, const float* tree_v,
-                                      const int32_t* tree_slots, int64_t prefix, int64_t stride,
-                                      int64_t d0, int last, float inv, float* out) {
+static void accumulate_value_chunks_any(int chunks, const float* e, int64_t count,
+                                        const float* prefix_v, const float* tree_v,
+                                        const int32_t* tree_slots, int64_t prefix,
+                                        int64_t stride, int64_t d0, int last, float* partial) {
   if (chunks == C) {
     if (last == kW)
-      return weighted_value_chunks<C, true>(e, count, prefix_v, tree_v, tree_slots, prefix,
-                                            stride, d0, last, inv, out);
-    return weighted_value_chunks<C, false>(e, count, prefix_v, tree_v, tree_slots, prefix,
-                                           stride, d0, last, inv, out);
+      return accumulate_value_chunks<C, true>(e, count, prefix_v, tree_v, tree_slots, prefix,
+                                              stride, d0, last, partial);
+    return accumulate_value_chunks<C, false>(e, count, prefix_v, tree_v, tree_slots, prefix,
+                                             stride, d0, last, partial);
   }
   if constexpr (C > 1)
-    weighted_value_chunks_any<C - 1>(chunks, e, count, prefix_v, tree_v, tree_slots, prefix,
-                                     stride, d0, last, inv, out);
+    accumulate_value_chunks_any<C - 1>(chunks, e, count, prefix_v, tree_v, tree_slots, prefix,
+                                       stride, d0, last, partial);
 }
 
-/// out[d] = (sum_t e[t] * v_t[d]) * inv for the visible values; d in passes of <= 8 vectors.
-static void weighted_values(const float* e, int64_t count, const float* prefix_v,
-                            const float* tree_v, const int32_t* tree_slots, int64_t prefix,
-                            int64_t stride, int64_t dim, float inv, float* out) {
+/// partial[d] += sum_t e[t] * v_t[d] over `count` visible values; d in passes of <= 8 vectors.
+static void accumulate_values(const float* e, int64_t count, const float* prefix_v,
+                              const float* tree_v, const int32_t* tree_slots, int64_t prefix,
+                              int64_t stride, int64_t dim, float* partial) {
   for (int64_t d0 = 0; d0 < dim; d0 += kValueChunks * kW) {
     const int64_t width = dim - d0 < kValueChunks * kW ? dim - d0 : kValueChunks * kW;
     const int chunks = static_cast<int>((width + kW - 1) / kW);
     const int last = static_cast<int>(width - (chunks - 1) * kW);
-    weighted_value_chunks_any<kValueChunks>(chunks, e, count, prefix_v, tree_v, tree_slots,
-                                            prefix, stride, d0, last, inv, out);
+    accumulate_value_chunks_any<kValueChunks>(chunks, e, count, prefix_v, tree_v, tree_slots,
+                                              prefix, stride, d0, last, partial);
   }
 }
 
-/// One query head of one query node: its scores over the visible keys, softmax, values.
-static void attention_task(const AttentionArgs& a, int64_t b, int64_t i, int64_t head,
-                           float* s, int32_t* tree_slots) {
-  const int64_t kvh = head / (a.q_heads / a.kv_heads), dim = a.head_dim;
+/// The queries of one task: nodes [n0, n1) x query heads [h0, h1) of sequence b, all reading
+/// the same KV head, so every prefix key and value row is loaded into L1 once per task and used
+/// by all of its queries (one query at a time re-read each row from L2: 512 bytes per key
+/// against 16 FMAs, L2-bound).
+struct AttentionTask {
+  int64_t b, n0, n1, h0, h1;
+};
+
+/// Where one query of a task keeps its scores and its value sums in the thread's workspace.
+struct QueryScratch {
+  float* scores;
+  float* partial;
+};
+
+EK_INLINE QueryScratch query_scratch(const AttentionArgs& a, float* workspace, int64_t query) {
+  float* scores = workspace + query * attention_query_floats(a.max_len, a.head_dim);
+  return {scores, scores + attention_scores_floats(a.max_len)};
+}
+
+/// Visible tree slots of nodes [n0, n1) (mask bits below tree_keys) into `slots`, one row of
+/// tree_keys per node; their counts into `visible`.
+static void visible_tree_slots(const AttentionArgs& a, const AttentionTask& task, int32_t* slots,
+                               int64_t* visible) {
+  for (int64_t i = task.n0; i < task.n1; ++i) {
+    const int32_t* row = a.tree_mask + (task.b * a.queries + i) * a.words;
+    int32_t* node_slots = slots + (i - task.n0) * a.tree_keys;
+    int64_t count = 0;
+    for (int64_t j = 0; j < a.tree_keys; ++j)
+      if ((static_cast<uint32_t>(row[j / 32]) >> (j % 32)) & 1u)
+        node_slots[count++] = static_cast<int32_t>(j);
+    visible[i - task.n0] = count;
+  }
+}
+
+/// Scores, softmax and values of every query of a task. Each query's arithmetic is the one
+/// the file header states, whatever the task holds: keys go in blocks of kAttentionKeyBlock
+/// prefix rows (all queries over one block, then the next), which changes only when a row is
+/// loaded, never the order in which a query's sums are formed.
+static void attention_task(const AttentionArgs& a, const AttentionTask& task, float* workspace) {
+  const int64_t group = a.q_heads / a.kv_heads, dim = a.head_dim;
+  const int64_t kvh = task.h0 / group, heads = task.h1 - task.h0, nodes = task.n1 - task.n0;
   const int64_t stride = a.kv_heads * dim;  // between consecutive cache positions
-  int64_t prefix = a.lens[b];
+  int64_t prefix = a.lens[task.b];
   prefix = prefix < 0 ? 0 : (prefix > a.max_len - a.tree_keys ? a.max_len - a.tree_keys : prefix);
-  const int32_t* row = a.tree_mask + (b * a.queries + i) * a.words;
-  int64_t visible_tree = 0;
-  for (int64_t j = 0; j < a.tree_keys; ++j)
-    if ((static_cast<uint32_t>(row[j / 32]) >> (j % 32)) & 1u) tree_slots[visible_tree++] = static_cast<int32_t>(j);
-  const int64_t count = prefix + visible_tree;
-  const int64_t base = b * a.max_len * stride + kvh * dim;
+  const int64_t base = task.b * a.max_len * stride + kvh * dim;
   const float* k_prefix = a.k_cache + base;
   const float* v_prefix = a.v_cache + base;
-  const float* q = a.q + ((b * a.queries + i) * a.q_heads + head) * dim;
-  float* out = a.out + ((b * a.queries + i) * a.q_heads + head) * dim;
-  if (count == 0) {
-    for (int64_t d = 0; d < dim; ++d) out[d] = 0.0f;
-    return;
+  const float* k_tree = k_prefix + prefix * stride;
+  const float* v_tree = v_prefix + prefix * stride;
+  const int64_t queries = nodes * heads;
+  int32_t* slots = reinterpret_cast<int32_t*>(
+      workspace + queries * attention_query_floats(a.max_len, dim));
+  int64_t visible[kAttentionTaskNodes];
+  visible_tree_slots(a, task, slots, visible);
+  auto query_of = [&](int64_t q) {  // q = node-major index within the task
+    return ((task.b * a.queries + task.n0 + q / heads) * a.q_heads + task.h0 + q % heads) * dim;
+  };
+  for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
+    const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
+    for (int64_t q = 0; q < queries; ++q)
+      key_scores(a.q + query_of(q), k_prefix + t0 * stride, nullptr, nullptr, keys, keys, stride,
+                 dim, a.scale, query_scratch(a, workspace, q).scores + t0);
   }
-  key_scores(q, k_prefix, k_prefix + prefix * stride, tree_slots, prefix, count, stride, dim,
-             a.scale, s);
-  const float total = softmax_weights(s, count);
-  weighted_values(s, count, v_prefix, v_prefix + prefix * stride, tree_slots, prefix, stride, dim,
-                  1.0f / total, out);
+  float inverse[kAttentionTaskNodes * kAttentionMaxGroup];
+  for (int64_t q = 0; q < queries; ++q) {
+    const int64_t node = q / heads, count = prefix + visible[node];
+    const QueryScratch scratch = query_scratch(a, workspace, q);
+    key_scores(a.q + query_of(q), nullptr, k_tree, slots + node * a.tree_keys, 0, visible[node],
+               stride, dim, a.scale, scratch.scores + prefix);
+    inverse[q] = count > 0 ? 1.0f / softmax_weights(scratch.scores, count) : 0.0f;
+    for (int64_t d = 0; d < dim; d += kW) vstore(scratch.partial + d, vzero());
+  }
+  for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
+    const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
+    for (int64_t q = 0; q < queries; ++q) {
+      const QueryScratch scratch = query_scratch(a, workspace, q);
+      accumulate_values(scratch.scores + t0, keys, v_prefix + t0 * stride, nullptr, nullptr,
+                        keys, stride, dim, scratch.partial);
+    }
+  }
+  for (int64_t q = 0; q < queries; ++q) {  // a query that sees no key gets zeros (inverse 0)
+    const int64_t node = q / heads;
+    const QueryScratch scratch = query_scratch(a, workspace, q);
+    accumulate_values(scratch.scores + prefix, visible[node], nullptr, v_tree,
+                      slots + node * a.tree_keys, 0, stride, dim, scratch.partial);
+    float* out = a.out + query_of(q);
+    const vf scale = vset1(inverse[q]);
+    for (int64_t d = 0; d < dim; d += kW) {
+      const int n = static_cast<int>(dim - d < kW ? dim - d : kW);
+      vstore_n(out + d, vmul(vload(scratch.partial + d), scale), n);
+    }
+  }
 }
 
 static void tree_attention(const AttentionArgs& a) {
-  const int64_t per_thread = attention_workspace_floats(a.max_len, a.tree_keys);
-  // One task per query head (not per KV head): a decode step has only kv_heads KV heads, too
-  // few to share out evenly; the group's heads re-read the same keys from cache instead.
-  const int64_t tasks = a.batch * a.queries * a.q_heads;
+  const AttentionPlan plan = attention_plan(a.batch, a.queries, a.q_heads, a.kv_heads, a.threads);
+  const int64_t node_blocks = plan.node_blocks;
+  const int64_t head_blocks = a.q_heads / plan.heads;
+  const int64_t tasks = a.batch * node_blocks * head_blocks;
+  const int64_t per_thread =
+      attention_workspace_floats(a.max_len, a.tree_keys, a.head_dim, a.q_heads, a.kv_heads);
 #pragma omp parallel num_threads(a.threads)
   {
-    float* scores = a.workspace + omp_get_thread_num() * per_thread;
-    int32_t* tree_slots = reinterpret_cast<int32_t*>(scores + attention_scores_floats(a.max_len));
+    float* workspace = a.workspace + omp_get_thread_num() * per_thread;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t head = task % a.q_heads, i = (task / a.q_heads) % a.queries;
-      attention_task(a, task / (a.q_heads * a.queries), i, head, scores, tree_slots);
+      const int64_t h = task % head_blocks, n = (task / head_blocks) % node_blocks;
+      const int64_t n0 = a.queries * n / node_blocks, n1 = a.queries * (n + 1) / node_blocks;
+      attention_task(a, {task / (head_blocks * node_blocks), n0, n1, h * plan.heads,
+                         (h + 1) * plan.heads}, workspace);
     }
   }
 }

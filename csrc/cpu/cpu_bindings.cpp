@@ -143,7 +143,7 @@ void tree_attention(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::u
                     int64_t tree_keys, int64_t words, float scale, int threads) {
   const int count = thread_count(threads);
   const int64_t per_thread =
-      cpu::attention_workspace_floats(max_len, tree_keys);
+      cpu::attention_workspace_floats(max_len, tree_keys, head_dim, q_heads, kv_heads);
   if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
     attention_workspace.resize(per_thread * count);
   cpu::AttentionArgs args{as_ptr<const float>(q), as_ptr<const float>(k), as_ptr<const float>(v),
@@ -169,7 +169,7 @@ void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, f
                                                              n[6] * n[7], n[4]);
   if (layer_workspace.size() < static_cast<size_t>(floats)) layer_workspace.resize(floats);
   const int64_t per_thread =
-      cpu::attention_workspace_floats(n[9], n[10] + n[1]);
+      cpu::attention_workspace_floats(n[9], n[10] + n[1], n[7], n[5], n[6]);
   if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
     attention_workspace.resize(per_thread * count);
   cpu::DecoderLayerArgs args{

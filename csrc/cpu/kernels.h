@@ -247,12 +247,52 @@ static inline int64_t decoder_layer_workspace_floats(int64_t rows, int64_t in_fe
   return rows * (in_features + 2 * q_width + 2 * kv_width + 4 * hidden + 2 * intermediate);
 }
 
-/// Floats of attention workspace one thread needs: one head's scores (padded to whole vectors),
-/// then the visible tree slots (static: every translation unit, each compiled for its own
-/// instruction set, keeps a private copy).
+// Tree attention tasks (attention.h): a task holds up to kAttentionTaskNodes query nodes x the
+// query heads of one KV group (<= kAttentionMaxGroup; a larger group goes one head per task),
+// and walks the prefix in blocks of kAttentionKeyBlock rows (16 KB of keys at head_dim 64: the
+// block stays in L1 while every query of the task uses it).
+constexpr int64_t kAttentionTaskNodes = 8;
+constexpr int64_t kAttentionMaxGroup = 16;
+constexpr int64_t kAttentionKeyBlock = 64;
+
+/// How tree_attention shares out its queries: `node_blocks` blocks of nodes per (sequence,
+/// KV head), `heads` query heads per task (the whole group, or 1).
+struct AttentionPlan {
+  int64_t node_blocks, heads;
+};
+
+/// Whole groups per task whenever that still gives every thread two tasks (a decode step's
+/// kv_heads tasks would not: it goes one head per task); then the fewest node blocks that give
+/// 2 tasks per thread, a multiple of the thread count where the nodes allow, and blocks of at
+/// most kAttentionTaskNodes nodes. Changes only who computes a query, never how.
+static inline AttentionPlan attention_plan(int64_t batch, int64_t queries, int64_t q_heads,
+                                           int64_t kv_heads, int64_t threads) {
+  const int64_t group = kv_heads > 0 ? q_heads / kv_heads : 1, groups = batch * kv_heads;
+  if (queries < 1 || groups < 1) return {1, 1};
+  if (group > kAttentionMaxGroup || groups * queries < 2 * threads)
+    return {queries, 1};
+  int64_t blocks = (2 * threads + groups - 1) / groups;
+  const int64_t fewest = (queries + kAttentionTaskNodes - 1) / kAttentionTaskNodes;
+  if (blocks < fewest) blocks = fewest;
+  while (blocks < queries && (groups * blocks) % threads != 0) ++blocks;
+  return {blocks < queries ? blocks : queries, group};
+}
+
+/// Floats of attention workspace: one query's scores (padded to whole vectors, the softmax
+/// pads with -inf), then its value sums (head_dim padded); a thread holds the queries of one
+/// task, then each node's visible tree slots (static: every translation unit, each compiled for
+/// its own instruction set, keeps a private copy).
 static inline int64_t attention_scores_floats(int64_t max_len) { return (max_len + 16) / 16 * 16; }
-static inline int64_t attention_workspace_floats(int64_t max_len, int64_t tree_keys) {
-  return attention_scores_floats(max_len) + tree_keys + 16;
+static inline int64_t attention_query_floats(int64_t max_len, int64_t head_dim) {
+  return attention_scores_floats(max_len) + (head_dim + 15) / 16 * 16;
+}
+static inline int64_t attention_workspace_floats(int64_t max_len, int64_t tree_keys,
+                                                 int64_t head_dim, int64_t q_heads,
+                                                 int64_t kv_heads) {
+  const int64_t group = kv_heads > 0 ? q_heads / kv_heads : 1;
+  const int64_t heads = group <= kAttentionMaxGroup ? group : 1;
+  return kAttentionTaskNodes * (heads * attention_query_floats(max_len, head_dim) + tree_keys) +
+         16;
 }
 
 /// The kernels of one instruction set.
