@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eagle_kernels import ops
+from eagle_kernels.runtime.drafting import causal_tree_mask
 from eagle_kernels.ops import reference
 
 from cpu_support import each_cpu_isa, needs_cpu_backend
@@ -416,6 +417,33 @@ def test_stacked_layers_equal_layer_by_layer(gen, features):
     assert torch.equal(h1, h2)
     assert (f1 is None and f2 is None) or torch.equal(f1, f2)
     assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
+
+
+@needs_cpu_backend
+def test_stacked_forward_follows_replaced_weights_and_hooks(gen):
+    """The target keeps its layers' bindings between forwards (no grad mode); a parameter
+    replaced by a new one, or a forward hook, is still seen on the next forward."""
+    from runtime_helpers import tiny_target
+
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    tokens = torch.randint(0, 300, (1, 3), generator=gen)
+    mask = causal_tree_mask(1, 3, torch.device("cpu"))
+
+    def forward():
+        cache = target.allocate_cache(1, 8)
+        with torch.inference_mode():
+            return target(tokens, torch.arange(3).view(1, 3), cache, mask)[0]
+
+    before = forward()
+    assert torch.equal(forward(), before)
+    down = target.model.layers[3].mlp.down_proj
+    down.weight = torch.nn.Parameter(down.weight.detach() * 2)  # a new parameter object
+    after = forward()
+    assert not torch.equal(after, before)
+    calls = []
+    handle = target.model.layers[5].register_forward_hook(lambda *args: calls.append(1))
+    assert torch.equal(forward(), after) and calls == [1]  # the hook ran: layer by layer
+    handle.remove()
 
 
 @needs_cpu_backend

@@ -253,14 +253,18 @@ class DecoderStep:
                              f"{len(k_caches)} and {len(v_caches)}")
         self._check_cpu()
         first, pointers = layers[0], []
+        self.check(first, x, k_caches[0], v_caches[0], None)  # x, the caches, the heads
         for i, (layer, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches)):
-            self.check(layer, x, k_cache, v_cache, None)
+            # Every later layer: the first one's dims (so the same checks hold) and caches.
             if (layer.hidden != layer.in_features or layer.eps != first.eps
-                    or layer.intermediate != first.intermediate or layer.q_width != first.q_width):
+                    or layer._dims != first._dims):
                 raise ValueError(f"layers[{i}]: expected in == hidden and the first layer's eps, "
-                                 f"intermediate and q width, got in {layer.in_features}, hidden "
-                                 f"{layer.hidden}, eps {layer.eps}, intermediate "
-                                 f"{layer.intermediate}, q width {layer.q_width}")
+                                 f"dtype, device and sizes, got in {layer.in_features}, hidden "
+                                 f"{layer.hidden}, eps {layer.eps}, (dtype, device, q, in, k/v, "
+                                 f"hidden, intermediate) {layer._dims} against {first._dims}")
+            if i:
+                _check("k_cache", k_cache, self.dtype, self.cache_shape, self.device)
+                _check("v_cache", v_cache, self.dtype, self.cache_shape, self.device)
             pointers += layer.kernel_pointers()
             pointers += (k_cache.data_ptr(), v_cache.data_ptr())
         out = torch.empty_like(x)

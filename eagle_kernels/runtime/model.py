@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache
+from . import layers as _layers
 from .layers import DecoderLayer, Linear, RMSNorm, RotaryEmbedding, head_dim_of, layer_step
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -139,8 +140,17 @@ class TargetModel(nn.Module):
         if (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
                 or any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)):
             return None
+        # Without grad mode the list depends only on the modules' structure: kept until it
+        # changes (asking 30 layers again took ~0.3 ms of a 15 ms decode step, every step).
+        stamp = _layers._STRUCTURE_CHANGES[0]
+        cached = self.__dict__.get("_fused_layers")
+        if cached is not None and cached[0] == stamp and not torch.is_grad_enabled():
+            return cached[1]
         bound = [layer.fused_weights() for layer in layers]
-        return None if any(b is None for b in bound) else bound
+        bound = None if any(b is None for b in bound) else bound
+        if not torch.is_grad_enabled():
+            self.__dict__["_fused_layers"] = (stamp, bound)
+        return bound
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., V] logits of final-normed hidden states, in fp32."""
