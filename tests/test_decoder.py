@@ -2,11 +2,14 @@
 reference, row invariance of the cpu kernels on every instruction set this processor has, and
 clear errors for bad input."""
 
+import functools
+
 import pytest
 import torch
 
 from eagle_kernels import ops
 from eagle_kernels.runtime.drafting import causal_tree_mask
+from eagle_kernels.runtime.layers import layer_step
 from eagle_kernels.ops import reference
 
 from cpu_support import each_cpu_isa, needs_cpu_backend
@@ -417,6 +420,37 @@ def test_stacked_layers_equal_layer_by_layer(gen, features):
     assert torch.equal(h1, h2)
     assert (f1 is None and f2 is None) or torch.equal(f1, f2)
     assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
+
+
+@needs_cpu_backend
+def test_run_layers_refuses_bad_capture_and_final_norm(gen):
+    """capture indices outside the layers and a final norm of the wrong shape or eps are
+    ValueErrors naming the argument; the C++ call refuses slots past the features buffer."""
+    from eagle_kernels.ops._backend import cpu_extension
+    from runtime_helpers import tiny_target
+
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    x = torch.randn(1, 2, 64, generator=gen)
+    cache = target.allocate_cache(1, 8)
+    mask = causal_tree_mask(1, 2, torch.device("cpu"))
+    rope = target.model.rotary_emb.tables(torch.arange(2).view(1, 2), x.dtype, cache.max_len)
+    step = layer_step(x, rope, cache, mask)
+    with torch.no_grad():
+        bound = target._fused_weights()
+    run = functools.partial(step.run_layers, bound, x, cache.keys, cache.values)
+    for capture in ([7], [-1], [True], [0.5]):
+        with pytest.raises(ValueError, match="capture"):
+            run(capture=capture)
+    for final_norm in ((torch.ones(63), 1e-5), (torch.ones(64), -1.0),
+                       (torch.ones(64, dtype=torch.float64), 1e-5)):
+        with pytest.raises(ValueError, match="final_norm"):
+            run(final_norm=final_norm)
+    out, features = run(capture=[3, 0, 3])
+    assert features.shape == (1, 2, 128)
+    with pytest.raises(ValueError, match="feature_slots"):
+        cpu_extension().decoder_stack([0] * 18 * 7, [0] * 7, [1] * 12, 1e-5, 1.0,
+                                      features=features.data_ptr(), feature_slots=[2] * 7,
+                                      slots=2)
 
 
 @needs_cpu_backend

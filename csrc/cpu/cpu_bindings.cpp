@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -206,21 +207,37 @@ std::vector<float> stack_buffers;
 /// `layers`: per layer input_norm, post_norm, wq, wk, wv, wo, wg, wu, wd, bq, bk, bv, bo, bg,
 /// bu, bd, k_cache, v_cache (kStackLayerPointers each). `shared`: x, out, positions, cos, sin,
 /// lens, tree_mask. `sizes`: as decoder_layer's. Layer i's output feeds layer i + 1 through
-/// two scratch buffers; the last writes `out`.
+/// two scratch buffers; the last writes `out`. `feature_slots` (empty, or one per layer): layer
+/// i's input is copied into columns [slot * hidden, (slot + 1) * hidden) of `features`
+/// [rows, slots * hidden] where slot = feature_slots[i] >= 0 (EAGLE-3's captured layers).
+/// `final_norm` (0: none): the RMSNorm weight [hidden] applied to `out` in place, with
+/// `final_eps`.
 void decoder_stack(const std::vector<std::uintptr_t>& layers,
                    const std::vector<std::uintptr_t>& shared, const std::vector<int64_t>& n,
-                   float eps, float scale, int threads) {
+                   float eps, float scale, int threads, std::uintptr_t features,
+                   const std::vector<int64_t>& feature_slots, int64_t slots,
+                   std::uintptr_t final_norm, float final_eps) {
   if (layers.empty() || layers.size() % kStackLayerPointers != 0 || shared.size() != 7 ||
       n.size() != kLayerSizes || n[2] != n[3])
     throw std::invalid_argument("decoder_stack: expected 18 pointers per layer, 7 shared "
                                 "pointers and 12 sizes with in_features == hidden");
-  const int count = thread_count(threads);
   const size_t depth = layers.size() / kStackLayerPointers;
-  const int64_t width = n[0] * n[1] * n[3];
+  if (!feature_slots.empty() && (feature_slots.size() != depth || features == 0))
+    throw std::invalid_argument("feature_slots: expected none or one per layer, with features");
+  for (int64_t slot : feature_slots)
+    if (slot >= slots) throw std::invalid_argument("feature_slots: expected slots < slots");
+  const int count = thread_count(threads);
+  const int64_t rows = n[0] * n[1], hidden = n[3], width = rows * hidden;
   if (stack_buffers.size() < static_cast<size_t>(2 * width)) stack_buffers.resize(2 * width);
   std::uintptr_t p[kLayerPointers];
   std::uintptr_t input = shared[0];
   for (size_t i = 0; i < depth; ++i) {
+    if (!feature_slots.empty() && feature_slots[i] >= 0) {
+      const float* from = as_ptr<const float>(input);
+      float* to = as_ptr<float>(features) + feature_slots[i] * hidden;
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(to + r * slots * hidden, from + r * hidden, hidden * sizeof(float));
+    }
     const std::uintptr_t* own = layers.data() + i * kStackLayerPointers;
     const std::uintptr_t output = i + 1 == depth ? shared[1]
         : reinterpret_cast<std::uintptr_t>(stack_buffers.data() + (i % 2) * width);
@@ -237,6 +254,11 @@ void decoder_stack(const std::vector<std::uintptr_t>& layers,
     p[25] = shared[6];
     run_decoder_layer(p, n, eps, scale, count);
     input = output;
+  }
+  if (final_norm != 0) {  // in place: each row's sum of squares is read before it is written
+    float* out = as_ptr<float>(shared[1]);
+    active->rms_norm(cpu::RmsNormArgs{out, nullptr, nullptr, as_ptr<const float>(final_norm),
+                                      out, rows, hidden, hidden, hidden, final_eps, count});
   }
 }
 
@@ -381,6 +403,8 @@ PYBIND11_MODULE(_cpu, module) {
              "One decoder layer over the cache (see csrc/cpu/kernels.h DecoderLayerArgs).");
   module.def("decoder_stack", &decoder_stack, py::arg("layers"), py::arg("shared"),
              py::arg("sizes"), py::arg("eps"), py::arg("scale"), py::arg("threads") = 0,
+             py::arg("features") = 0, py::arg("feature_slots") = std::vector<int64_t>(),
+             py::arg("slots") = 0, py::arg("final_norm") = 0, py::arg("final_eps") = 0.0f,
              "Consecutive decoder layers in one call (see decoder_stack in cpu_bindings.cpp).");
   module.def("soft_ce_forward", &soft_ce_forward, py::arg("x"), py::arg("y"), py::arg("loss"),
              py::arg("stats"), py::arg("rows"), py::arg("vocab"), py::arg("threads") = 0,

@@ -237,7 +237,8 @@ class DecoderStep:
 
     def run_layers(self, layers: Sequence[LayerWeights], x: torch.Tensor,
                    k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor],
-                   sm_scale: float | None = None) -> torch.Tensor:
+                   sm_scale: float | None = None, capture: Sequence[int] = (),
+                   final_norm: tuple[torch.Tensor, float] | None = None):
         """Consecutive layers, each taking the previous one's output (and its input as the
         residual), in one C++ call on the cpu backend: what :meth:`run` gives layer after
         layer, bit for bit, without returning to Python in between.
@@ -245,6 +246,11 @@ class DecoderStep:
         ``layers[i]`` runs over ``k_caches[i]`` / ``v_caches[i]``; every layer needs
         in == hidden == ``x``'s width and the first layer's eps, intermediate size and q width.
         ``x`` [B, T, H] -> [B, T, H].
+
+        ``capture``: indices into ``layers`` whose inputs are returned too (EAGLE-3 features),
+        concatenated in increasing index order: then the result is ``(out, features)`` with
+        features [B, T, len(set(capture)) * H]. ``final_norm``: ``(weight [H], eps)``, the
+        model's last RMSNorm applied to ``out`` (the bits of :func:`rms_norm`).
         """
         if not layers:
             raise ValueError("layers: expected at least one LayerWeights")
@@ -267,12 +273,43 @@ class DecoderStep:
                 _check("v_cache", v_cache, self.dtype, self.cache_shape, self.device)
             pointers += layer.kernel_pointers()
             pointers += (k_cache.data_ptr(), v_cache.data_ptr())
+        slots = self._feature_slots(capture, len(layers))
+        norm, norm_eps = self._final_norm(final_norm, first)
         out = torch.empty_like(x)
+        features = (torch.empty(self.batch, self.count, max(slots) + 1, first.hidden,
+                                dtype=x.dtype) if slots else None)
         shared = [x.data_ptr(), out.data_ptr(), *self._tail, self.cache_lens.data_ptr(),
                   self.tree_mask.data_ptr()]
-        cpu_extension().decoder_stack(pointers, shared, self._kernel_sizes(first), first.eps,
-                                      self._scale(sm_scale))
-        return out
+        cpu_extension().decoder_stack(
+            pointers, shared, self._kernel_sizes(first), first.eps, self._scale(sm_scale),
+            features=0 if features is None else features.data_ptr(), feature_slots=slots,
+            slots=0 if features is None else features.shape[2],
+            final_norm=0 if norm is None else norm.data_ptr(), final_eps=norm_eps)
+        if not capture:
+            return out
+        return out, features.view(self.batch, self.count, -1)
+
+    @staticmethod
+    def _feature_slots(capture: Sequence[int], depth: int) -> list[int]:
+        """Per layer, its input's place among the captured ones (-1: not captured); [] for
+        no capture."""
+        if not capture:
+            return []
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth
+               for i in capture):
+            raise ValueError(f"capture: expected layer indices in [0, {depth}), got "
+                             f"{list(capture)}")
+        order = sorted(set(capture))
+        return [order.index(i) if i in order else -1 for i in range(depth)]
+
+    def _final_norm(self, final_norm, first: LayerWeights) -> tuple[torch.Tensor | None, float]:
+        if final_norm is None:
+            return None, 0.0
+        weight, eps = final_norm
+        check_tensor("final_norm", weight, (self.dtype,), (first.hidden,), self.device)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"final_norm: expected an eps >= 0, got {eps!r}")
+        return weight, float(eps)
 
     def _kernel_sizes(self, layer: LayerWeights) -> list[int]:
         """The C++ layer's sizes (cpu_bindings.cpp decoder_layer's order)."""

@@ -20,7 +20,8 @@ from torch import nn
 
 from .kv_cache import KVCache
 from . import layers as _layers
-from .layers import DecoderLayer, Linear, RMSNorm, RotaryEmbedding, head_dim_of, layer_step
+from .layers import (DecoderLayer, Linear, RMSNorm, RotaryEmbedding, differentiable, head_dim_of,
+                     layer_step)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -117,21 +118,23 @@ class TargetModel(nn.Module):
         rope = self.model.rotary_emb.tables(positions, x.dtype, cache.max_len)
         step = layer_step(x, rope, cache, tree_mask)  # checked once for every layer
         bound = self._fused_weights() if step is not None else None
+        norm = self.model.norm
+        if bound is not None:  # one C++ call: the layers, the features, the final norm
+            capture = [i for i in feature_layers if 0 <= i < len(bound)]
+            norm_apart = bool(norm._forward_hooks or norm._forward_pre_hooks
+                              or differentiable(norm.weight))
+            result = step.run_layers(bound, x.contiguous(), cache.keys, cache.values,
+                                     capture=capture,
+                                     final_norm=None if norm_apart else (norm.weight, norm.eps))
+            x, features = result if capture else (result, None)
+            return (norm(x) if norm_apart else x), features
         captured = []
-        if bound is not None:  # runs of layers between captured features, one C++ call each
-            cuts = sorted({0, len(bound), *(i for i in feature_layers if 0 < i < len(bound))})
-            for start, end in zip(cuts, cuts[1:]):
-                if start in feature_layers:
-                    captured.append(x)
-                x = step.run_layers(bound[start:end], x.contiguous(), cache.keys[start:end],
-                                    cache.values[start:end])
-        else:
-            for index, layer in enumerate(self.model.layers):
-                if index in feature_layers:
-                    captured.append(x)
-                x = layer(x, rope, cache, tree_mask, step=step)
+        for index, layer in enumerate(self.model.layers):
+            if index in feature_layers:
+                captured.append(x)
+            x = layer(x, rope, cache, tree_mask, step=step)
         features = torch.cat(captured, dim=-1) if captured else None
-        return self.model.norm(x), features
+        return norm(x), features
 
     def _fused_weights(self) -> list | None:
         """Every layer's :class:`eagle_kernels.ops.LayerWeights` when all run fused, else None
