@@ -6,6 +6,7 @@ import torch
 from eagle_kernels import ops
 
 from conftest import random_parents
+from cpu_support import needs_cpu_backend
 
 
 def position_cache(batch, max_len, heads=1, dim=1, offset=0.0, dtype=torch.float32):
@@ -78,3 +79,34 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="caches\\[0\\]: expected a contiguous"):
         ops.compact_kv([position_cache(1, 8, heads=2, dim=2).transpose(2, 3)], lens, nodes,
                        count)
+
+
+@needs_cpu_backend
+def test_cpu_backend_equals_the_reference(gen):
+    """The cpu backend (csrc/cpu/kv.h) moves exactly the reference's rows, any dtype / row size."""
+    layers = [(3, 8, torch.float32), (2, 5, torch.float16), (1, 8, torch.bfloat16)]
+    caches, lens, accepted_nodes, num_accepted = random_case(gen, layers)
+    reference_caches = [cache.clone() for cache in caches]
+    ops.compact_kv(caches, lens, accepted_nodes, num_accepted, backend="cpu")
+    ops.compact_kv(reference_caches, lens, accepted_nodes, num_accepted, backend="torch")
+    assert all(torch.equal(a, b) for a, b in zip(caches, reference_caches))
+
+
+@needs_cpu_backend
+def test_cpu_backend_stays_in_bounds_with_value_checks_off():
+    """Out-of-contract lengths and nodes (value checks off) never move a row from or to outside
+    the cache: guard rows on both sides stay NaN."""
+    from eagle_kernels.ops._validate import no_value_checks
+
+    storage = torch.full((1, 12, 2, 4), float("nan"))
+    cache = storage[:, 1:-1]  # [1, 10, 2, 4], contiguous, a guard row either side
+    cache.copy_(position_cache(1, 10, heads=2, dim=4))
+    count = torch.tensor([3], dtype=torch.int32)
+    cases = [(9, [0, 4, 7, 1]), (8, [0, -5, 1, 2]), (0, [0, 12, 40, -1]), (-3, [0, 2, 3, 4]),
+             (2, [0, 1, 2, 3])]
+    with no_value_checks():
+        for prefix, nodes in cases:
+            ops.compact_kv([cache], torch.tensor([prefix], dtype=torch.int32),
+                           torch.tensor([nodes], dtype=torch.int32), count, backend="cpu")
+    assert storage[:, 0].isnan().all() and storage[:, -1].isnan().all()
+    assert not cache.isnan().any()

@@ -347,6 +347,21 @@ void greedy_accept(std::uintptr_t logits, std::uintptr_t tokens, std::uintptr_t 
   active->greedy_accept(args);
 }
 
+void compact_kv(const std::vector<std::uintptr_t>& caches, const std::vector<int64_t>& row_bytes,
+                std::uintptr_t lens, std::uintptr_t nodes, std::uintptr_t num_accepted,
+                int64_t batch, int64_t max_len, int64_t width) {
+  if (caches.size() != row_bytes.size())
+    throw std::invalid_argument("row_bytes: expected one per cache");
+  for (int64_t bytes : row_bytes)
+    if (bytes < 1) throw std::invalid_argument("row_bytes: expected positive sizes");
+  if (batch < 0 || max_len < 0 || width < 1)
+    throw std::invalid_argument("compact_kv: expected batch >= 0, max_len >= 0, width >= 1");
+  cpu::CompactKvArgs args{caches.data(), row_bytes.data(), static_cast<int64_t>(caches.size()),
+                          as_ptr<const int32_t>(lens), as_ptr<const int32_t>(nodes),
+                          as_ptr<const int32_t>(num_accepted), batch, max_len, width};
+  active->compact_kv(args);
+}
+
 cpu::SoftCrossEntropyArgs soft_ce_args(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
                                        int64_t rows, int64_t vocab, int threads) {
   return {as_ptr<const float>(x), as_ptr<const float>(y), nullptr, as_ptr<float>(stats),
@@ -406,6 +421,10 @@ PYBIND11_MODULE(_cpu, module) {
              py::arg("features") = 0, py::arg("feature_slots") = std::vector<int64_t>(),
              py::arg("slots") = 0, py::arg("final_norm") = 0, py::arg("final_eps") = 0.0f,
              "Consecutive decoder layers in one call (see decoder_stack in cpu_bindings.cpp).");
+  module.def("compact_kv", &compact_kv, py::arg("caches"), py::arg("row_bytes"),
+             py::arg("lens"), py::arg("nodes"), py::arg("num_accepted"), py::arg("batch"),
+             py::arg("max_len"), py::arg("width"),
+             "The accepted path's K/V rows next to the prefix, in place (csrc/cpu/kv.h).");
   module.def("soft_ce_forward", &soft_ce_forward, py::arg("x"), py::arg("y"), py::arg("loss"),
              py::arg("stats"), py::arg("rows"), py::arg("vocab"), py::arg("threads") = 0,
              "soft_cross_entropy forward (csrc/cpu/loss.h): loss [rows], stats [4, rows].");

@@ -23,6 +23,7 @@ namespace EK_ISA_NAMESPACE {
 #include "topk.h"
 #include "tree.h"
 #include "acceptance.h"
+#include "kv.h"
 }  // namespace EK_ISA_NAMESPACE
 }  // namespace cpu
 }  // namespace eagle_kernels

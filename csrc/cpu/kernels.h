@@ -191,6 +191,18 @@ struct GreedyAcceptArgs {
   int threads;
 };
 
+/// compact_kv (kv.h): the accepted path's rows of every cache [batch, max_len, row] moved next
+/// to the committed prefix.
+struct CompactKvArgs {
+  const std::uintptr_t* caches;  ///< [num_caches] base addresses
+  const int64_t* row_bytes;      ///< [num_caches] bytes of one (sequence, position) row
+  int64_t num_caches;
+  const int32_t* lens;           ///< [batch] committed lengths
+  const int32_t* nodes;          ///< [batch, width] root then accepted node indices, -1 padded
+  const int32_t* num_accepted;   ///< [batch]
+  int64_t batch, max_len, width;
+};
+
 /// The drafting and acceptance kernels (topk.h, tree.h, acceptance.h) run on one thread below this many entries of work
 /// (logits, candidates, path cells): a draft step's few small calls would otherwise each pay
 /// a parallel region's wake-up, which costs far more than the work whenever another process
@@ -313,6 +325,7 @@ struct KernelTable {
   void (*build_tree)(const BuildTreeArgs&);
   void (*eagle2_rerank)(const RerankArgs&);
   void (*greedy_accept)(const GreedyAcceptArgs&);
+  void (*compact_kv)(const CompactKvArgs&);
 };
 
 // Defined in isa_<name>.cpp; avx512 and avx2 exist only on x86-64.

@@ -1,8 +1,9 @@
 """KV compaction: move the accepted path's K/V entries next to the committed prefix.
 
 Public op :func:`compact_kv` with the contract of :func:`eagle_kernels.ops.reference.compact_kv`
-(in place, every layer's K and V cache in one call). Backends: ``torch`` (reference), and
-``triton`` / ``cuda`` (``csrc/kv.cu``), explicit only until proven on a GPU.
+(in place, every layer's K and V cache in one call). Backends: ``cpu`` (``csrc/cpu/kv.h``, one
+C++ call for every cache), ``torch`` (reference), and ``triton`` / ``cuda`` (``csrc/kv.cu``),
+explicit only until proven on a GPU.
 
 Both kernels copy raw words, so caches may differ in head count, head size and dtype: one
 launch, grid (cache, sequence, column chunk). A program walks its sequence's accepted path in
@@ -22,7 +23,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from . import reference
-from ._backend import cuda_extension, cuda_stream, register, resolve
+from ._backend import cpu_extension, cuda_extension, cuda_stream, register, resolve
 from ._triton import tl, triton
 from ._validate import check_range, check_tensor, value_checks_enabled
 
@@ -44,8 +45,13 @@ def compact_kv(caches: Sequence[torch.Tensor], cache_lens, accepted_nodes, num_a
         raise TypeError("caches: expected a non-empty list or tuple of [B, max_len, H, D] tensors")
     first = check_tensor("caches[0]", caches[0], None, (None, None, None, None))
     batch, max_len = first.shape[:2]
-    for index, cache in enumerate(caches):
-        check_tensor(f"caches[{index}]", cache, None, (batch, max_len, None, None), first.device)
+    device = first.device
+    for index, cache in enumerate(caches):  # a fast yes; check_tensor names what is wrong
+        shape = cache.shape if isinstance(cache, torch.Tensor) else ()
+        if not (len(shape) == 4 and shape[0] == batch and shape[1] == max_len
+                and cache.device == device and cache.is_contiguous()):
+            check_tensor(f"caches[{index}]", cache, None, (batch, max_len, None, None),
+                         first.device)
     check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), first.device)
     check_tensor("accepted_nodes", accepted_nodes, (torch.int32,), (batch, None), first.device)
     check_tensor("num_accepted", num_accepted, (torch.int32,), (batch,), first.device)
@@ -167,6 +173,16 @@ def _compact_kv_cuda(caches, cache_lens, accepted_nodes, num_accepted) -> None:
                                 layout.word_bytes, layout.max_row_words, stream)
 
 
+def _compact_kv_cpu(caches, cache_lens, accepted_nodes, num_accepted) -> None:
+    """cpu backend (csrc/cpu/kv.h): one call moves the rows of every cache, any dtype."""
+    batch, max_len = caches[0].shape[:2]
+    cpu_extension().compact_kv([cache.data_ptr() for cache in caches],
+                               [cache.stride(1) * cache.element_size() for cache in caches],
+                               cache_lens.data_ptr(), accepted_nodes.data_ptr(),
+                               num_accepted.data_ptr(), batch, max_len, accepted_nodes.shape[1])
+
+
+register("compact_kv", "cpu", _compact_kv_cpu)
 register("compact_kv", "torch", reference.compact_kv)
 register("compact_kv", "triton", _compact_kv_triton, auto=False)
 register("compact_kv", "cuda", _compact_kv_cuda, auto=False)
