@@ -149,6 +149,15 @@ static void accumulate_values(const float* e, int64_t count, const float* prefix
   }
 }
 
+/// Asks for rows [t0, t1) of a cache (`stride` floats apart, `dim` floats each), a 64-byte line
+/// at a time. The prefix rows of a decode step arrive from DRAM: requesting a whole block at
+/// once keeps many misses in flight where the hardware prefetcher, facing 256-byte rows 768
+/// bytes apart, requests few. Never changes what is computed.
+static void prefetch_rows(const float* rows, int64_t t0, int64_t t1, int64_t stride, int64_t dim) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows + t * stride + d, 0, 3);
+}
+
 /// The queries of one task: nodes [n0, n1) x query heads [h0, h1) of sequence b, all reading
 /// the same KV head, so every prefix key and value row is loaded into L1 once per task and used
 /// by all of its queries (one query at a time re-read each row from L2: 512 bytes per key
@@ -206,8 +215,16 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
   auto query_of = [&](int64_t q) {  // q = node-major index within the task
     return ((task.b * a.queries + task.n0 + q / heads) * a.q_heads + task.h0 + q % heads) * dim;
   };
+  // Each key block first asks for its values and the next block's keys (the first block its
+  // own keys too). Measured on a SmolLM2 layer stack, one process, alternating: decode step
+  // -1.5 % at context 256, -2.5 % at 1024; 4 nodes -2.5 %.
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
+    const int64_t next_end = t0 + 2 * kAttentionKeyBlock < prefix ? t0 + 2 * kAttentionKeyBlock
+                                                                  : prefix;
+    if (t0 == 0) prefetch_rows(k_prefix, 0, keys, stride, dim);
+    prefetch_rows(k_prefix, t0 + keys, next_end, stride, dim);
+    prefetch_rows(v_prefix, t0, t0 + keys, stride, dim);
     for (int64_t q = 0; q < queries; ++q)
       key_scores(a.q + query_of(q), k_prefix + t0 * stride, nullptr, nullptr, keys, keys, stride,
                  dim, a.scale, query_scratch(a, workspace, q).scores + t0);
