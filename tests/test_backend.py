@@ -37,7 +37,7 @@ def test_available_backends_explain_themselves(monkeypatch):
 # Ops whose cpu kernels auto takes on CPU without a dtype fact (tree_attention's fp32 rule is
 # checked by its own tests; the decoder ops state their dtype and are covered in test_decoder).
 CPU_AUTO_OPS = {"tree_attention", "topk_log_softmax", "eagle2_expand", "eagle2_rerank",
-                "build_tree", "greedy_accept_tree", "greedy_accept_chain"}
+                "build_tree", "greedy_accept_tree", "greedy_accept_chain", "compact_kv"}
 
 
 def test_auto_resolves_to_torch_until_kernels_are_proven(monkeypatch):

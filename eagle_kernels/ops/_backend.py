@@ -37,6 +37,7 @@ import functools
 import importlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -110,8 +111,10 @@ CPU_MODULE = "eagle_kernels._cpu"
 
 
 def cpu_extension():
-    """The compiled ``eagle_kernels._cpu`` module; raises ImportError if it was not built."""
-    return importlib.import_module(CPU_MODULE)
+    """The compiled ``eagle_kernels._cpu`` module; raises ImportError if it was not built.
+    (sys.modules first: a decode cycle asks ~25 times, and import_module's machinery costs
+    microseconds each time once the weights stream has evicted it from the caches.)"""
+    return sys.modules.get(CPU_MODULE) or importlib.import_module(CPU_MODULE)
 
 
 def cpu_float32_only(dtype: torch.dtype | None = None, **_) -> str | None:
