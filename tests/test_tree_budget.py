@@ -108,3 +108,18 @@ def test_plain_decoding_takes_over_when_no_tree_pays(target, gen):
     assert len(speculated) == 2, [out.stats.fallback for out in later]
     assert all(out.stats.mode == "autoregressive" and out.stats.fallback
                for out in later if not out.stats.tree_cycles)
+
+
+def test_relative_medians_take_each_ratio_within_one_round(monkeypatch):
+    """Costs relative to a reference call are medians of per-round ratios, so rounds at
+    different speeds (here 1x to 2x, one round slower for the reference alone) leave the ratio
+    at 0.8; medians of whole runs pick different rounds for the two calls and give 0.774."""
+    from eagle_kernels.runtime import tree_budget
+
+    times = [[0.8, 1.28, 1.2, 1.16, 1.6],  # costs 0.8 of the reference at speeds 1 .. 2
+             [1.0, 1.6, 1.5, 1.55, 2.0]]   # the reference (round 4: 1.55, not 1.45)
+    monkeypatch.setattr(tree_budget, "interleaved_times", lambda calls, repeats, device: times)
+    call, reference = tree_budget.relative_medians([None, None], 5, torch.device("cpu"), 1)
+    assert reference == 1.55 and call / reference == pytest.approx(0.8, rel=1e-12)
+    call, reference = tree_budget.interleaved_medians([None, None], 5, torch.device("cpu"))
+    assert call / reference == pytest.approx(1.2 / 1.55, rel=1e-12)

@@ -89,11 +89,9 @@ class CycleCost:
         return self.draft + self.verify
 
 
-def interleaved_medians(calls: list, repeats: int, device: torch.device) -> list[float]:
-    """Median seconds of each call, timed in rounds (every call once per round, after one
-    warm-up each): when this machine's speed drifts while measuring (shared VMs: 20-40 %
-    within a minute), every call sees the drift alike, so their ratios, which is what the
-    tree choice uses, stay right instead of favouring whichever was timed in a fast phase."""
+def interleaved_times(calls: list, repeats: int, device: torch.device) -> list[list[float]]:
+    """Seconds of each call in each of ``repeats`` rounds (every call once per round, after one
+    warm-up each)."""
     for fn in calls:
         fn()
     times: list[list[float]] = [[] for _ in calls]
@@ -106,7 +104,32 @@ def interleaved_medians(calls: list, repeats: int, device: torch.device) -> list
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             spent.append(time.perf_counter() - start)
-    return [sorted(spent)[len(spent) // 2] for spent in times]
+    return times
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def interleaved_medians(calls: list, repeats: int, device: torch.device) -> list[float]:
+    """Median seconds of each call, timed in rounds (:func:`interleaved_times`): when this
+    machine's speed drifts while measuring (shared VMs: 20-40 % within a minute), every call
+    sees the drift alike, so their ratios, which is what the tree choice uses, stay right
+    instead of favouring whichever was timed in a fast phase."""
+    return [_median(spent) for spent in interleaved_times(calls, repeats, device)]
+
+
+def relative_medians(calls: list, repeats: int, device: torch.device,
+                     reference: int) -> list[float]:
+    """Seconds of each call as (median over rounds of its time / ``calls[reference]``'s time in
+    the same round) x the reference's median: each ratio is taken within one round, so a speed
+    change between rounds (this VM's memory bandwidth moves ~2x within minutes) moves no ratio.
+    Medians of whole runs, as :func:`interleaved_medians` takes them, once put a 3-node cycle
+    at 1.31 plain steps where repeated measurements gave 1.17."""
+    times = interleaved_times(calls, repeats, device)
+    base = times[reference]
+    scale = _median(base)
+    return [_median([t / b for t, b in zip(spent, base)]) * scale for spent in times]
 
 
 def cycle_calls(target, head, tree: TreeConfig, context: int, batch: int):
@@ -256,13 +279,14 @@ class AdaptiveTree:
 def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: int = 256,
                   repeats: int = 5) -> tuple[dict[TreeConfig, CycleCost], float]:
     """Cycle costs of every candidate tree on this device and a plain decoding step's
-    seconds, all timed in the same interleaved rounds (see :func:`interleaved_medians`)."""
+    seconds, all timed in the same interleaved rounds, each relative to the plain step of its
+    round (see :func:`relative_medians`)."""
     trees = list(trees)
     with torch.inference_mode():
         calls = [call for tree in trees
                  for call in cycle_calls(target, head, tree, context, batch)]
         calls.append(_step_call(target, context, batch))
-        seconds = interleaved_medians(calls, repeats, target.device)
+        seconds = relative_medians(calls, repeats, target.device, reference=len(calls) - 1)
     costs = {tree: CycleCost(seconds[2 * i], seconds[2 * i + 1]) for i, tree in enumerate(trees)}
     return costs, seconds[-1]
 
