@@ -113,3 +113,16 @@ def test_auto_picks_cpu_for_float32_and_torch_otherwise(gen):
     torch.testing.assert_close(ops.tree_attention(*low), reference.tree_attention(*low))
     with pytest.raises(ValueError, match="float32"):
         cpu_attention(*low)
+
+
+def test_cpu_binding_refuses_head_counts_and_tree_keys_it_cannot_serve():
+    """The raw binding (no Python checks in front) refuses kv_heads < 1, q_heads not a multiple
+    of kv_heads and more tree keys than the cache holds, before touching any pointer."""
+    from eagle_kernels.ops._backend import cpu_extension
+
+    for q_heads, kv_heads, max_len, tree_keys in ((4, 0, 8, 1), (9, 2, 8, 1), (4, 2, 8, 9)):
+        with pytest.raises(ValueError, match="tree_attention"):
+            cpu_extension().tree_attention(0, 0, 0, 0, 0, 0, batch=1, queries=1,
+                                           q_heads=q_heads, kv_heads=kv_heads, head_dim=8,
+                                           max_len=max_len, tree_keys=tree_keys, words=1,
+                                           scale=1.0)

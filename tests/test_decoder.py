@@ -438,9 +438,14 @@ def test_run_layers_refuses_bad_capture_and_final_norm(gen):
     with torch.no_grad():
         bound = target._fused_weights()
     run = functools.partial(step.run_layers, bound, x, cache.keys, cache.values)
-    for capture in ([7], [-1], [True], [0.5]):
+    for capture in ([7], [-1]):
         with pytest.raises(ValueError, match="capture"):
             run(capture=capture)
+    for capture in ([True], [0.5]):
+        with pytest.raises(TypeError, match="capture"):
+            run(capture=capture)
+    with pytest.raises(TypeError, match="final_norm"):
+        run(final_norm=torch.ones(64))
     for final_norm in ((torch.ones(63), 1e-5), (torch.ones(64), -1.0),
                        (torch.ones(64, dtype=torch.float64), 1e-5)):
         with pytest.raises(ValueError, match="final_norm"):
@@ -478,6 +483,10 @@ def test_stacked_forward_follows_replaced_weights_and_hooks(gen):
     handle = target.model.layers[5].register_forward_hook(lambda *args: calls.append(1))
     assert torch.equal(forward(), after) and calls == [1]  # the hook ran: layer by layer
     handle.remove()
+    del target.model.layers[6]  # a ModuleList deletion bumps no registration hook
+    stacked = forward()
+    target._fused_weights = lambda: None  # the layer-by-layer path
+    assert torch.equal(stacked, forward()) and not torch.equal(stacked, after)
 
 
 @needs_cpu_backend

@@ -110,3 +110,15 @@ def test_cpu_backend_stays_in_bounds_with_value_checks_off():
                            torch.tensor([nodes], dtype=torch.int32), count, backend="cpu")
     assert storage[:, 0].isnan().all() and storage[:, -1].isnan().all()
     assert not cache.isnan().any()
+
+
+@needs_cpu_backend
+def test_cpu_backend_takes_empty_batches_and_rows():
+    """No sequences, no path columns or empty rows: nothing to move, no error."""
+    empty_rows = torch.zeros(1, 8, 0, 4)
+    one = torch.zeros(1, dtype=torch.int32)
+    ops.compact_kv([empty_rows], torch.tensor([2], dtype=torch.int32),
+                   torch.tensor([[0, 2]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
+                   backend="cpu")
+    ops.compact_kv([torch.zeros(0, 8, 1, 4)], one[:0], torch.zeros(0, 3, dtype=torch.int32),
+                   one[:0], backend="cpu")

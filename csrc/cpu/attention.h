@@ -3,10 +3,11 @@
  * @brief CPU tree attention (contract: eagle_kernels.ops.reference.tree_attention, fp32).
  *        Included inside an instruction-set namespace after simd.h.
  *
- * One task = some query heads of some query nodes of one sequence, all reading one KV head
- * (attention_plan in kernels.h). A query's visible keys, in position order, are the prefix
- * [0, L) and then its tree ancestors (set bits of its mask row) by increasing tree index: an ancestor always has a smaller index than its descendants, so
- * index order is depth order is position order. Over that list:
+ * One task = some query heads of some query nodes of one sequence, all reading one KV
+ * head (attention_plan in kernels.h). A query's visible keys, in position order, are the
+ * prefix [0, L) and then its tree ancestors (set bits of its mask row) by increasing tree
+ * index: an ancestor always has a smaller index than its descendants, so index order is depth
+ * order is position order. Over that list:
  *
  *   s_t = (q . k_t) * scale          one lane-wise FMA chain over d + vhsum, per key
  *   m   = max_t s_t                  exact whatever the order
@@ -158,6 +159,12 @@ static void prefetch_rows(const float* rows, int64_t t0, int64_t t1, int64_t str
     for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows + t * stride + d, 0, 3);
 }
 
+/// End of the prefix block after the one starting at t0 (empty past the prefix).
+EK_INLINE int64_t next_block_end(int64_t t0, int64_t prefix) {
+  const int64_t end = t0 + 2 * kAttentionKeyBlock;
+  return end < prefix ? end : prefix;
+}
+
 /// The queries of one task: nodes [n0, n1) x query heads [h0, h1) of sequence b, all reading
 /// the same KV head, so every prefix key and value row is loaded into L1 once per task and used
 /// by all of its queries (one query at a time re-read each row from L2: 512 bytes per key
@@ -207,51 +214,53 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
   const float* v_prefix = a.v_cache + base;
   const float* k_tree = k_prefix + prefix * stride;
   const float* v_tree = v_prefix + prefix * stride;
-  const int64_t queries = nodes * heads;
+  const int64_t task_queries = nodes * heads;  // (node, head) pairs, node-major
   int32_t* slots = reinterpret_cast<int32_t*>(
-      workspace + queries * attention_query_floats(a.max_len, dim));
+      workspace + task_queries * attention_query_floats(a.max_len, dim));
   int64_t visible[kAttentionTaskNodes];
   visible_tree_slots(a, task, slots, visible);
-  auto query_of = [&](int64_t q) {  // q = node-major index within the task
+  auto query_offset = [&](int64_t q) {  // of task query q in a.q and a.out
     return ((task.b * a.queries + task.n0 + q / heads) * a.q_heads + task.h0 + q % heads) * dim;
   };
-  // Each key block first asks for its values and the next block's keys (the first block its
-  // own keys too). Measured on a SmolLM2 layer stack, one process, alternating: decode step
-  // -1.5 % at context 256, -2.5 % at 1024; 4 nodes -2.5 %.
+  // Prefix rows are requested a block ahead of use: the next block's keys while this block's
+  // scores run, the next block's values while this block's sums run (each pass's first block
+  // at its start). Measured on a SmolLM2 layer stack, one process, alternating: decode step
+  // -1.5 % at context 256, -2.5 % at 1024; 4 nodes -2.5 % (requesting a block's values during
+  // its scores instead measured the same, but a long prefix would evict them before use).
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
-    const int64_t next_end = t0 + 2 * kAttentionKeyBlock < prefix ? t0 + 2 * kAttentionKeyBlock
-                                                                  : prefix;
     if (t0 == 0) prefetch_rows(k_prefix, 0, keys, stride, dim);
-    prefetch_rows(k_prefix, t0 + keys, next_end, stride, dim);
-    prefetch_rows(v_prefix, t0, t0 + keys, stride, dim);
-    for (int64_t q = 0; q < queries; ++q)
-      key_scores(a.q + query_of(q), k_prefix + t0 * stride, nullptr, nullptr, keys, keys, stride,
-                 dim, a.scale, query_scratch(a, workspace, q).scores + t0);
+    prefetch_rows(k_prefix, t0 + keys, next_block_end(t0, prefix), stride, dim);
+    for (int64_t q = 0; q < task_queries; ++q)
+      key_scores(a.q + query_offset(q), k_prefix + t0 * stride, nullptr, nullptr, keys, keys,
+                 stride, dim, a.scale, query_scratch(a, workspace, q).scores + t0);
   }
   float inverse[kAttentionTaskNodes * kAttentionMaxGroup];
-  for (int64_t q = 0; q < queries; ++q) {
+  for (int64_t q = 0; q < task_queries; ++q) {
     const int64_t node = q / heads, count = prefix + visible[node];
     const QueryScratch scratch = query_scratch(a, workspace, q);
-    key_scores(a.q + query_of(q), nullptr, k_tree, slots + node * a.tree_keys, 0, visible[node],
-               stride, dim, a.scale, scratch.scores + prefix);
+    key_scores(a.q + query_offset(q), nullptr, k_tree, slots + node * a.tree_keys, 0,
+               visible[node], stride, dim, a.scale, scratch.scores + prefix);
     inverse[q] = count > 0 ? 1.0f / softmax_weights(scratch.scores, count) : 0.0f;
     for (int64_t d = 0; d < dim; d += kW) vstore(scratch.partial + d, vzero());
   }
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
-    for (int64_t q = 0; q < queries; ++q) {
+    if (t0 == 0) prefetch_rows(v_prefix, 0, keys, stride, dim);
+    prefetch_rows(v_prefix, t0 + keys, next_block_end(t0, prefix), stride, dim);
+    for (int64_t q = 0; q < task_queries; ++q) {
       const QueryScratch scratch = query_scratch(a, workspace, q);
       accumulate_values(scratch.scores + t0, keys, v_prefix + t0 * stride, nullptr, nullptr,
                         keys, stride, dim, scratch.partial);
     }
   }
-  for (int64_t q = 0; q < queries; ++q) {  // a query that sees no key gets zeros (inverse 0)
+  // Tree keys' values, then the output (a query that sees no key gets zeros: inverse 0).
+  for (int64_t q = 0; q < task_queries; ++q) {
     const int64_t node = q / heads;
     const QueryScratch scratch = query_scratch(a, workspace, q);
     accumulate_values(scratch.scores + prefix, visible[node], nullptr, v_tree,
                       slots + node * a.tree_keys, 0, stride, dim, scratch.partial);
-    float* out = a.out + query_of(q);
+    float* out = a.out + query_offset(q);
     const vf scale = vset1(inverse[q]);
     for (int64_t d = 0; d < dim; d += kW) {
       const int n = static_cast<int>(dim - d < kW ? dim - d : kW);
@@ -265,8 +274,8 @@ static void tree_attention(const AttentionArgs& a) {
   const int64_t node_blocks = plan.node_blocks;
   const int64_t head_blocks = a.q_heads / plan.heads;
   const int64_t tasks = a.batch * node_blocks * head_blocks;
-  const int64_t per_thread =
-      attention_workspace_floats(a.max_len, a.tree_keys, a.head_dim, a.q_heads, a.kv_heads);
+  const int64_t per_thread = attention_workspace_floats(
+      a.max_len, a.tree_keys, a.head_dim, attention_task_shape(plan, a.queries));
 #pragma omp parallel num_threads(a.threads)
   {
     float* workspace = a.workspace + omp_get_thread_num() * per_thread;

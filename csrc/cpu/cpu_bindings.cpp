@@ -138,15 +138,28 @@ void rope(std::uintptr_t x, std::uintptr_t positions, std::uintptr_t cos, std::u
 
 std::vector<float> attention_workspace;
 
+/// Grows attention_workspace to what tree_attention's plan for these sizes needs per thread.
+void reserve_attention_workspace(int64_t batch, int64_t queries, int64_t q_heads,
+                                 int64_t kv_heads, int64_t head_dim, int64_t max_len,
+                                 int64_t tree_keys, int count) {
+  const cpu::AttentionPlan plan = cpu::attention_plan(batch, queries, q_heads, kv_heads, count);
+  const int64_t per_thread = cpu::attention_workspace_floats(
+      max_len, tree_keys, head_dim, cpu::attention_task_shape(plan, queries));
+  if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
+    attention_workspace.resize(per_thread * count);
+}
+
 void tree_attention(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t lens,
                     std::uintptr_t tree_mask, std::uintptr_t out, int64_t batch, int64_t queries,
                     int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t max_len,
                     int64_t tree_keys, int64_t words, float scale, int threads) {
+  if (kv_heads < 1 || q_heads < 0 || q_heads % kv_heads != 0 || tree_keys < 0 ||
+      tree_keys > max_len)
+    throw std::invalid_argument("tree_attention: expected kv_heads >= 1 dividing q_heads and "
+                                "0 <= tree_keys <= max_len");
   const int count = thread_count(threads);
-  const int64_t per_thread =
-      cpu::attention_workspace_floats(max_len, tree_keys, head_dim, q_heads, kv_heads);
-  if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
-    attention_workspace.resize(per_thread * count);
+  reserve_attention_workspace(batch, queries, q_heads, kv_heads, head_dim, max_len, tree_keys,
+                              count);
   cpu::AttentionArgs args{as_ptr<const float>(q), as_ptr<const float>(k), as_ptr<const float>(v),
                           as_ptr<const int32_t>(lens), as_ptr<const int32_t>(tree_mask),
                           as_ptr<float>(out), batch, queries, q_heads, kv_heads, head_dim,
@@ -165,14 +178,14 @@ constexpr size_t kLayerPointers = 26, kLayerSizes = 12, kStackLayerPointers = 18
 /// tree_offset, words.
 void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, float eps,
                        float scale, int count) {
+  if (n[6] < 1 || n[5] % n[6] != 0 || n[10] < 0 || n[10] + n[1] > n[9])
+    throw std::invalid_argument("decoder_layer: expected kv_heads >= 1 dividing q_heads and "
+                                "tree_offset + count <= max_len");
   const int64_t rows = n[0] * n[1];
   const int64_t floats = cpu::decoder_layer_workspace_floats(rows, n[2], n[3], n[5] * n[7],
                                                              n[6] * n[7], n[4]);
   if (layer_workspace.size() < static_cast<size_t>(floats)) layer_workspace.resize(floats);
-  const int64_t per_thread =
-      cpu::attention_workspace_floats(n[9], n[10] + n[1], n[7], n[5], n[6]);
-  if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
-    attention_workspace.resize(per_thread * count);
+  reserve_attention_workspace(n[0], n[1], n[5], n[6], n[7], n[9], n[10] + n[1], count);
   cpu::DecoderLayerArgs args{
       as_ptr<const float>(p[0]), as_ptr<const float>(p[1]), as_ptr<float>(p[2]),
       n[0], n[1], n[2], n[3], n[4],
@@ -222,12 +235,12 @@ void decoder_stack(const std::vector<std::uintptr_t>& layers,
     throw std::invalid_argument("decoder_stack: expected 18 pointers per layer, 7 shared "
                                 "pointers and 12 sizes with in_features == hidden");
   const size_t depth = layers.size() / kStackLayerPointers;
-  if (!feature_slots.empty() && (feature_slots.size() != depth || features == 0))
+  const int64_t rows = n[0] * n[1], hidden = n[3], width = rows * hidden;
+  if (!feature_slots.empty() && (feature_slots.size() != depth || (features == 0 && rows > 0)))
     throw std::invalid_argument("feature_slots: expected none or one per layer, with features");
   for (int64_t slot : feature_slots)
     if (slot >= slots) throw std::invalid_argument("feature_slots: expected slots < slots");
   const int count = thread_count(threads);
-  const int64_t rows = n[0] * n[1], hidden = n[3], width = rows * hidden;
   if (stack_buffers.size() < static_cast<size_t>(2 * width)) stack_buffers.resize(2 * width);
   std::uintptr_t p[kLayerPointers];
   std::uintptr_t input = shared[0];

@@ -10,8 +10,9 @@
  * on how many rows are computed with it, nor on the thread count: GEMM columns are split across
  * threads, never the reduction; each GEMM output is one sequential FMA chain over k
  * (decoder.h); attention reduces over a query's visible keys in position order (prefix, then
- * tree ancestors by index), whatever the other queries are. So a token's logits in a verify pass over N tree nodes equal, bit for bit, its logits in
- * a one-token decode step over the same prefix.
+ * tree ancestors by index), whatever the other queries are. So a token's logits in a verify
+ * pass over N tree nodes equal, bit for bit, its logits in a one-token decode step over the
+ * same prefix.
  */
 #pragma once
 
@@ -203,10 +204,10 @@ struct CompactKvArgs {
   int64_t batch, max_len, width;
 };
 
-/// The drafting and acceptance kernels (topk.h, tree.h, acceptance.h) run on one thread below this many entries of work
-/// (logits, candidates, path cells): a draft step's few small calls would otherwise each pay
-/// a parallel region's wake-up, which costs far more than the work whenever another process
-/// holds a core.
+/// The drafting and acceptance kernels (topk.h, tree.h, acceptance.h) run on one thread below
+/// this many entries of work (logits, candidates, path cells): a draft step's few small calls
+/// would otherwise each pay a parallel region's wake-up, which costs far more than the work
+/// whenever another process holds a core.
 constexpr int64_t kParallelMinEntries = 1 << 15;
 /// Largest k the cpu top-k selection takes (topk.h select_top keeps a sorted array: an insert
 /// shifts up to k entries). Exported as _cpu.SELECT_MAX_K; larger k falls through to torch.
@@ -292,6 +293,17 @@ static inline AttentionPlan attention_plan(int64_t batch, int64_t queries, int64
   return {blocks < queries ? blocks : queries, group};
 }
 
+/// Nodes and query heads of a plan's largest task (node blocks split the nodes evenly).
+struct AttentionTaskShape {
+  int64_t nodes, heads;
+};
+
+static inline AttentionTaskShape attention_task_shape(const AttentionPlan& plan,
+                                                      int64_t queries) {
+  const int64_t blocks = plan.node_blocks > 0 ? plan.node_blocks : 1;
+  return {(queries + blocks - 1) / blocks, plan.heads};
+}
+
 /// Floats of attention workspace: one query's scores (padded to whole vectors, the softmax
 /// pads with -inf), then its value sums (head_dim padded); a thread holds the queries of one
 /// task, then each node's visible tree slots (static: every translation unit, each compiled for
@@ -301,12 +313,8 @@ static inline int64_t attention_query_floats(int64_t max_len, int64_t head_dim) 
   return attention_scores_floats(max_len) + (head_dim + 15) / 16 * 16;
 }
 static inline int64_t attention_workspace_floats(int64_t max_len, int64_t tree_keys,
-                                                 int64_t head_dim, int64_t q_heads,
-                                                 int64_t kv_heads) {
-  const int64_t group = kv_heads > 0 ? q_heads / kv_heads : 1;
-  const int64_t heads = group <= kAttentionMaxGroup ? group : 1;
-  return kAttentionTaskNodes * (heads * attention_query_floats(max_len, head_dim) + tree_keys) +
-         16;
+                                                 int64_t head_dim, AttentionTaskShape task) {
+  return task.nodes * (task.heads * attention_query_floats(max_len, head_dim) + tree_keys) + 16;
 }
 
 /// The kernels of one instruction set.

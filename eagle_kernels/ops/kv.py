@@ -39,7 +39,7 @@ def compact_kv(caches: Sequence[torch.Tensor], cache_lens, accepted_nodes, num_a
     cache_lens : [B] int32 committed lengths before this step.
     accepted_nodes : [B, W] int32 root then accepted node indices, -1 padded.
     num_accepted : [B] int32, ``0 <= num_accepted[b] < W``.
-    backend : "auto", "cuda", "triton" or "torch".
+    backend : "auto", "cpu", "cuda", "triton" or "torch".
     """
     if isinstance(caches, torch.Tensor) or not isinstance(caches, (list, tuple)) or not caches:
         raise TypeError("caches: expected a non-empty list or tuple of [B, max_len, H, D] tensors")
@@ -176,8 +176,12 @@ def _compact_kv_cuda(caches, cache_lens, accepted_nodes, num_accepted) -> None:
 def _compact_kv_cpu(caches, cache_lens, accepted_nodes, num_accepted) -> None:
     """cpu backend (csrc/cpu/kv.h): one call moves the rows of every cache, any dtype."""
     batch, max_len = caches[0].shape[:2]
-    cpu_extension().compact_kv([cache.data_ptr() for cache in caches],
-                               [cache.stride(1) * cache.element_size() for cache in caches],
+    rows = [(cache.data_ptr(), cache.shape[2] * cache.shape[3] * cache.element_size())
+            for cache in caches]
+    rows = [row for row in rows if row[1]]  # caches of empty rows: nothing to move
+    if not (batch and max_len and accepted_nodes.shape[1] and rows):
+        return
+    cpu_extension().compact_kv([address for address, _ in rows], [size for _, size in rows],
                                cache_lens.data_ptr(), accepted_nodes.data_ptr(),
                                num_accepted.data_ptr(), batch, max_len, accepted_nodes.shape[1])
 

@@ -23,6 +23,7 @@ input can make it read or write out of bounds, value checks on or off.
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
@@ -238,7 +239,8 @@ class DecoderStep:
     def run_layers(self, layers: Sequence[LayerWeights], x: torch.Tensor,
                    k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor],
                    sm_scale: float | None = None, capture: Sequence[int] = (),
-                   final_norm: tuple[torch.Tensor, float] | None = None):
+                   final_norm: tuple[torch.Tensor, float] | None = None
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Consecutive layers, each taking the previous one's output (and its input as the
         residual), in one C++ call on the cpu backend: what :meth:`run` gives layer after
         layer, bit for bit, without returning to Python in between.
@@ -248,9 +250,10 @@ class DecoderStep:
         ``x`` [B, T, H] -> [B, T, H].
 
         ``capture``: indices into ``layers`` whose inputs are returned too (EAGLE-3 features),
-        concatenated in increasing index order: then the result is ``(out, features)`` with
-        features [B, T, len(set(capture)) * H]. ``final_norm``: ``(weight [H], eps)``, the
-        model's last RMSNorm applied to ``out`` (the bits of :func:`rms_norm`).
+        concatenated in increasing index order: with any, the result is ``(out, features)``,
+        features [B, T, len(set(capture)) * H]; without, ``out`` alone. ``final_norm``:
+        ``(weight [H], eps)``, the model's last RMSNorm applied to ``out`` (the bits of
+        :func:`rms_norm`).
         """
         if not layers:
             raise ValueError("layers: expected at least one LayerWeights")
@@ -277,7 +280,7 @@ class DecoderStep:
         norm, norm_eps = self._final_norm(final_norm, first)
         out = torch.empty_like(x)
         features = (torch.empty(self.batch, self.count, max(slots) + 1, first.hidden,
-                                dtype=x.dtype) if slots else None)
+                                dtype=x.dtype, device=x.device) if slots else None)
         shared = [x.data_ptr(), out.data_ptr(), *self._tail, self.cache_lens.data_ptr(),
                   self.tree_mask.data_ptr()]
         cpu_extension().decoder_stack(
@@ -295,16 +298,22 @@ class DecoderStep:
         no capture."""
         if not capture:
             return []
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth
-               for i in capture):
-            raise ValueError(f"capture: expected layer indices in [0, {depth}), got "
-                             f"{list(capture)}")
-        order = sorted(set(capture))
+        try:
+            indices = [operator.index(i) for i in capture if not isinstance(i, bool)]
+        except TypeError:
+            indices = []
+        if len(indices) != len(capture):
+            raise TypeError(f"capture: expected int layer indices, got {list(capture)}")
+        if any(not 0 <= i < depth for i in indices):
+            raise ValueError(f"capture: expected layer indices in [0, {depth}), got {indices}")
+        order = sorted(set(indices))
         return [order.index(i) if i in order else -1 for i in range(depth)]
 
     def _final_norm(self, final_norm, first: LayerWeights) -> tuple[torch.Tensor | None, float]:
         if final_norm is None:
             return None, 0.0
+        if not isinstance(final_norm, (tuple, list)) or len(final_norm) != 2:
+            raise TypeError(f"final_norm: expected (weight, eps), got {type(final_norm).__name__}")
         weight, eps = final_norm
         check_tensor("final_norm", weight, (self.dtype,), (first.hidden,), self.device)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:

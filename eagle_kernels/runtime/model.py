@@ -111,8 +111,9 @@ class TargetModel(nn.Module):
         Returns
         -------
         hidden : [B, T, H] final-normed hidden states (EAGLE-1's feature; ``logits(hidden)``).
-        features : [B, T, len(feature_layers) * H] the chosen layers' inputs concatenated, or
-            None when ``feature_layers`` is empty.
+        features : [B, T, F * H], the inputs of the F distinct layers of ``feature_layers``
+            within [0, num_layers) concatenated in increasing layer order, or None when there
+            are none.
         """
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb.tables(positions, x.dtype, cache.max_len)
@@ -121,8 +122,8 @@ class TargetModel(nn.Module):
         norm = self.model.norm
         if bound is not None:  # one C++ call: the layers, the features, the final norm
             capture = [i for i in feature_layers if 0 <= i < len(bound)]
-            norm_apart = bool(norm._forward_hooks or norm._forward_pre_hooks
-                              or differentiable(norm.weight))
+            norm_apart = bool(not isinstance(norm, RMSNorm) or norm._forward_hooks
+                              or norm._forward_pre_hooks or differentiable(norm.weight))
             result = step.run_layers(bound, x.contiguous(), cache.keys, cache.values,
                                      capture=capture,
                                      final_norm=None if norm_apart else (norm.weight, norm.eps))
@@ -145,14 +146,18 @@ class TargetModel(nn.Module):
             return None
         # Without grad mode the list depends only on the modules' structure: kept until it
         # changes (asking 30 layers again took ~0.3 ms of a 15 ms decode step, every step).
-        stamp = _layers._STRUCTURE_CHANGES[0]
+        # The layers themselves are part of the key (held, so compared by identity): deleting
+        # or inserting into a ModuleList bypasses the registration hooks that bump the stamp.
+        stamp, current = _layers._STRUCTURE_CHANGES[0], tuple(layers)
         cached = self.__dict__.get("_fused_layers")
-        if cached is not None and cached[0] == stamp and not torch.is_grad_enabled():
-            return cached[1]
+        if (cached is not None and cached[0] == stamp and len(cached[1]) == len(current)
+                and all(a is b for a, b in zip(cached[1], current))
+                and not torch.is_grad_enabled()):
+            return cached[2]
         bound = [layer.fused_weights() for layer in layers]
         bound = None if any(b is None for b in bound) else bound
         if not torch.is_grad_enabled():
-            self.__dict__["_fused_layers"] = (stamp, bound)
+            self.__dict__["_fused_layers"] = (stamp, current, bound)
         return bound
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
