@@ -159,10 +159,13 @@ static void prefetch_rows(const float* rows, int64_t t0, int64_t t1, int64_t str
     for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows + t * stride + d, 0, 3);
 }
 
-/// End of the prefix block after the one starting at t0 (empty past the prefix).
-EK_INLINE int64_t next_block_end(int64_t t0, int64_t prefix) {
-  const int64_t end = t0 + 2 * kAttentionKeyBlock;
-  return end < prefix ? end : prefix;
+/// Before a pass uses prefix block [t0, t0 + keys): requests the next block's rows (and, for
+/// the pass's first block, its own).
+static void prefetch_next_block(const float* rows, int64_t t0, int64_t keys, int64_t prefix,
+                                int64_t stride, int64_t dim) {
+  if (t0 == 0) prefetch_rows(rows, 0, keys, stride, dim);
+  const int64_t end = t0 + keys + kAttentionKeyBlock;
+  prefetch_rows(rows, t0 + keys, end < prefix ? end : prefix, stride, dim);
 }
 
 /// The queries of one task: nodes [n0, n1) x query heads [h0, h1) of sequence b, all reading
@@ -229,8 +232,7 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
   // its scores instead measured the same, but a long prefix would evict them before use).
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
-    if (t0 == 0) prefetch_rows(k_prefix, 0, keys, stride, dim);
-    prefetch_rows(k_prefix, t0 + keys, next_block_end(t0, prefix), stride, dim);
+    prefetch_next_block(k_prefix, t0, keys, prefix, stride, dim);
     for (int64_t q = 0; q < task_queries; ++q)
       key_scores(a.q + query_offset(q), k_prefix + t0 * stride, nullptr, nullptr, keys, keys,
                  stride, dim, a.scale, query_scratch(a, workspace, q).scores + t0);
@@ -246,8 +248,7 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
   }
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
-    if (t0 == 0) prefetch_rows(v_prefix, 0, keys, stride, dim);
-    prefetch_rows(v_prefix, t0 + keys, next_block_end(t0, prefix), stride, dim);
+    prefetch_next_block(v_prefix, t0, keys, prefix, stride, dim);
     for (int64_t q = 0; q < task_queries; ++q) {
       const QueryScratch scratch = query_scratch(a, workspace, q);
       accumulate_values(scratch.scores + t0, keys, v_prefix + t0 * stride, nullptr, nullptr,

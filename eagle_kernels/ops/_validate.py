@@ -78,6 +78,13 @@ def check_int(name: str, value, low: int, high: int | None = None) -> int:
     return value
 
 
+def check_eps(name: str, value) -> float:
+    """Check an epsilon argument (a real number >= 0, not a bool); returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{name}: expected a float >= 0, got {value!r}")
+    return float(value)
+
+
 def check_range(name: str, value: torch.Tensor, low: int, high: int, what: str = "") -> None:
     """Value check: every entry in [low, high) (skipped when value checks are off)."""
     if not value_checks_enabled() or value.numel() == 0:

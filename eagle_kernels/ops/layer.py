@@ -30,7 +30,7 @@ import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import check_range, check_tensor, value_checks_enabled
+from ._validate import check_eps, check_range, check_tensor, value_checks_enabled
 from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -75,10 +75,8 @@ class LayerWeights:
                              f"({', '.join(LAYER_WEIGHTS)})")
         if not isinstance(biases, (list, tuple)) or len(biases) != len(LAYER_WEIGHTS):
             raise ValueError(f"biases: expected {len(LAYER_WEIGHTS)} entries (None for no bias)")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-            raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
         self.weights, self.biases = list(weights), list(biases)
-        self.input_norm, self.post_norm, self.eps = input_norm, post_norm, float(eps)
+        self.input_norm, self.post_norm, self.eps = input_norm, post_norm, check_eps("eps", eps)
         self._dims = None
         self._check_tensors()
         self._tensors = [t for t in (*weights, *biases, input_norm, post_norm) if t is not None]
@@ -316,9 +314,7 @@ class DecoderStep:
             raise TypeError(f"final_norm: expected (weight, eps), got {type(final_norm).__name__}")
         weight, eps = final_norm
         check_tensor("final_norm", weight, (self.dtype,), (first.hidden,), self.device)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-            raise ValueError(f"final_norm: expected an eps >= 0, got {eps!r}")
-        return weight, float(eps)
+        return weight, check_eps("final_norm (eps)", eps)
 
     def _kernel_sizes(self, layer: LayerWeights) -> list[int]:
         """The C++ layer's sizes (cpu_bindings.cpp decoder_layer's order)."""
