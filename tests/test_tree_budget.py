@@ -9,9 +9,9 @@ import torch
 
 from eagle_kernels.runtime import Engine, TreeConfig
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
-from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, AdaptiveTree, CycleCost,
-                                               PRIOR_WEIGHT, choose_tree, expected_tau,
-                                               fit_alpha, measure_cycle, tree_tau)
+from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, TIMINGS_TO_TRUST, AdaptiveTree,
+                                               CycleCost, PRIOR_WEIGHT, choose_tree,
+                                               expected_tau, fit_alpha, measure_cycle, tree_tau)
 from runtime_helpers import tiny_target
 
 SMALL, MEDIUM, LARGE = TreeConfig(1, 0, 2), TreeConfig(4, 3, 12), TreeConfig(10, 6, 60)
@@ -79,7 +79,7 @@ def test_adaptive_trees_stay_exact(target, gen):
     reference = Engine(target).generate(prompts, 24, speculative=False)
     big = TreeConfig(4, 3, 16)
     costs = {SMALL: CycleCost(0.001, 0.009), big: CycleCost(0.002, 0.02)}
-    policy = AdaptiveTree(costs, prior_alpha=0.97)
+    policy = AdaptiveTree(costs, prior_alpha=0.97, online_timing=False)
     assert policy.current == big
     engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
     out = engine.generate(prompts, 24)
@@ -95,7 +95,8 @@ def test_plain_decoding_takes_over_when_no_tree_pays(target, gen):
 
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (9,)]
     reference = Engine(target).generate(prompts, 24, speculative=False)
-    policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.9, step_seconds=0.01)
+    policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.9, step_seconds=0.01,
+                          online_timing=False)
     assert policy.worth_speculating()  # optimistic prior: 1.9 tokens per 14 ms beats 1 per 10
     engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
     out = engine.generate(prompts, 24)
@@ -123,3 +124,37 @@ def test_relative_medians_take_each_ratio_within_one_round(monkeypatch):
     assert reference == 1.55 and call / reference == pytest.approx(0.8, rel=1e-12)
     call, reference = tree_budget.interleaved_medians([None, None], 5, torch.device("cpu"))
     assert call / reference == pytest.approx(1.2 / 1.55, rel=1e-12)
+
+
+def test_timed_cycles_and_steps_replace_the_start_up_costs():
+    """Start-up put a 3-node cycle at 1.45 plain steps (no tree pays at alpha 0.35); the loop
+    then times cycles at 1.15 steps: speculation pays, and an untimed tree's cost follows the
+    timed one's ratio to its start-up cost. Timings of another batch size are not mixed in."""
+    chain, bigger = TreeConfig(2, 1, 3), TreeConfig(4, 3, 8)
+    costs = {chain: CycleCost(0.002, 0.0125), bigger: CycleCost(0.004, 0.025)}
+    policy = AdaptiveTree(costs, prior_alpha=0.35, step_seconds=0.01)
+    assert not policy.start_call() and policy.plain_step_seconds() == 0.01
+    for _ in range(TIMINGS_TO_TRUST):
+        policy.time_step(0.02, batch=1)  # a slower phase of the machine: both costs double
+        policy.time_cycle(chain, 0.023, batch=1)
+        policy.time_cycle(chain, 0.001, batch=4)  # another batch size: ignored
+        policy.time_step(0.001, batch=4)
+    assert policy.plain_step_seconds() == pytest.approx(0.02)
+    assert policy.cycle_seconds(chain) == pytest.approx(0.023)
+    assert policy.cycle_seconds(bigger) == pytest.approx(0.029 * 0.023 / 0.0145)
+    assert policy.start_call() and policy.current == chain
+    assert "timed 23.0 ms a cycle" in policy.report() and "plain decoding step 20.0" in policy.report()
+
+
+def test_the_loop_times_its_cycles_and_steps(target, gen):
+    """A call with the policy feeds it the wall clock of each cycle, and a plain call of each
+    step (both at the policy's batch size)."""
+    prompt = [torch.randint(0, 300, (9,), generator=gen).tolist()]
+    policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.9, step_seconds=0.01)
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
+    engine.generate(prompt, 12, speculative=False)
+    assert len(policy._step_timings) >= TIMINGS_TO_TRUST
+    assert policy.plain_step_seconds() == sorted(policy._step_timings)[len(policy._step_timings) // 2]
+    out = engine.generate(prompt, 12)
+    cycles = out.stats.tree_cycles.get("1/0/2", 0)
+    assert len(policy._cycle_timings.get(SMALL, ())) == min(cycles, 16) > 0

@@ -453,15 +453,24 @@ class Engine:
             stats.capture_seconds = _now(self.device) - start
             start = _now(self.device)  # decode time excludes the one-off capture
         adaptive = call.policy is not None
+        timer = self.tree_policy  # the wall clock of each step / cycle feeds the tree budget
+        batch = len(carry[0])
         while not finished:
             if adaptive:
                 nodes = call.tree.total_tokens
+            began = time.perf_counter()
             outputs = runner(*carry, *self._uniforms(call, nodes))
             carry = list(outputs[:len(carry)])
             counts, accepted, active = outputs[len(carry):]
             host = torch.stack([accepted, active, call.done.long()]).cpu()
+            seconds = time.perf_counter() - began  # the host read above waited for the device
             finished = bool(host[2].all())
             stats.cycles += 1
+            plain = runner is plain_step or stats.mode == "autoregressive"
+            if timer is not None and plain:
+                timer.time_step(seconds, batch)
+            elif timer is not None:
+                timer.time_cycle(call.tree, seconds, batch)
             if runner is plain_step:
                 stats.plain_steps += 1
                 yield counts

@@ -16,6 +16,13 @@ accepted lengths the generation loop observes, re-picking among a fixed set of t
 (:data:`CANDIDATE_TREES`) as acceptance turns out better or worse. Only the shapes change, never
 what is emitted: every tree is verified by the target, so output stays exact.
 
+Nor are the costs fixed at start-up: the loop times every cycle and every plain step it runs
+(wall clock, host sync included) and the policy prefers those timings, recent ones only, to its
+start-up measurement. A start-up measurement is a few seconds of one moment on a machine whose
+speed drifts (this project's 2-core VM switches between ~35 and ~60 GB/s within minutes, and a
+verify's cost relative to a step moves with it), and it leaves out what a cycle does besides
+drafting and verifying (acceptance, KV compaction, the head's commit, the loop itself).
+
 ``tau`` model (a heuristic of a dynamic EAGLE-2 tree): a tree of N nodes over ``depth + 1``
 levels holds ``w = (N - 1) / (depth + 1)`` nodes per level, of which about ``sqrt(w)`` hang under
 the path the target takes; each extra sibling there removes a quarter of the remaining miss
@@ -26,10 +33,12 @@ EAGLE-2's 60 nodes / depth 7, in line with published EAGLE-2 numbers.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
+from ..ops._validate import no_value_checks
 from .drafting import TreeConfig, draft_tree
 
 # The shapes a CPU or GPU may pick from: chains and small trees (compute-bound devices, weak
@@ -43,6 +52,8 @@ REPICK_EVERY = 4  # cycles between re-picks
 PROBE_EVERY = 4  # calls: a call speculates at least this often, to keep learning acceptance
 GAIN_TO_SPECULATE = 1.02  # expected rate over plain decoding's below which a call decodes plainly
 MEMORY = 64  # cycles of history the estimate keeps (acceptance drifts along a reply)
+TIMING_WINDOW = 16  # recent wall-clock timings kept per tree and for the plain step
+TIMINGS_TO_TRUST = 3  # timings of a tree (or of the step) before they replace start-up costs
 
 
 def expected_tau(nodes: int, depth: int, alpha: float, top_k: int) -> float:
@@ -107,7 +118,7 @@ def interleaved_times(calls: list, repeats: int, device: torch.device) -> list[l
     return times
 
 
-def _median(values: list[float]) -> float:
+def _median(values) -> float:
     return sorted(values)[len(values) // 2]
 
 
@@ -174,24 +185,37 @@ def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int
 
 @dataclass
 class AdaptiveTree:
-    """Picks the tree with the best expected rate, from measured cycle costs and the acceptance
-    observed so far; :meth:`observe` feeds it each cycle's accepted lengths.
+    """Picks the tree with the best expected rate, from cycle costs and the acceptance observed
+    so far; :meth:`observe` feeds it each cycle's accepted lengths, :meth:`time_cycle` and
+    :meth:`time_step` the wall-clock seconds of the cycles and plain steps the loop runs.
 
     With ``step_seconds`` (a plain decoding step) it also says when no tree is worth it
     (:meth:`worth_speculating`): a head that accepts too little, on a device where a verify pass
     costs more than a decode step, makes speculation slower than plain decoding, and the engine
     then decodes plainly (probing every :data:`PROBE_EVERY` calls so the estimate keeps up).
+
+    Costs: a tree timed at least :data:`TIMINGS_TO_TRUST` times in the last
+    :data:`TIMING_WINDOW` cycles it ran costs the median of those timings; any other tree costs
+    its start-up measurement scaled by the timed / start-up ratio of the tree timed last (the
+    machine's present speed, and the cycle's work besides drafting and verify); the plain step
+    likewise. Timings are taken at ``batch`` sequences only (the start-up measurement's).
+    ``online_timing=False`` keeps the start-up costs (tests that script the costs).
     """
 
     costs: dict[TreeConfig, CycleCost]
     prior_alpha: float = PRIOR_ALPHA
     step_seconds: float | None = None
+    batch: int = 1
+    online_timing: bool = True
     history: list[tuple[TreeConfig, int]] = field(default_factory=list)  # (tree, tokens) per
     #                                                         cycle and sequence, the last MEMORY
     current: TreeConfig | None = None
     _since_pick: int = 0
     _calls_since_probe: int = 0
     _worth: bool | None = None
+    _cycle_timings: dict[TreeConfig, deque] = field(default_factory=dict)
+    _step_timings: deque = field(default_factory=lambda: deque(maxlen=TIMING_WINDOW))
+    _timed_last: TreeConfig | None = None
 
     def __post_init__(self):
         if not self.costs:
@@ -220,9 +244,44 @@ class AdaptiveTree:
         fitted = fit_alpha(seen) if seen else self.prior_alpha
         return (self.prior_alpha * PRIOR_WEIGHT + fitted * len(seen)) / (PRIOR_WEIGHT + len(seen))
 
+    # ------------------------------------------------------------------------ costs
+    def time_cycle(self, tree: TreeConfig, seconds: float, batch: int) -> None:
+        """Record the wall-clock seconds of one cycle of ``tree`` over ``batch`` sequences."""
+        if self.online_timing and batch == self.batch and tree in self.costs:
+            self._cycle_timings.setdefault(tree, deque(maxlen=TIMING_WINDOW)).append(seconds)
+            self._timed_last = tree
+
+    def time_step(self, seconds: float, batch: int) -> None:
+        """Record the wall-clock seconds of one plain decoding step over ``batch`` sequences."""
+        if self.online_timing and batch == self.batch:
+            self._step_timings.append(seconds)
+
+    def _scale(self) -> float:
+        """Seconds now per start-up second: the tree timed last, else the plain step, else 1."""
+        last = self._timed_last
+        if last is not None and len(self._cycle_timings[last]) >= TIMINGS_TO_TRUST:
+            return _median(self._cycle_timings[last]) / self.costs[last].total
+        if self.step_seconds and len(self._step_timings) >= TIMINGS_TO_TRUST:
+            return _median(self._step_timings) / self.step_seconds
+        return 1.0
+
+    def cycle_seconds(self, tree: TreeConfig) -> float:
+        """What a cycle of ``tree`` costs now (see the class docstring)."""
+        timed = self._cycle_timings.get(tree, ())
+        if len(timed) >= TIMINGS_TO_TRUST:
+            return _median(timed)
+        return self.costs[tree].total * self._scale()
+
+    def plain_step_seconds(self) -> float | None:
+        """What a plain decoding step costs now; None when the policy has no step to go by."""
+        if len(self._step_timings) >= TIMINGS_TO_TRUST:
+            return _median(self._step_timings)
+        return None if self.step_seconds is None else self.step_seconds * self._scale()
+
+    # --------------------------------------------------------------------- decisions
     def rate(self, tree: TreeConfig, alpha: float | None = None) -> float:
         alpha = self.alpha() if alpha is None else alpha
-        return tree_tau(tree, alpha) / self.costs[tree].total
+        return tree_tau(tree, alpha) / self.cycle_seconds(tree)
 
     def best(self) -> TreeConfig:
         alpha = self.alpha()
@@ -236,18 +295,21 @@ class AdaptiveTree:
 
     def worth_speculating(self) -> bool:
         """Whether the best tree's expected rate beats plain decoding's by GAIN_TO_SPECULATE
-        (re-evaluated when the tree is re-picked)."""
-        if self.step_seconds is None:
+        (re-evaluated when the tree is re-picked and when a call starts)."""
+        step = self.plain_step_seconds()
+        if step is None:
             return True
         if self._worth is None:
-            self._worth = self.rate(self.best()) * self.step_seconds >= GAIN_TO_SPECULATE
+            self._worth = self.rate(self.best()) * step >= GAIN_TO_SPECULATE
         return self._worth
 
     def start_call(self) -> bool:
         """Whether a new call should speculate: when worth it, and every PROBE_EVERY calls."""
         self._calls_since_probe += 1
+        self._worth = None  # plain steps timed since the last decision count
         if self.worth_speculating() or self._calls_since_probe >= PROBE_EVERY:
             self._calls_since_probe = 0
+            self.current = self.best()
             return True
         return False
 
@@ -265,10 +327,13 @@ class AdaptiveTree:
         alpha = self.alpha()
         rows = ", ".join(f"{t.top_k}/{t.depth}/{t.total_tokens}: draft "
                          f"{c.draft * 1e3:.1f} + verify {c.verify * 1e3:.1f} ms"
+                         + (f" (timed {self.cycle_seconds(t) * 1e3:.1f} ms a cycle)"
+                            if len(self._cycle_timings.get(t, ())) >= TIMINGS_TO_TRUST else "")
                          for t, c in self.costs.items())
         tree = self.current
-        step = "" if self.step_seconds is None else (
-            f"; plain decoding step {self.step_seconds * 1e3:.1f} ms"
+        step = self.plain_step_seconds()
+        step = "" if step is None else (
+            f"; plain decoding step {step * 1e3:.1f} ms"
             f"{'' if self.worth_speculating() else ' (faster than any tree at this alpha)'}")
         return (f"tree budget: top_k={tree.top_k} depth={tree.depth} "
                 f"total_tokens={tree.total_tokens} (expected tau {tree_tau(tree, alpha):.2f} at "
@@ -280,9 +345,9 @@ def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: 
                   repeats: int = 5) -> tuple[dict[TreeConfig, CycleCost], float]:
     """Cycle costs of every candidate tree on this device and a plain decoding step's
     seconds, all timed in the same interleaved rounds, each relative to the plain step of its
-    round (see :func:`relative_medians`)."""
+    round (see :func:`relative_medians`); value checks off, as inside the generation loop."""
     trees = list(trees)
-    with torch.inference_mode():
+    with torch.inference_mode(), no_value_checks():
         calls = [call for tree in trees
                  for call in cycle_calls(target, head, tree, context, batch)]
         calls.append(_step_call(target, context, batch))
@@ -297,4 +362,4 @@ def choose_tree(target, head, batch: int = 1, context: int = 256,
     """Measure every candidate tree's cycle and a plain decoding step here; return the policy
     (its ``current`` tree is the best under the prior ``alpha`` until acceptance is observed)."""
     costs, step = measure_trees(target, head, trees, batch, context, repeats)
-    return AdaptiveTree(costs, alpha, step)
+    return AdaptiveTree(costs, alpha, step, batch=batch)
