@@ -55,20 +55,24 @@ def test_linear_group_is_one_linear_per_weight(gen):
 
 
 @needs_cpu_backend
-@pytest.mark.parametrize("op", ["linear", "rms_norm", "silu_mul", "apply_rope"])
+@pytest.mark.parametrize("op", ["linear", "linear_bf16_pack", "rms_norm", "silu_mul",
+                                "apply_rope"])
 def test_cpu_rows_do_not_depend_on_their_neighbours(gen, op):
     """Row invariance: each row computed alone equals, bit for bit, the same row computed among
-    up to 64 others, whatever its place, on every instruction set."""
-    width = 576
-    x = torch.randn(64, width, generator=gen)
+    up to 80 others, whatever its place, on every instruction set (linear: every tiling, up to
+    and past the row groups' 64 rows, over fp32 and bf16 packs)."""
+    width, most = 576, 80
+    x = torch.randn(most, width, generator=gen)
     w = torch.randn(200, width, generator=gen)
+    if op == "linear_bf16_pack":  # every element a bf16 value: packed in bf16
+        w = w.bfloat16().float()
     norm_weight = torch.randn(width, generator=gen)
-    up = torch.randn(64, width, generator=gen)
+    up = torch.randn(most, width, generator=gen)
     cos, sin = torch.randn(300, 64, generator=gen), torch.randn(300, 64, generator=gen)
-    positions = torch.randint(0, 300, (1, 64), generator=gen)
+    positions = torch.randint(0, 300, (1, most), generator=gen)
 
     def run(rows):
-        if op == "linear":
+        if op.startswith("linear"):
             return ops.linear(x[rows], w, backend="cpu")
         if op == "rms_norm":
             return ops.rms_norm(x[rows], norm_weight, 1e-5, residual=up[rows], backend="cpu")[0]
@@ -78,8 +82,8 @@ def test_cpu_rows_do_not_depend_on_their_neighbours(gen, op):
         return ops.apply_rope(heads, positions[:, rows].contiguous(), cos, sin, backend="cpu")[0]
 
     for isa in each_cpu_isa():
-        for count in (1, 2, 3, 4, 5, 6, 16, 37, 64):
-            rows = torch.randperm(64, generator=gen)[:count]
+        for count in (1, 2, 3, 4, 5, 6, 7, 13, 16, 37, 64, 65, 80):
+            rows = torch.randperm(most, generator=gen)[:count]
             together = run(rows)
             for place in range(count):
                 alone = run(rows[place:place + 1])
@@ -490,8 +494,9 @@ def test_stacked_forward_follows_replaced_weights_and_hooks(gen):
 
 
 @needs_cpu_backend
-@pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 300, 40), (4, 577, 37),
-                                            (5, 64, 16), (61, 1536, 200)])
+@pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 300, 40), (3, 576, 100),
+                                            (4, 577, 37), (5, 64, 16), (13, 64, 40),
+                                            (61, 1536, 200), (70, 96, 33)])
 def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
                                                                   out):
     """A weight whose every element is a bf16 value (a bf16 checkpoint run in fp32) is packed in

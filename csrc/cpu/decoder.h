@@ -30,21 +30,30 @@ constexpr int kChunk = 64;
 constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 #if defined(EK_ISA_AVX512)
 constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
-constexpr int kFewRows = kRowTile;                // (few-row tiles not measured on AVX-512)
+constexpr int kFewRows = kRowTile;                // (row groups not measured on AVX-512)
+constexpr int kRowGroupsMaxRows = kFewRows, kBf16RowGroupsFrom = kRowTile + 1;
 #elif defined(EK_ISA_AVX2)
 constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers; two
                                                   // panel streams: M = 6..12 ~10 % faster than 6x1
-constexpr int kFewRows = 6;                       // 4..6 rows: one 6x1 tile (12 accumulators)
+constexpr int kFewRows = 6;                       // a row group: one 6x1 tile (12 accumulators)
+constexpr int kRowGroupsMaxRows = 64;
+constexpr int kBf16RowGroupsFrom = 3;             // a bf16 pack's 3x2 tile spills: widening
+                                                  // needs registers beside its 12 accumulators
 #else
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
 constexpr int kFewRows = kRowTile;
+constexpr int kRowGroupsMaxRows = kFewRows, kBf16RowGroupsFrom = kRowTile + 1;
 #endif
-// kRowTile < M <= kFewRows rows go in one tile of every row and one panel, each panel read once
-// straight from DRAM while the next one is prefetched. Measured on AVX2 (one process,
-// alternating): per decoder layer M = 4 -7..-14 % and M = 5 -16 % against 3 + 1 / 3 + 2 row
-// tiles over L2 blocks; the prefetch then took a verify pass over 4 / 5 nodes another -12 %,
-// and 6 nodes -10 % against 3 + 3. At M <= 3 the tiles of kRowTile rows stay (a one-panel
-// tile with the prefetch: +5 % at M = 3; the prefetch alone: +5-7 % at M = 1..3).
+// Row groups: up to kRowGroupsMaxRows rows (from kBf16RowGroupsFrom for a bf16 pack, else from
+// kRowTile + 1) go over one panel at a time, in groups of at most kFewRows rows that each run
+// one tile over it: the first group reads the panel from DRAM while the next panel is
+// prefetched, the others find it in L1 / L2. Measured on AVX2 (one process, alternating, bf16
+// packs): 4-6 rows against 3 + 1 / 3 + 2 / 3 + 3 row tiles over L2 blocks -10..-16 % per
+// decoder layer (DRAM-bound), and with weights in L3, where FMA work decides, 3 rows -18 %,
+// 8-16 rows -15..-34 %, 24 rows -10 %, 32-64 rows -2..-5 %, 128 rows +2 % (so blocks beyond
+// 64); the decoder stack at 256 keys of context (DRAM-bound) 3-8 rows the same, 12-24 rows
+// -4..-6 %, 64 rows -3 %. fp32 packs: 3 rows +40..+80 % (their 3x2 tile does not spill: kept),
+// 8-32 rows 0..-7 %.
 constexpr int kSingleRowPanels = 8 / kPanelVectors;  // m == 1: 8 chains, memory-bound
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
@@ -151,24 +160,29 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const
   }
 }
 
-/// All a.m <= kFewRows rows, panels [p0, p1) of a segment, one panel at a time, each tile
-/// prefetching the next panel (spread over its k steps): these tiles are FMA-heavy enough that
-/// the hardware prefetcher alone lets DRAM idle.
+/// Every row, panels [p0, p1) of a segment, one panel at a time, in groups of at most kFewRows
+/// rows (as even as possible) that each run one tile over the panel; the first group prefetches
+/// the next panel, spread over its k steps (these tiles are FMA-heavy enough that the hardware
+/// prefetcher alone lets DRAM idle). See kRowGroupsMaxRows.
 template <typename WT>
-static void linear_few_rows(const LinearArgs& a, const LinearSegment& s, const WT* packed,
-                            int64_t p0, int64_t p1) {
-  const int rows = static_cast<int>(a.m);
+static void linear_row_groups(const LinearArgs& a, const LinearSegment& s, const WT* packed,
+                              int64_t p0, int64_t p1) {
+  const int64_t groups = (a.m + kFewRows - 1) / kFewRows;
+  const int64_t group_rows = (a.m + groups - 1) / groups;
   const int64_t panel_elements = a.k * kPanel;
   const int64_t panel_lines = panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t col = p * kPanel;
-    Prefetch ahead;
-    if (p + 1 < p1)
-      ahead = {reinterpret_cast<const char*>(packed + (p + 1) * panel_elements), panel_lines,
-               (panel_lines + a.k - 1) / a.k};
-    panel_tile_any<kFewRows, 1>(rows, 1, a.x, a.ldx, packed + p * panel_elements, a.k,
-                                s.bias ? s.bias + col : nullptr, s.y + col, s.ldy, s.n - col,
-                                ahead);
+    for (int64_t r = 0; r < a.m; r += group_rows) {
+      const int rows = static_cast<int>(a.m - r < group_rows ? a.m - r : group_rows);
+      Prefetch ahead;
+      if (r == 0 && p + 1 < p1)
+        ahead = {reinterpret_cast<const char*>(packed + (p + 1) * panel_elements), panel_lines,
+                 (panel_lines + a.k - 1) / a.k};
+      panel_tile_any<kFewRows, 1>(rows, 1, a.x + r * a.ldx, a.ldx, packed + p * panel_elements,
+                                  a.k, s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col,
+                                  s.ldy, s.n - col, ahead);
+    }
   }
 }
 
@@ -229,7 +243,9 @@ template <typename WT>
 static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                           int64_t p0, int64_t p1) {
   if (a.m == 1) return linear_single_row(a, s, packed, p0, p1);
-  if (a.m > kRowTile && a.m <= kFewRows) return linear_few_rows(a, s, packed, p0, p1);
+  const int64_t groups_from = sizeof(WT) == 2 ? kBf16RowGroupsFrom : kRowTile + 1;
+  if (a.m >= groups_from && a.m <= kRowGroupsMaxRows)
+    return linear_row_groups(a, s, packed, p0, p1);
   const int64_t block = panels_per_block(a.k), panel_elements = a.k * kPanel;
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
