@@ -224,8 +224,11 @@ def main(argv: list[str] | None = None, generator=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     append_rows(out / "e2e.csv", rows)
-    (out / "e2e.json").write_text(json.dumps({"environment": environment(), "rows": rows},
-                                             indent=2))
+    result = {"environment": environment(), "rows": rows}
+    if getattr(generator, "budget", None) is not None:  # what it timed while generating
+        result["tree_budget"] = generator.budget.report()
+        print(result["tree_budget"])
+    (out / "e2e.json").write_text(json.dumps(result, indent=2))
     plot(rows, out / "e2e.png")
     return 0
 
