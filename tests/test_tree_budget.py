@@ -128,22 +128,55 @@ def test_relative_medians_take_each_ratio_within_one_round(monkeypatch):
 
 def test_timed_cycles_and_steps_replace_the_start_up_costs():
     """Start-up put a 3-node cycle at 1.45 plain steps (no tree pays at alpha 0.35); the loop
-    then times cycles at 1.15 steps: speculation pays, and an untimed tree's cost follows the
-    timed one's ratio to its start-up cost. Timings of another batch size are not mixed in."""
+    then times steps at 20 ms and cycles at 23 ms (1.15 steps): speculation pays, and an untimed
+    tree's cost follows the timed one's ratio to its start-up cost. Timings of another batch
+    size are not mixed in."""
     chain, bigger = TreeConfig(2, 1, 3), TreeConfig(4, 3, 8)
     costs = {chain: CycleCost(0.002, 0.0125), bigger: CycleCost(0.004, 0.025)}
     policy = AdaptiveTree(costs, prior_alpha=0.35, step_seconds=0.01)
     assert not policy.start_call() and policy.plain_step_seconds() == 0.01
     for _ in range(TIMINGS_TO_TRUST):
-        policy.time_step(0.02, batch=1)  # a slower phase of the machine: both costs double
+        policy.time_step(0.02, batch=1)
         policy.time_cycle(chain, 0.023, batch=1)
         policy.time_cycle(chain, 0.001, batch=4)  # another batch size: ignored
         policy.time_step(0.001, batch=4)
     assert policy.plain_step_seconds() == pytest.approx(0.02)
-    assert policy.cycle_seconds(chain) == pytest.approx(0.023)
+    assert policy.cycle_seconds(chain) == pytest.approx(0.023) and policy.timed(chain)
     assert policy.cycle_seconds(bigger) == pytest.approx(0.029 * 0.023 / 0.0145)
     assert policy.start_call() and policy.current == chain
     assert "timed 23.0 ms a cycle" in policy.report() and "plain decoding step 20.0" in policy.report()
+
+
+def test_timings_expire_and_a_tree_timed_once_does_not_set_the_scale():
+    """Timings older than TIMING_MAX_AGE no longer count (the machine's speed has moved since);
+    one timing of another tree does not replace the scale the trusted tree gives; without a
+    measured step the policy never decodes plainly, whatever steps it times."""
+    from eagle_kernels.runtime.tree_budget import TIMING_MAX_AGE
+
+    now = [100.0]
+    chain, bigger = TreeConfig(2, 1, 3), TreeConfig(4, 3, 8)
+    costs = {chain: CycleCost(0.002, 0.0125), bigger: CycleCost(0.004, 0.025)}
+    policy = AdaptiveTree(costs, prior_alpha=0.35, step_seconds=0.01, clock=lambda: now[0])
+    for _ in range(TIMINGS_TO_TRUST):
+        policy.time_cycle(chain, 0.029, batch=1)  # twice its start-up cost
+    policy.time_cycle(bigger, 0.001, batch=1)  # one (absurd) timing: not trusted
+    assert not policy.timed(bigger)
+    assert policy.cycle_seconds(bigger) == pytest.approx(0.058)  # 2x start-up, from chain
+    assert policy.plain_step_seconds() == pytest.approx(0.02)
+    now[0] += TIMING_MAX_AGE + 1
+    assert not policy.timed(chain) and policy.cycle_seconds(chain) == pytest.approx(0.0145)
+    blind = AdaptiveTree(costs, prior_alpha=0.01)
+    for _ in range(TIMINGS_TO_TRUST):
+        blind.time_step(0.001, batch=1)
+    assert blind.plain_step_seconds() is None and blind.worth_speculating()
+
+
+def test_a_call_that_speculates_sees_a_few_cycles_before_it_may_fall_back():
+    policy = AdaptiveTree(synthetic_costs(), prior_alpha=0.5, step_seconds=1.0)
+    for _ in range(3):
+        policy.observe(policy.current, [0])
+    assert not policy.just_repicked
+    assert policy.start_call() and policy.just_repicked  # the count starts with the call
 
 
 def test_the_loop_times_its_cycles_and_steps(target, gen):
@@ -153,8 +186,9 @@ def test_the_loop_times_its_cycles_and_steps(target, gen):
     policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.9, step_seconds=0.01)
     engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
     engine.generate(prompt, 12, speculative=False)
-    assert len(policy._step_timings) >= TIMINGS_TO_TRUST
-    assert policy.plain_step_seconds() == sorted(policy._step_timings)[len(policy._step_timings) // 2]
+    steps = [seconds for _, seconds in policy._step_timings]
+    assert len(steps) >= TIMINGS_TO_TRUST
+    assert policy.plain_step_seconds() == sorted(steps)[len(steps) // 2]
     out = engine.generate(prompt, 12)
     cycles = out.stats.tree_cycles.get("1/0/2", 0)
     assert len(policy._cycle_timings.get(SMALL, ())) == min(cycles, 16) > 0

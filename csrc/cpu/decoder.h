@@ -33,8 +33,9 @@ constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 regis
 constexpr int kFewRows = kRowTile;                // (row groups not measured on AVX-512)
 constexpr int kRowGroupsMaxRows = kFewRows, kBf16RowGroupsFrom = kRowTile + 1;
 #elif defined(EK_ISA_AVX2)
-constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers; two
-                                                  // panel streams: M = 6..12 ~10 % faster than 6x1
+constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers, two
+                                                  // panel streams (used by M <= 2, fp32 M = 3
+                                                  // and M > kRowGroupsMaxRows)
 constexpr int kFewRows = 6;                       // a row group: one 6x1 tile (12 accumulators)
 constexpr int kRowGroupsMaxRows = 64;
 constexpr int kBf16RowGroupsFrom = 3;             // a bf16 pack's 3x2 tile spills: widening
@@ -161,22 +162,22 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const
 }
 
 /// Every row, panels [p0, p1) of a segment, one panel at a time, in groups of at most kFewRows
-/// rows (as even as possible) that each run one tile over the panel; the first group prefetches
-/// the next panel, spread over its k steps (these tiles are FMA-heavy enough that the hardware
-/// prefetcher alone lets DRAM idle). See kRowGroupsMaxRows.
+/// rows (sizes differing by at most one) that each run one tile over the panel; the first group
+/// prefetches the next panel, spread over its k steps (these tiles are FMA-heavy enough that
+/// the hardware prefetcher alone lets DRAM idle). See kRowGroupsMaxRows.
 template <typename WT>
 static void linear_row_groups(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                               int64_t p0, int64_t p1) {
   const int64_t groups = (a.m + kFewRows - 1) / kFewRows;
-  const int64_t group_rows = (a.m + groups - 1) / groups;
   const int64_t panel_elements = a.k * kPanel;
   const int64_t panel_lines = panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t col = p * kPanel;
-    for (int64_t r = 0; r < a.m; r += group_rows) {
-      const int rows = static_cast<int>(a.m - r < group_rows ? a.m - r : group_rows);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t r = a.m * g / groups;  // rows [r, a.m * (g + 1) / groups): <= kFewRows
+      const int rows = static_cast<int>(a.m * (g + 1) / groups - r);
       Prefetch ahead;
-      if (r == 0 && p + 1 < p1)
+      if (g == 0 && p + 1 < p1)
         ahead = {reinterpret_cast<const char*>(packed + (p + 1) * panel_elements), panel_lines,
                  (panel_lines + a.k - 1) / a.k};
       panel_tile_any<kFewRows, 1>(rows, 1, a.x + r * a.ldx, a.ldx, packed + p * panel_elements,
@@ -232,13 +233,15 @@ static void widen_bf16(const uint16_t* from, int64_t count, float* to) {
   for (int64_t i = 0; i < count; i += kW) vstore(to + i, vload_bf16(from + i));
 }
 
-/// Every row, panels [p0, p1) of a segment, a block of panels at a time. With several row
-/// tiles (M > kRowTile) every tile of a block, the first one included, prefetches a share of
-/// the next block, so DRAM streams while the FMA units work on panels already in L2 (letting
-/// only the later tiles prefetch left the first one waiting on DRAM: 8 rows -2 %, with 96 KB
-/// blocks -6 %). One row tile (M <= kRowTile) does not prefetch: +5-7 % measured. A bf16 block
-/// read by several row tiles is first widened into this thread's fp32 buffer (widening in every
-/// tile cost ~25 % of these compute-bound GEMMs).
+/// Every row, panels [p0, p1) of a segment: one row (linear_single_row), row groups (see
+/// kRowGroupsMaxRows), else a block of panels at a time. With several row tiles (M > kRowTile;
+/// on AVX2 now only past kRowGroupsMaxRows rows) every tile of a block, the first one
+/// included, prefetches a share of the next block, so DRAM streams while the FMA units work on
+/// panels already in L2 (letting only the later tiles prefetch left the first one waiting on
+/// DRAM: 8 rows -2 %, with 96 KB blocks -6 %, measured before row groups). One row tile
+/// (M <= kRowTile) does not prefetch: +5-7 % measured. A bf16 block read by several row tiles
+/// is first widened into this thread's fp32 buffer (widening in every tile cost ~25 % of these
+/// compute-bound GEMMs; row groups widen in every group, and still measured faster).
 template <typename WT>
 static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                           int64_t p0, int64_t p1) {

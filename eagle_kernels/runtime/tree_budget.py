@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -54,6 +55,7 @@ GAIN_TO_SPECULATE = 1.02  # expected rate over plain decoding's below which a ca
 MEMORY = 64  # cycles of history the estimate keeps (acceptance drifts along a reply)
 TIMING_WINDOW = 16  # recent wall-clock timings kept per tree and for the plain step
 TIMINGS_TO_TRUST = 3  # timings of a tree (or of the step) before they replace start-up costs
+TIMING_MAX_AGE = 60.0  # seconds a timing counts for (this VM's speed changes within minutes)
 
 
 def expected_tau(nodes: int, depth: int, alpha: float, top_k: int) -> float:
@@ -194,12 +196,16 @@ class AdaptiveTree:
     costs more than a decode step, makes speculation slower than plain decoding, and the engine
     then decodes plainly (probing every :data:`PROBE_EVERY` calls so the estimate keeps up).
 
-    Costs: a tree timed at least :data:`TIMINGS_TO_TRUST` times in the last
-    :data:`TIMING_WINDOW` cycles it ran costs the median of those timings; any other tree costs
-    its start-up measurement scaled by the timed / start-up ratio of the tree timed last (the
-    machine's present speed, and the cycle's work besides drafting and verify); the plain step
-    likewise. Timings are taken at ``batch`` sequences only (the start-up measurement's).
-    ``online_timing=False`` keeps the start-up costs (tests that script the costs).
+    Costs: a tree timed at least :data:`TIMINGS_TO_TRUST` times among the last
+    :data:`TIMING_WINDOW` cycles it ran, within :data:`TIMING_MAX_AGE` seconds, costs the median
+    of those timings; any other tree costs its start-up measurement scaled by the timed /
+    start-up ratio of the last tree so timed (the machine's present speed, and the cycle's work
+    besides drafting and verify); the plain step likewise (only with ``step_seconds``: without
+    a measured step the policy never decodes plainly). Timings are taken at ``batch``
+    sequences only (the start-up measurement's). ``online_timing=False`` keeps the start-up
+    costs (tests that script the costs); ``clock`` says what "now" is (tests move it). Calls
+    running in several threads at once on one engine would feed it timings inflated by their
+    contention.
     """
 
     costs: dict[TreeConfig, CycleCost]
@@ -213,9 +219,10 @@ class AdaptiveTree:
     _since_pick: int = 0
     _calls_since_probe: int = 0
     _worth: bool | None = None
-    _cycle_timings: dict[TreeConfig, deque] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    _cycle_timings: dict[TreeConfig, deque] = field(default_factory=dict)  # (when, seconds)
     _step_timings: deque = field(default_factory=lambda: deque(maxlen=TIMING_WINDOW))
-    _timed_last: TreeConfig | None = None
+    _timed_last: TreeConfig | None = None  # the last tree timed often enough to trust
 
     def __post_init__(self):
         if not self.costs:
@@ -248,35 +255,49 @@ class AdaptiveTree:
     def time_cycle(self, tree: TreeConfig, seconds: float, batch: int) -> None:
         """Record the wall-clock seconds of one cycle of ``tree`` over ``batch`` sequences."""
         if self.online_timing and batch == self.batch and tree in self.costs:
-            self._cycle_timings.setdefault(tree, deque(maxlen=TIMING_WINDOW)).append(seconds)
-            self._timed_last = tree
+            timings = self._cycle_timings.setdefault(tree, deque(maxlen=TIMING_WINDOW))
+            timings.append((self.clock(), seconds))
+            if self._trusted(timings) is not None:
+                self._timed_last = tree
 
     def time_step(self, seconds: float, batch: int) -> None:
         """Record the wall-clock seconds of one plain decoding step over ``batch`` sequences."""
         if self.online_timing and batch == self.batch:
-            self._step_timings.append(seconds)
+            self._step_timings.append((self.clock(), seconds))
+
+    def _trusted(self, timings) -> float | None:
+        """Median of the timings younger than TIMING_MAX_AGE, if TIMINGS_TO_TRUST of them."""
+        oldest = self.clock() - TIMING_MAX_AGE
+        recent = [seconds for when, seconds in timings if when >= oldest]
+        return _median(recent) if len(recent) >= TIMINGS_TO_TRUST else None
 
     def _scale(self) -> float:
-        """Seconds now per start-up second: the tree timed last, else the plain step, else 1."""
-        last = self._timed_last
-        if last is not None and len(self._cycle_timings[last]) >= TIMINGS_TO_TRUST:
-            return _median(self._cycle_timings[last]) / self.costs[last].total
-        if self.step_seconds and len(self._step_timings) >= TIMINGS_TO_TRUST:
-            return _median(self._step_timings) / self.step_seconds
+        """Seconds now per start-up second: from the last tree timed enough, else from the
+        plain step, else 1."""
+        if self._timed_last is not None:
+            timed = self._trusted(self._cycle_timings[self._timed_last])
+            if timed is not None:
+                return timed / self.costs[self._timed_last].total
+        step = self._trusted(self._step_timings)
+        if self.step_seconds and step is not None:
+            return step / self.step_seconds
         return 1.0
 
     def cycle_seconds(self, tree: TreeConfig) -> float:
         """What a cycle of ``tree`` costs now (see the class docstring)."""
-        timed = self._cycle_timings.get(tree, ())
-        if len(timed) >= TIMINGS_TO_TRUST:
-            return _median(timed)
-        return self.costs[tree].total * self._scale()
+        timed = self._trusted(self._cycle_timings.get(tree, ()))
+        return timed if timed is not None else self.costs[tree].total * self._scale()
 
     def plain_step_seconds(self) -> float | None:
-        """What a plain decoding step costs now; None when the policy has no step to go by."""
-        if len(self._step_timings) >= TIMINGS_TO_TRUST:
-            return _median(self._step_timings)
-        return None if self.step_seconds is None else self.step_seconds * self._scale()
+        """What a plain decoding step costs now; None without a start-up ``step_seconds``."""
+        if self.step_seconds is None:
+            return None
+        timed = self._trusted(self._step_timings)
+        return timed if timed is not None else self.step_seconds * self._scale()
+
+    def timed(self, tree: TreeConfig) -> bool:
+        """Whether ``tree``'s cost now comes from timings of cycles the loop ran."""
+        return self._trusted(self._cycle_timings.get(tree, ())) is not None
 
     # --------------------------------------------------------------------- decisions
     def rate(self, tree: TreeConfig, alpha: float | None = None) -> float:
@@ -310,6 +331,7 @@ class AdaptiveTree:
         if self.worth_speculating() or self._calls_since_probe >= PROBE_EVERY:
             self._calls_since_probe = 0
             self.current = self.best()
+            self._since_pick = 0  # a call sees REPICK_EVERY cycles before it may fall back
             return True
         return False
 
@@ -328,7 +350,7 @@ class AdaptiveTree:
         rows = ", ".join(f"{t.top_k}/{t.depth}/{t.total_tokens}: draft "
                          f"{c.draft * 1e3:.1f} + verify {c.verify * 1e3:.1f} ms"
                          + (f" (timed {self.cycle_seconds(t) * 1e3:.1f} ms a cycle)"
-                            if len(self._cycle_timings.get(t, ())) >= TIMINGS_TO_TRUST else "")
+                            if self.timed(t) else "")
                          for t, c in self.costs.items())
         tree = self.current
         step = self.plain_step_seconds()
