@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -87,9 +88,10 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
     totals = {m: {"tokens": 0, "seconds": 0.0} for m in METHODS}
     histogram, cycles, same_as_ar, same_as_hf, fallbacks = None, 0, 0, 0, 0
     trees: dict[str, int] = {}  # tree shape -> cycles (the adaptive tree changes between cycles)
+    cycle_over_step = []  # per prompt that speculated throughout: its cycle / ours-ar's step
     for prompt in prompts:
         ids = generator.encode(prompt)
-        outputs = {}
+        outputs, per_cycle = {}, {}
         for method in METHODS:
             if method.startswith("hf") and hf is None:
                 continue
@@ -101,6 +103,9 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
                 tokens, seconds = result.tokens[0], stats.prefill_seconds + stats.decode_seconds
                 if method == "ours-eagle" and stats.fallback:
                     fallbacks += 1  # decoded plainly (part or all): the tree budget's call
+                if stats.cycles and not stats.plain_steps and (
+                        stats.mode == "speculative") == (method == "ours-eagle"):
+                    per_cycle[method] = stats.decode_seconds / stats.cycles
                 if method == "ours-eagle" and stats.mode == "speculative":
                     hist = stats.accepted_histogram  # speculative cycles only
                     histogram = hist if histogram is None else [
@@ -114,10 +119,12 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
             outputs[method] = tokens
             totals[method]["tokens"] += len(tokens)
             totals[method]["seconds"] += seconds
+        if len(per_cycle) == 2:  # timed a minute apart at most: the same machine state
+            cycle_over_step.append(per_cycle["ours-eagle"] / per_cycle["ours-ar"])
         same_as_ar += outputs["ours-eagle"] == outputs["ours-ar"]
         same_as_hf += outputs["ours-eagle"] == outputs.get("hf-greedy")
     return {"totals": totals, "histogram": histogram or [0], "cycles": cycles, "trees": trees,
-            "fallbacks": fallbacks,
+            "fallbacks": fallbacks, "cycle_over_step": cycle_over_step,
             "identical_to_ours_ar": same_as_ar, "identical_to_hf_greedy": same_as_hf,
             "prompts": len(prompts)}
 
@@ -144,6 +151,13 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
                "tree": tree_column,  # top_k/depth/nodes x cycles, most used first
                "plain_fallback_prompts": f"{result['fallbacks']}/{result['prompts']}"
                if method == "ours-eagle" else "",
+               # a whole cycle (draft, verify, accept, compact, commit, loop) in plain steps:
+               # median over the prompts that speculated throughout, each against the ours-ar
+               # call on the same prompt just before it
+               "cycle_x_ar_step": round(statistics.median(result["cycle_over_step"]), 3)
+               if method == "ours-eagle" and result["cycle_over_step"] else "",
+               "speculated_prompts": len(result["cycle_over_step"])
+               if method == "ours-eagle" else "",
                "draft": args.draft or "default",
                "identical_to_ours_ar": f"{result['identical_to_ours_ar']}/{result['prompts']}",
                "identical_to_hf_greedy": f"{result['identical_to_hf_greedy']}/{result['prompts']}"}
@@ -162,7 +176,10 @@ def print_table(rows: list[dict]) -> None:
         if row["method"] == "ours-eagle":
             print(f"{row['set']}: histogram {row['accepted_histogram']} (speculative cycles); "
                   f"trees {row['tree'] or '-'}; plain decoding chosen on "
-                  f"{row['plain_fallback_prompts']} prompts; EAGLE == ours-ar on "
+                  f"{row['plain_fallback_prompts']} prompts; a cycle = "
+                  f"{row['cycle_x_ar_step'] or '-'} x an AR step (median over the "
+                  f"{row['speculated_prompts']} prompts that speculated throughout); "
+                  f"EAGLE == ours-ar on "
                   f"{row['identical_to_ours_ar']} prompts, == hf-greedy on "
                   f"{row['identical_to_hf_greedy']}")
 
