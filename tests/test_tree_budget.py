@@ -192,3 +192,40 @@ def test_the_loop_times_its_cycles_and_steps(target, gen):
     out = engine.generate(prompt, 12)
     cycles = out.stats.tree_cycles.get("1/0/2", 0)
     assert len(policy._cycle_timings.get(SMALL, ())) == min(cycles, 16) > 0
+
+
+def test_a_cycle_is_compared_with_plain_steps_of_its_own_moment():
+    """Cycles timed next to slow plain steps (23.4 vs 20 ms: 1.17 steps), then, from 5 s
+    later, 40 s of fast plain steps (14 ms): the cycle costs 1.17 steps of now, 16.4 ms, and
+    speculation pays at alpha 0.35 (tau 1.47); its raw 23.4 ms against 14 ms would not. The
+    slow steps are long out of the recent-step window; their samples still pair."""
+    now = [0.0]
+    chain = TreeConfig(2, 1, 3)
+    policy = AdaptiveTree({chain: CycleCost(0.002, 0.0125)}, prior_alpha=0.35,
+                          step_seconds=0.01, clock=lambda: now[0])
+    for _ in range(40):  # slow phase: 2 s of plain steps, then cycles right after
+        now[0] += 0.05
+        policy.time_step(0.020, batch=1)
+    for _ in range(TIMINGS_TO_TRUST):
+        now[0] += 0.03
+        policy.time_cycle(chain, 0.0234, batch=1)
+    now[0] += 5.0
+    for _ in range(2000):  # fast phase: 40 s of plain steps
+        now[0] += 0.02
+        policy.time_step(0.014, batch=1)
+    assert policy.steps_per_cycle(chain) == pytest.approx(1.17)
+    assert policy.cycle_seconds(chain) == pytest.approx(1.17 * 0.014)
+    assert policy.start_call() and "= 1.17 plain steps" in policy.report()
+    unpaired = 0.0234 / 0.014
+    assert tree_tau(chain, 0.35) / unpaired < 1.02  # what the raw timings would have said
+
+
+def test_nearest_steps_stay_within_the_pairing_distance():
+    from eagle_kernels.runtime.tree_budget import _nearest
+
+    times = [1.0, 2.0, 3.0, 10.0, 30.0]
+    assert _nearest([], 5.0, 5, 10.0) == []
+    assert sorted(_nearest(times, 2.4, 2, 10.0)) == [1, 2]
+    assert sorted(_nearest(times, 2.4, 9, 10.0)) == [0, 1, 2, 3]  # 30.0 is too far
+    assert _nearest(times, 50.0, 3, 10.0) == []
+    assert _nearest(times, 0.0, 1, 10.0) == [0]

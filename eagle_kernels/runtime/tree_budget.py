@@ -32,6 +32,7 @@ EAGLE-2's 60 nodes / depth 7, in line with published EAGLE-2 numbers.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ MEMORY = 64  # cycles of history the estimate keeps (acceptance drifts along a r
 TIMING_WINDOW = 16  # recent wall-clock timings kept per tree and for the plain step
 TIMINGS_TO_TRUST = 3  # timings of a tree (or of the step) before they replace start-up costs
 TIMING_MAX_AGE = 60.0  # seconds a timing counts for (this VM's speed changes within minutes)
+PAIR_SECONDS = 10.0  # a cycle and plain steps timed this close together saw one machine state
+PAIR_STEPS = 5  # a cycle timing is compared with the median of this many steps nearest in time
+STEP_SAMPLE_SECONDS = 0.25  # plain steps kept for pairing: one per this many seconds ...
+STEP_SAMPLES = 256  # ... this many of them (at least a minute of plain decoding)
 
 
 def expected_tau(nodes: int, depth: int, alpha: float, top_k: int) -> float:
@@ -122,6 +127,25 @@ def interleaved_times(calls: list, repeats: int, device: torch.device) -> list[l
 
 def _median(values) -> float:
     return sorted(values)[len(values) // 2]
+
+
+def _nearest(times: list[float], when: float, count: int, within: float) -> list[int]:
+    """Indices of the (at most) ``count`` entries of sorted ``times`` nearest to ``when``, all
+    within ``within`` of it."""
+    right = bisect.bisect_left(times, when)
+    left, picked = right - 1, []
+    while len(picked) < count:
+        before = when - times[left] if left >= 0 else float("inf")
+        after = times[right] - when if right < len(times) else float("inf")
+        if min(before, after) > within:
+            break
+        if before <= after:
+            picked.append(left)
+            left -= 1
+        else:
+            picked.append(right)
+            right += 1
+    return picked
 
 
 def interleaved_medians(calls: list, repeats: int, device: torch.device) -> list[float]:
@@ -196,12 +220,19 @@ class AdaptiveTree:
     costs more than a decode step, makes speculation slower than plain decoding, and the engine
     then decodes plainly (probing every :data:`PROBE_EVERY` calls so the estimate keeps up).
 
-    Costs: a tree timed at least :data:`TIMINGS_TO_TRUST` times among the last
-    :data:`TIMING_WINDOW` cycles it ran, within :data:`TIMING_MAX_AGE` seconds, costs the median
-    of those timings; any other tree costs its start-up measurement scaled by the timed /
-    start-up ratio of the last tree so timed (the machine's present speed, and the cycle's work
-    besides drafting and verify); the plain step likewise (only with ``step_seconds``: without
-    a measured step the policy never decodes plainly). Timings are taken at ``batch``
+    Costs: what decides is a cycle's cost in plain steps of the same moment (a 3-node cycle
+    costs ~1.17 steps here when memory is slow, ~1.40 when it is fast: comparing a cycle timed
+    in one state with a step timed in the other misjudges it by up to 1.7x). So a cycle timing
+    with plain steps timed within :data:`PAIR_SECONDS` of it (the ours-AR call before it, the
+    plain steps a call falls back to) gives a ratio, and a tree with at least
+    :data:`TIMINGS_TO_TRUST` such ratios costs their median times the plain step now; a tree
+    without costs its start-up ratio corrected as the most recently timed tree's was. Without
+    pairs: a tree timed at least TIMINGS_TO_TRUST times among the last :data:`TIMING_WINDOW`
+    cycles it ran, within :data:`TIMING_MAX_AGE` seconds, costs the median of those timings;
+    any other tree its start-up measurement scaled by the timed / start-up ratio of the last
+    tree so timed (the machine's present speed, and the cycle's work besides drafting and
+    verify); the plain step likewise (only with ``step_seconds``: without a measured step the
+    policy never decodes plainly). Timings are taken at ``batch``
     sequences only (the start-up measurement's). ``online_timing=False`` keeps the start-up
     costs (tests that script the costs); ``clock`` says what "now" is (tests move it). Calls
     running in several threads at once on one engine would feed it timings inflated by their
@@ -223,6 +254,9 @@ class AdaptiveTree:
     _cycle_timings: dict[TreeConfig, deque] = field(default_factory=dict)  # (when, seconds)
     _step_timings: deque = field(default_factory=lambda: deque(maxlen=TIMING_WINDOW))
     _timed_last: TreeConfig | None = None  # the last tree timed often enough to trust
+    _step_samples: deque = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
+    _timings_seen: int = 0  # timings recorded so far (keys the paired-ratio memo)
+    _paired_memo: tuple = (None, None)  # (key, (ratio per tree, tree timed last among them))
 
     def __post_init__(self):
         if not self.costs:
@@ -257,13 +291,18 @@ class AdaptiveTree:
         if self.online_timing and batch == self.batch and tree in self.costs:
             timings = self._cycle_timings.setdefault(tree, deque(maxlen=TIMING_WINDOW))
             timings.append((self.clock(), seconds))
+            self._timings_seen += 1
             if self._trusted(timings) is not None:
                 self._timed_last = tree
 
     def time_step(self, seconds: float, batch: int) -> None:
         """Record the wall-clock seconds of one plain decoding step over ``batch`` sequences."""
         if self.online_timing and batch == self.batch:
-            self._step_timings.append((self.clock(), seconds))
+            now = self.clock()
+            self._step_timings.append((now, seconds))
+            if not self._step_samples or now - self._step_samples[-1][0] >= STEP_SAMPLE_SECONDS:
+                self._step_samples.append((now, seconds))
+            self._timings_seen += 1
 
     def _trusted(self, timings) -> float | None:
         """Median of the timings younger than TIMING_MAX_AGE, if TIMINGS_TO_TRUST of them."""
@@ -283,8 +322,51 @@ class AdaptiveTree:
             return step / self.step_seconds
         return 1.0
 
+    def _paired_ratios(self) -> tuple[dict[TreeConfig, float], TreeConfig | None]:
+        """Median cycle / plain-step ratio of every tree with TIMINGS_TO_TRUST timings paired
+        with steps timed within PAIR_SECONDS, and the one of them timed last (memoized until
+        a new timing comes or a second passes)."""
+        now = self.clock()
+        key = (self._timings_seen, int(now))
+        if self._paired_memo[0] == key:
+            return self._paired_memo[1]
+        oldest = now - TIMING_MAX_AGE
+        steps = sorted({entry for entry in (*self._step_samples, *self._step_timings)
+                        if entry[0] >= oldest})
+        times = [when for when, _ in steps]
+        ratios, last, last_when = {}, None, None
+        for tree, timings in self._cycle_timings.items():
+            paired = []
+            for when, seconds in timings:
+                near = _nearest(times, when, PAIR_STEPS, PAIR_SECONDS)
+                if when >= oldest and near:
+                    paired.append(seconds / _median([steps[i][1] for i in near]))
+            if len(paired) >= TIMINGS_TO_TRUST:
+                ratios[tree] = _median(paired)
+                if last_when is None or timings[-1][0] >= last_when:
+                    last, last_when = tree, timings[-1][0]
+        self._paired_memo = (key, (ratios, last))
+        return ratios, last
+
+    def steps_per_cycle(self, tree: TreeConfig) -> float | None:
+        """What a cycle of ``tree`` costs in plain steps of the same moment, from cycles timed
+        near plain steps (see the class docstring); None without such timings or without a
+        start-up ``step_seconds``."""
+        if self.step_seconds is None:
+            return None
+        ratios, last = self._paired_ratios()
+        if tree in ratios:
+            return ratios[tree]
+        if last is None:
+            return None
+        start_up = self.costs[last].total / self.step_seconds
+        return self.costs[tree].total / self.step_seconds * ratios[last] / start_up
+
     def cycle_seconds(self, tree: TreeConfig) -> float:
         """What a cycle of ``tree`` costs now (see the class docstring)."""
+        relative = self.steps_per_cycle(tree)
+        if relative is not None:
+            return relative * self.plain_step_seconds()
         timed = self._trusted(self._cycle_timings.get(tree, ()))
         return timed if timed is not None else self.costs[tree].total * self._scale()
 
@@ -297,7 +379,8 @@ class AdaptiveTree:
 
     def timed(self, tree: TreeConfig) -> bool:
         """Whether ``tree``'s cost now comes from timings of cycles the loop ran."""
-        return self._trusted(self._cycle_timings.get(tree, ())) is not None
+        return (tree in self._paired_ratios()[0]
+                or self._trusted(self._cycle_timings.get(tree, ())) is not None)
 
     # --------------------------------------------------------------------- decisions
     def rate(self, tree: TreeConfig, alpha: float | None = None) -> float:
@@ -349,7 +432,9 @@ class AdaptiveTree:
         alpha = self.alpha()
         rows = ", ".join(f"{t.top_k}/{t.depth}/{t.total_tokens}: draft "
                          f"{c.draft * 1e3:.1f} + verify {c.verify * 1e3:.1f} ms"
-                         + (f" (timed {self.cycle_seconds(t) * 1e3:.1f} ms a cycle)"
+                         + (f" (timed {self.cycle_seconds(t) * 1e3:.1f} ms a cycle"
+                            + ("" if self.steps_per_cycle(t) is None or not self.timed(t) else
+                               f" = {self.steps_per_cycle(t):.2f} plain steps") + ")"
                             if self.timed(t) else "")
                          for t, c in self.costs.items())
         tree = self.current
