@@ -162,6 +162,7 @@ def test_torch_backend_handles_low_precision(gen):
     (lambda: ops.linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(4)), "biases"),
     (lambda: ops.rms_norm(torch.randn(2, 4), torch.randn(5), 1e-6), "weight"),
     (lambda: ops.rms_norm(torch.randn(2, 4), torch.randn(4), -1.0), "eps"),
+    (lambda: ops.rms_norm(torch.randn(2, 4), torch.randn(4), True), "eps"),
     (lambda: ops.rms_norm(torch.randn(2, 4), torch.randn(4), 1e-6, torch.randn(3, 4)), "residual"),
     (lambda: ops.silu_mul(torch.randn(2, 4), torch.randn(2, 5)), "up"),
     (lambda: ops.apply_rope(torch.randn(1, 2, 3), torch.zeros(1, 2, dtype=torch.int64),

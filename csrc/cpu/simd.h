@@ -164,7 +164,10 @@ EK_INLINE vf vselect_less(vf a, vf b, vf if_less, vf otherwise) {
 EK_INLINE vf vexp2_int(vf n) {
   vf r;
   for (int i = 0; i < 4; ++i) {
-    const int bits = (static_cast<int>(n.l[i]) + 127) << 23;
+    // A NaN lane (vexp of NaN: its polynomial is NaN too, so the product stays NaN, as on the
+    // vector ISAs) must not reach the int conversion: converting NaN is undefined in C++.
+    const int power = n.l[i] == n.l[i] ? static_cast<int>(n.l[i]) : 0;
+    const int bits = (power + 127) << 23;
     __builtin_memcpy(&r.l[i], &bits, sizeof(float));
   }
   return r;

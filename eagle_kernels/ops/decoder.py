@@ -25,7 +25,7 @@ import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import check_tensor
+from ._validate import check_eps, check_tensor
 
 def _check_input(name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
     check_tensor(name, x, (torch.float16, torch.bfloat16, torch.float32))
@@ -98,10 +98,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     check_tensor("weight", weight, (x.dtype,), (x.shape[-1],), x.device)
     if residual is not None:
         check_tensor("residual", residual, (x.dtype,), tuple(x.shape), x.device)
-    if not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    eps = check_eps("eps", eps)
     _, implementation = resolve("rms_norm", backend, x.device, dtype=x.dtype)
-    return implementation(x, weight, float(eps), residual)
+    return implementation(x, weight, eps, residual)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
