@@ -229,3 +229,31 @@ def test_nearest_steps_stay_within_the_pairing_distance():
     assert sorted(_nearest(times, 2.4, 9, 10.0)) == [0, 1, 2, 3]  # 30.0 is too far
     assert _nearest(times, 50.0, 3, 10.0) == []
     assert _nearest(times, 0.0, 1, 10.0) == [0]
+    assert _nearest([1.0, 3.0], 2.0, 1, 1.0) == [0]  # a tie goes to the earlier, inclusive
+    assert _nearest([1.0, 3.0], 2.0, 5, 0.5) == []
+    assert sorted(_nearest(times, 2.4, 9, float("inf"))) == [0, 1, 2, 3, 4]  # stops when out
+
+
+def test_trees_without_pairs_follow_the_paired_tree():
+    """A paired tree (1.17 steps) sets the costs of the others: a tree timed only far from
+    plain steps by its timings against the paired tree's, an untimed one by start-up costs;
+    pairs expire with their timings."""
+    from eagle_kernels.runtime.tree_budget import TIMING_MAX_AGE
+
+    now = [0.0]
+    chain, bigger, other = TreeConfig(2, 1, 3), TreeConfig(4, 3, 8), TreeConfig(2, 2, 4)
+    costs = {chain: CycleCost(0.002, 0.0125), bigger: CycleCost(0.004, 0.025),
+             other: CycleCost(0.003, 0.015)}
+    policy = AdaptiveTree(costs, prior_alpha=0.35, step_seconds=0.01, clock=lambda: now[0])
+    for _ in range(TIMINGS_TO_TRUST):
+        now[0] += 0.1
+        policy.time_step(0.020, batch=1)
+        policy.time_cycle(chain, 0.0234, batch=1)
+    now[0] += 20.0  # far from every plain step
+    for _ in range(TIMINGS_TO_TRUST):
+        policy.time_cycle(bigger, 0.0468, batch=1)
+    assert policy.steps_per_cycle(chain) == pytest.approx(1.17)
+    assert policy.steps_per_cycle(bigger) == pytest.approx(2 * 1.17)  # twice chain's timing
+    assert policy.steps_per_cycle(other) == pytest.approx(0.018 / 0.0145 * 1.17)
+    now[0] += TIMING_MAX_AGE
+    assert policy.steps_per_cycle(chain) is None

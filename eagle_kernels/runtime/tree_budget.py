@@ -134,7 +134,7 @@ def _nearest(times: list[float], when: float, count: int, within: float) -> list
     within ``within`` of it."""
     right = bisect.bisect_left(times, when)
     left, picked = right - 1, []
-    while len(picked) < count:
+    while len(picked) < count and (left >= 0 or right < len(times)):
         before = when - times[left] if left >= 0 else float("inf")
         after = times[right] - when if right < len(times) else float("inf")
         if min(before, after) > within:
@@ -225,14 +225,15 @@ class AdaptiveTree:
     in one state with a step timed in the other misjudges it by up to 1.7x). So a cycle timing
     with plain steps timed within :data:`PAIR_SECONDS` of it (the ours-AR call before it, the
     plain steps a call falls back to) gives a ratio, and a tree with at least
-    :data:`TIMINGS_TO_TRUST` such ratios costs their median times the plain step now; a tree
-    without costs its start-up ratio corrected as the most recently timed tree's was. Without
-    pairs: a tree timed at least TIMINGS_TO_TRUST times among the last :data:`TIMING_WINDOW`
-    cycles it ran, within :data:`TIMING_MAX_AGE` seconds, costs the median of those timings;
-    any other tree its start-up measurement scaled by the timed / start-up ratio of the last
-    tree so timed (the machine's present speed, and the cycle's work besides drafting and
-    verify); the plain step likewise (only with ``step_seconds``: without a measured step the
-    policy never decodes plainly). Timings are taken at ``batch``
+    :data:`TIMINGS_TO_TRUST` such ratios costs their median times the plain step now; any other
+    tree costs the most recently timed such tree's ratio scaled by its own recent timings
+    against that tree's (else by their start-up costs). When no tree has such pairs: a tree
+    timed at least TIMINGS_TO_TRUST times among the last :data:`TIMING_WINDOW` cycles it ran,
+    within :data:`TIMING_MAX_AGE` seconds, costs the median of those timings; any other tree its
+    start-up measurement scaled by the timed / start-up ratio of the last tree so timed (the
+    machine's present speed, and the cycle's work besides drafting and verify); the plain step
+    likewise (only with ``step_seconds``: without a measured step the policy never decodes
+    plainly). Timings are taken at ``batch``
     sequences only (the start-up measurement's). ``online_timing=False`` keeps the start-up
     costs (tests that script the costs); ``clock`` says what "now" is (tests move it). Calls
     running in several threads at once on one engine would feed it timings inflated by their
@@ -338,8 +339,8 @@ class AdaptiveTree:
         for tree, timings in self._cycle_timings.items():
             paired = []
             for when, seconds in timings:
-                near = _nearest(times, when, PAIR_STEPS, PAIR_SECONDS)
-                if when >= oldest and near:
+                near = _nearest(times, when, PAIR_STEPS, PAIR_SECONDS) if when >= oldest else []
+                if near:
                     paired.append(seconds / _median([steps[i][1] for i in near]))
             if len(paired) >= TIMINGS_TO_TRUST:
                 ratios[tree] = _median(paired)
@@ -359,8 +360,12 @@ class AdaptiveTree:
             return ratios[tree]
         if last is None:
             return None
-        start_up = self.costs[last].total / self.step_seconds
-        return self.costs[tree].total / self.step_seconds * ratios[last] / start_up
+        # Relative to the paired tree: its own recent timings where it has them (timed in some
+        # state, but so were last's: the state cancels), else the start-up costs.
+        timed = self._trusted(self._cycle_timings.get(tree, ()))
+        if timed is not None:
+            return timed / self._trusted(self._cycle_timings[last]) * ratios[last]
+        return self.costs[tree].total / self.costs[last].total * ratios[last]
 
     def cycle_seconds(self, tree: TreeConfig) -> float:
         """What a cycle of ``tree`` costs now (see the class docstring)."""
@@ -433,7 +438,7 @@ class AdaptiveTree:
         rows = ", ".join(f"{t.top_k}/{t.depth}/{t.total_tokens}: draft "
                          f"{c.draft * 1e3:.1f} + verify {c.verify * 1e3:.1f} ms"
                          + (f" (timed {self.cycle_seconds(t) * 1e3:.1f} ms a cycle"
-                            + ("" if self.steps_per_cycle(t) is None or not self.timed(t) else
+                            + ("" if self.steps_per_cycle(t) is None else
                                f" = {self.steps_per_cycle(t):.2f} plain steps") + ")"
                             if self.timed(t) else "")
                          for t, c in self.costs.items())
