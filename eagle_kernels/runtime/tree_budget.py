@@ -233,11 +233,10 @@ class AdaptiveTree:
     start-up measurement scaled by the timed / start-up ratio of the last tree so timed (the
     machine's present speed, and the cycle's work besides drafting and verify); the plain step
     likewise (only with ``step_seconds``: without a measured step the policy never decodes
-    plainly). Timings are taken at ``batch``
-    sequences only (the start-up measurement's). ``online_timing=False`` keeps the start-up
-    costs (tests that script the costs); ``clock`` says what "now" is (tests move it). Calls
-    running in several threads at once on one engine would feed it timings inflated by their
-    contention.
+    plainly). Timings are taken at ``batch`` sequences only (the start-up measurement's).
+    ``online_timing=False`` keeps the start-up costs (tests that script the costs); ``clock``
+    says what "now" is (tests move it). Calls running in several threads at once on one engine
+    would feed it timings inflated by their contention.
     """
 
     costs: dict[TreeConfig, CycleCost]
@@ -245,13 +244,13 @@ class AdaptiveTree:
     step_seconds: float | None = None
     batch: int = 1
     online_timing: bool = True
+    clock: Callable[[], float] = time.monotonic
     history: list[tuple[TreeConfig, int]] = field(default_factory=list)  # (tree, tokens) per
     #                                                         cycle and sequence, the last MEMORY
     current: TreeConfig | None = None
     _since_pick: int = 0
     _calls_since_probe: int = 0
     _worth: bool | None = None
-    clock: Callable[[], float] = time.monotonic
     _cycle_timings: dict[TreeConfig, deque] = field(default_factory=dict)  # (when, seconds)
     _step_timings: deque = field(default_factory=lambda: deque(maxlen=TIMING_WINDOW))
     _timed_last: TreeConfig | None = None  # the last tree timed often enough to trust
