@@ -36,6 +36,7 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median_high as _median  # sorted(values)[len(values) // 2]
 from typing import Callable
 
 import torch
@@ -123,10 +124,6 @@ def interleaved_times(calls: list, repeats: int, device: torch.device) -> list[l
                 torch.cuda.synchronize(device)
             spent.append(time.perf_counter() - start)
     return times
-
-
-def _median(values) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def _nearest(times: list[float], when: float, count: int, within: float) -> list[int]:
