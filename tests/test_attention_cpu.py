@@ -88,10 +88,54 @@ def test_tree_node_equals_decode_step_bit_for_bit(gen, num_nodes):
                     (isa, b, node, seed_note(gen))
 
 
-def test_cpu_stays_in_bounds_whatever_the_lengths(gen):
+def _raw_attention(q, k, v, lens, mask, tree_keys, threads):
+    """The binding itself, on an explicit thread count (ops.tree_attention uses torch's)."""
+    from eagle_kernels.ops._backend import cpu_extension
+
+    out = torch.empty_like(q)
+    batch, queries, q_heads, head_dim = q.shape
+    cpu_extension().tree_attention(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), mask.data_ptr(),
+        out.data_ptr(), batch=batch, queries=queries, q_heads=q_heads, kv_heads=k.shape[2],
+        head_dim=head_dim, max_len=k.shape[1], tree_keys=tree_keys, words=mask.shape[2],
+        scale=head_dim**-0.5, threads=threads)
+    return out
+
+
+# (batch, num_queries, prefix, q_heads, kv_heads, head_dim, extra tree keys): calls of at most
+# 3 nodes (kernels.h kAttentionSplitMaxQueries) on several threads take the split plan.
+SPLIT_GRID = [(1, 1, 256, 9, 3, 64, 0), (3, 2, 130, 4, 2, 40, 3), (2, 3, 0, 3, 1, 33, 1),
+              (1, 1, 1, 2, 2, 8, 0), (2, 2, 300, 6, 2, 128, 5), (3, 3, 65, 9, 3, 64, 2)]
+
+
+@pytest.mark.parametrize("batch,num_queries,prefix,q_heads,kv_heads,head_dim,extra", SPLIT_GRID)
+def test_split_plan_equals_task_plan_bit_for_bit(gen, batch, num_queries, prefix, q_heads,
+                                                 kv_heads, head_dim, extra):
+    """A few nodes on several threads share keys and value columns out (attention.h
+    tree_attention_split); one thread runs the task plan. Per query the arithmetic is the same,
+    so the outputs are the same bits, whatever the thread count (ragged prefixes, GQA groups,
+    head dims that are not a multiple of the 32-column blocks, more tree keys than nodes)."""
+    tree_keys = num_queries + extra
+    lens = torch.randint(prefix // 2, prefix + 1, (batch,), generator=gen, dtype=torch.int32)
+    max_len = prefix + tree_keys
+    k = torch.randn(batch, max_len, kv_heads, head_dim, generator=gen)
+    v = torch.randn(batch, max_len, kv_heads, head_dim, generator=gen)
+    q = torch.randn(batch, num_queries, q_heads, head_dim, generator=gen)
+    mask = ops.pack_tree_mask(torch.rand(batch, num_queries, tree_keys, generator=gen) < 0.5)
+    for isa in each_cpu_isa():
+        tasks = _raw_attention(q, k, v, lens, mask, tree_keys, threads=1)
+        for threads in (2, 3):
+            split = _raw_attention(q, k, v, lens, mask, tree_keys, threads=threads)
+            assert torch.equal(split, tasks), (isa, threads, seed_note(gen))
+        want = reference.tree_attention(q, k, v, lens, mask, num_tree_keys=tree_keys)
+        torch.testing.assert_close(tasks, want, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("count", [2, 4], ids=["split-plan", "task-plan"])
+def test_cpu_stays_in_bounds_whatever_the_lengths(gen, count):
     """cache_lens outside [0, max_len - T] are a caller bug (value checks off): the kernel
-    clamps them, reads only the cache and writes only ``out``."""
-    batch, count, max_len = 3, 4, 12
+    clamps them, reads only the cache and writes only ``out`` (both plans)."""
+    batch, max_len = 3, 12
     k = torch.randn(batch, max_len, 2, 16, generator=gen)
     v = torch.randn(batch, max_len, 2, 16, generator=gen)
     q = torch.randn(batch, count, 4, 16, generator=gen)
@@ -104,6 +148,9 @@ def test_cpu_stays_in_bounds_whatever_the_lengths(gen):
         out = cpu_attention(q, k, v, lens, mask)
     want = reference.tree_attention(q, k, v, clamped, mask, num_tree_keys=count)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=2e-5)
+    for threads in (1, 2):  # the task plan, and the split plan where count allows it
+        torch.testing.assert_close(_raw_attention(q, k, v, lens, mask, count, threads), want,
+                                   rtol=1e-4, atol=2e-5)
 
 
 def test_auto_picks_cpu_for_float32_and_torch_otherwise(gen):

@@ -4,7 +4,8 @@
  *        Included inside an instruction-set namespace after simd.h.
  *
  * One task = some query heads of some query nodes of one sequence, all reading one KV
- * head (attention_plan in kernels.h). A query's visible keys, in position order, are the
+ * head (attention_plan in kernels.h); a call with few nodes per sequence shares keys and value
+ * columns out instead (tree_attention_split below), with the same arithmetic per query. A query's visible keys, in position order, are the
  * prefix [0, L) and then its tree ancestors (set bits of its mask row) by increasing tree
  * index: an ancestor always has a smaller index than its descendants, so index order is depth
  * order is position order. Over that list:
@@ -187,19 +188,24 @@ EK_INLINE QueryScratch query_scratch(const AttentionArgs& a, float* workspace, i
   return {scores, scores + attention_scores_floats(a.max_len)};
 }
 
-/// Visible tree slots of nodes [n0, n1) (mask bits below tree_keys) into `slots`, one row of
-/// tree_keys per node; their counts into `visible`.
+/// Visible tree slots of node `node` (of B * Nq: its mask bits below tree_keys) into `slots`;
+/// returns their count.
+static int32_t node_tree_slots(const AttentionArgs& a, int64_t node, int32_t* slots) {
+  const int32_t* row = a.tree_mask + node * a.words;
+  int32_t count = 0;
+  for (int64_t j = 0; j < a.tree_keys; ++j)
+    if ((static_cast<uint32_t>(row[j / 32]) >> (j % 32)) & 1u)
+      slots[count++] = static_cast<int32_t>(j);
+  return count;
+}
+
+/// Visible tree slots of nodes [n0, n1) into `slots`, one row of tree_keys per node; their
+/// counts into `visible`.
 static void visible_tree_slots(const AttentionArgs& a, const AttentionTask& task, int32_t* slots,
                                int64_t* visible) {
-  for (int64_t i = task.n0; i < task.n1; ++i) {
-    const int32_t* row = a.tree_mask + (task.b * a.queries + i) * a.words;
-    int32_t* node_slots = slots + (i - task.n0) * a.tree_keys;
-    int64_t count = 0;
-    for (int64_t j = 0; j < a.tree_keys; ++j)
-      if ((static_cast<uint32_t>(row[j / 32]) >> (j % 32)) & 1u)
-        node_slots[count++] = static_cast<int32_t>(j);
-    visible[i - task.n0] = count;
-  }
+  for (int64_t i = task.n0; i < task.n1; ++i)
+    visible[i - task.n0] =
+        node_tree_slots(a, task.b * a.queries + i, slots + (i - task.n0) * a.tree_keys);
 }
 
 /// Scores, softmax and values of every query of a task. Each query's arithmetic is the one
@@ -270,7 +276,164 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
   }
 }
 
+// ------------------------------------------------------------------------ split attention
+//
+// Few queries per sequence (kernels.h attention_splits): threads share out keys and columns
+// instead of whole queries. Per query the arithmetic is the header's, step for step: each
+// score is key_scores' chain, the softmax runs over the query's whole list, and each value
+// column is one chain over the visible keys in order (prefix blocks, then tree slots), so a
+// split call gives the bits a task call gives.
+
+/// Where a split call keeps its state in the shared workspace (attention_split_floats).
+struct SplitLayout {
+  int64_t per_query;  ///< floats per (sequence, node, head) query: scores, then value sums
+  float* queries;     ///< [B * Nq * Hq, per_query]
+  float* inverse;     ///< [B * Nq * Hq] 1 / softmax sum (0 for a query that sees no key)
+  int32_t* slots;     ///< [B * Nq, tree_keys] visible tree slots of each node
+  int32_t* visible;   ///< [B * Nq] their count
+
+  float* scores(int64_t query) const { return queries + query * per_query; }
+  float* partial(int64_t query, int64_t max_len) const {
+    return scores(query) + attention_scores_floats(max_len);
+  }
+};
+
+static SplitLayout split_layout(const AttentionArgs& a) {
+  const int64_t nodes = a.batch * a.queries, queries = nodes * a.q_heads;
+  SplitLayout l;
+  l.per_query = attention_query_floats(a.max_len, a.head_dim);
+  l.queries = a.workspace;
+  l.inverse = l.queries + queries * l.per_query;
+  l.slots = reinterpret_cast<int32_t*>(l.inverse + queries);
+  l.visible = l.slots + nodes * a.tree_keys;
+  return l;
+}
+
+/// Sequence b's prefix length, clamped as attention_task clamps it.
+EK_INLINE int64_t clamped_prefix(const AttentionArgs& a, int64_t b) {
+  const int64_t prefix = a.lens[b];
+  return prefix < 0 ? 0 : (prefix > a.max_len - a.tree_keys ? a.max_len - a.tree_keys : prefix);
+}
+
+/// Scores of every query of sequence b over prefix block [t0, t0 + keys).
+static void split_block_scores(const AttentionArgs& a, const SplitLayout& l, int64_t b,
+                               int64_t t0, int64_t keys) {
+  const int64_t group = a.q_heads / a.kv_heads, stride = a.kv_heads * a.head_dim;
+  const float* block = a.k_cache + (b * a.max_len + t0) * stride;
+  for (int64_t query = b * a.queries * a.q_heads; query < (b + 1) * a.queries * a.q_heads;
+       ++query) {
+    const int64_t kv_head = query % a.q_heads / group;
+    key_scores(a.q + query * a.head_dim, block + kv_head * a.head_dim, nullptr, nullptr, keys,
+               keys, stride, a.head_dim, a.scale, l.scores(query) + t0);
+  }
+}
+
+/// This thread's share of the prefix scores: a contiguous run of (sequence, key block) units,
+/// whole cache rows (every KV head) requested a block ahead, so the rows stream from DRAM.
+static void split_prefix_scores(const AttentionArgs& a, const SplitLayout& l, int64_t thread,
+                                int64_t threads) {
+  const int64_t block = kAttentionKeyBlock, row = a.kv_heads * a.head_dim;
+  int64_t units = 0;
+  for (int64_t b = 0; b < a.batch; ++b) units += (clamped_prefix(a, b) + block - 1) / block;
+  const int64_t first = units * thread / threads, end = units * (thread + 1) / threads;
+  int64_t unit = 0;
+  for (int64_t b = 0; b < a.batch && unit < end; ++b) {
+    const int64_t prefix = clamped_prefix(a, b);
+    const float* rows = a.k_cache + b * a.max_len * row;
+    for (int64_t t0 = 0; t0 < prefix && unit < end; t0 += block, ++unit) {
+      if (unit < first) continue;
+      const int64_t keys = prefix - t0 < block ? prefix - t0 : block;
+      if (unit == first) prefetch_rows(rows, t0, t0 + keys, row, row);
+      const int64_t next_end = t0 + keys + block < prefix ? t0 + keys + block : prefix;
+      if (unit + 1 < end) prefetch_rows(rows, t0 + keys, next_end, row, row);
+      split_block_scores(a, l, b, t0, keys);
+    }
+  }
+}
+
+/// Tree scores, the softmax and the zeroed value sums of query `query`.
+static void split_tree_scores_and_softmax(const AttentionArgs& a, const SplitLayout& l,
+                                          int64_t query) {
+  const int64_t node = query / a.q_heads, b = node / a.queries;
+  const int64_t group = a.q_heads / a.kv_heads, stride = a.kv_heads * a.head_dim;
+  const int64_t prefix = clamped_prefix(a, b), count = prefix + l.visible[node];
+  const float* k_tree =
+      a.k_cache + (b * a.max_len + prefix) * stride + query % a.q_heads / group * a.head_dim;
+  key_scores(a.q + query * a.head_dim, nullptr, k_tree, l.slots + node * a.tree_keys, 0,
+             l.visible[node], stride, a.head_dim, a.scale, l.scores(query) + prefix);
+  l.inverse[query] = count > 0 ? 1.0f / softmax_weights(l.scores(query), count) : 0.0f;
+  float* partial = l.partial(query, a.max_len);
+  for (int64_t d = 0; d < a.head_dim; d += kW) vstore(partial + d, vzero());
+}
+
+/// Value sums and outputs of columns [d0, d0 + width) of KV head `kv_head` of sequence b, for
+/// every query reading that head: prefix blocks (all queries per block, the next block's rows
+/// requested meanwhile), then each node's tree slots, then out = sums / softmax sum.
+static void split_values(const AttentionArgs& a, const SplitLayout& l, int64_t b,
+                         int64_t kv_head, int64_t d0, int64_t width) {
+  const int64_t group = a.q_heads / a.kv_heads, stride = a.kv_heads * a.head_dim;
+  const int64_t prefix = clamped_prefix(a, b), block = kAttentionKeyBlock;
+  const int chunks = static_cast<int>((width + kW - 1) / kW);
+  const int last = static_cast<int>(width - (chunks - 1) * kW);
+  const float* v_prefix = a.v_cache + b * a.max_len * stride + kv_head * a.head_dim;
+  const int64_t first_query = b * a.queries * a.q_heads + kv_head * group;
+  for (int64_t t0 = 0; t0 < prefix; t0 += block) {
+    const int64_t keys = prefix - t0 < block ? prefix - t0 : block;
+    prefetch_next_block(v_prefix + d0, t0, keys, prefix, stride, width);
+    for (int64_t node = 0; node < a.queries; ++node)
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t query = first_query + node * a.q_heads + h;
+        accumulate_value_chunks_any<kValueChunks>(
+            chunks, l.scores(query) + t0, keys, v_prefix + t0 * stride, nullptr, nullptr, keys,
+            stride, d0, last, l.partial(query, a.max_len));
+      }
+  }
+  for (int64_t node = 0; node < a.queries; ++node)
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t query = first_query + node * a.q_heads + h, row = query / a.q_heads;
+      float* partial = l.partial(query, a.max_len);
+      accumulate_value_chunks_any<kValueChunks>(
+          chunks, l.scores(query) + prefix, l.visible[row], nullptr, v_prefix + prefix * stride,
+          l.slots + row * a.tree_keys, 0, stride, d0, last, partial);
+      const vf scale = vset1(l.inverse[query]);
+      float* out = a.out + query * a.head_dim;
+      for (int64_t d = d0; d < d0 + width; d += kW) {
+        const int n = static_cast<int>(d0 + width - d < kW ? d0 + width - d : kW);
+        vstore_n(out + d, vmul(vload(partial + d), scale), n);
+      }
+    }
+}
+
+/// The split plan: tree slots, prefix scores (key blocks shared out), tree scores and softmax
+/// (queries shared out), then value sums ((sequence, KV head, column block) units shared out);
+/// each phase waits for the one before.
+static void tree_attention_split(const AttentionArgs& a) {
+  const SplitLayout l = split_layout(a);
+  const int64_t nodes = a.batch * a.queries, queries = nodes * a.q_heads;
+  const int64_t column_blocks = (a.head_dim + kAttentionSplitColumns - 1) / kAttentionSplitColumns;
+  const int64_t value_units = a.batch * a.kv_heads * column_blocks;
+#pragma omp parallel num_threads(a.threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t node = 0; node < nodes; ++node)
+      l.visible[node] = node_tree_slots(a, node, l.slots + node * a.tree_keys);
+    split_prefix_scores(a, l, omp_get_thread_num(), omp_get_num_threads());
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t query = 0; query < queries; ++query) split_tree_scores_and_softmax(a, l, query);
+#pragma omp for schedule(static)
+    for (int64_t unit = 0; unit < value_units; ++unit) {
+      const int64_t d0 = unit % column_blocks * kAttentionSplitColumns;
+      const int64_t width = a.head_dim - d0 < kAttentionSplitColumns ? a.head_dim - d0
+                                                                     : kAttentionSplitColumns;
+      split_values(a, l, unit / (column_blocks * a.kv_heads), unit / column_blocks % a.kv_heads,
+                   d0, width);
+    }
+  }
+}
+
 static void tree_attention(const AttentionArgs& a) {
+  if (attention_splits(a.queries, a.threads)) return tree_attention_split(a);
   const AttentionPlan plan = attention_plan(a.batch, a.queries, a.q_heads, a.kv_heads, a.threads);
   const int64_t node_blocks = plan.node_blocks;
   const int64_t head_blocks = a.q_heads / plan.heads;

@@ -138,15 +138,13 @@ void rope(std::uintptr_t x, std::uintptr_t positions, std::uintptr_t cos, std::u
 
 std::vector<float> attention_workspace;
 
-/// Grows attention_workspace to what tree_attention's plan for these sizes needs per thread.
+/// Grows attention_workspace to what tree_attention needs for these sizes on `count` threads.
 void reserve_attention_workspace(int64_t batch, int64_t queries, int64_t q_heads,
                                  int64_t kv_heads, int64_t head_dim, int64_t max_len,
                                  int64_t tree_keys, int count) {
-  const cpu::AttentionPlan plan = cpu::attention_plan(batch, queries, q_heads, kv_heads, count);
-  const int64_t per_thread = cpu::attention_workspace_floats(
-      max_len, tree_keys, head_dim, cpu::attention_task_shape(plan, queries));
-  if (attention_workspace.size() < static_cast<size_t>(per_thread * count))
-    attention_workspace.resize(per_thread * count);
+  const int64_t floats = cpu::attention_workspace_total(batch, queries, q_heads, kv_heads,
+                                                        head_dim, max_len, tree_keys, count);
+  if (attention_workspace.size() < static_cast<size_t>(floats)) attention_workspace.resize(floats);
 }
 
 void tree_attention(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t lens,
