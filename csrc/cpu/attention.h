@@ -5,10 +5,12 @@
  *
  * One task = some query heads of some query nodes of one sequence, all reading one KV
  * head (attention_plan in kernels.h); a call with few nodes per sequence shares keys and value
- * columns out instead (tree_attention_split below), with the same arithmetic per query. A query's visible keys, in position order, are the
- * prefix [0, L) and then its tree ancestors (set bits of its mask row) by increasing tree
- * index: an ancestor always has a smaller index than its descendants, so index order is depth
- * order is position order. Over that list:
+ * columns out instead (tree_attention_split below), with the same arithmetic per query.
+ *
+ * A query's visible keys, in position order, are the prefix [0, L) and then its tree
+ * ancestors (set bits of its mask row) by increasing tree index: an ancestor always has a
+ * smaller index than its descendants, so index order is depth order is position order. Over
+ * that list:
  *
  *   s_t = (q . k_t) * scale          one lane-wise FMA chain over d + vhsum, per key
  *   m   = max_t s_t                  exact whatever the order
@@ -366,42 +368,66 @@ static void split_tree_scores_and_softmax(const AttentionArgs& a, const SplitLay
   for (int64_t d = 0; d < a.head_dim; d += kW) vstore(partial + d, vzero());
 }
 
-/// Value sums and outputs of columns [d0, d0 + width) of KV head `kv_head` of sequence b, for
-/// every query reading that head: prefix blocks (all queries per block, the next block's rows
-/// requested meanwhile), then each node's tree slots, then out = sums / softmax sum.
-static void split_values(const AttentionArgs& a, const SplitLayout& l, int64_t b,
-                         int64_t kv_head, int64_t d0, int64_t width) {
+/// Columns [d0, d0 + width) of KV head `kv_head`: one column block of a cache row.
+struct ColumnBlock {
+  int64_t kv_head, d0, width;
+  int chunks, last;  ///< vectors, and valid lanes of the last one
+};
+
+static ColumnBlock column_block(const AttentionArgs& a, int64_t index) {
+  const int64_t per_head = (a.head_dim + kAttentionSplitColumns - 1) / kAttentionSplitColumns;
+  ColumnBlock c;
+  c.kv_head = index / per_head;
+  c.d0 = index % per_head * kAttentionSplitColumns;
+  c.width = a.head_dim - c.d0 < kAttentionSplitColumns ? a.head_dim - c.d0 : kAttentionSplitColumns;
+  c.chunks = static_cast<int>((c.width + kW - 1) / kW);
+  c.last = static_cast<int>(c.width - (c.chunks - 1) * kW);
+  return c;
+}
+
+/// Value sums of column blocks [c0, c1) of sequence b's cache rows (a contiguous stretch of
+/// each row), for every query reading them: prefix key blocks in order, each block's rows
+/// requested a block ahead and then used by every column block and query; then each node's
+/// tree slots; then out = sums / softmax sum.
+static void split_values(const AttentionArgs& a, const SplitLayout& l, int64_t b, int64_t c0,
+                         int64_t c1) {
   const int64_t group = a.q_heads / a.kv_heads, stride = a.kv_heads * a.head_dim;
   const int64_t prefix = clamped_prefix(a, b), block = kAttentionKeyBlock;
-  const int chunks = static_cast<int>((width + kW - 1) / kW);
-  const int last = static_cast<int>(width - (chunks - 1) * kW);
-  const float* v_prefix = a.v_cache + b * a.max_len * stride + kv_head * a.head_dim;
-  const int64_t first_query = b * a.queries * a.q_heads + kv_head * group;
+  const float* v_rows = a.v_cache + b * a.max_len * stride;
+  const int64_t from = column_block(a, c0).kv_head * a.head_dim + column_block(a, c0).d0;
+  const ColumnBlock end = column_block(a, c1 - 1);
+  const int64_t columns = end.kv_head * a.head_dim + end.d0 + end.width - from;
+  auto each_query = [&](auto&& body) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const ColumnBlock col = column_block(a, c);
+      for (int64_t node = 0; node < a.queries; ++node)
+        for (int64_t h = 0; h < group; ++h)
+          body(col, (b * a.queries + node) * a.q_heads + col.kv_head * group + h);
+    }
+  };
   for (int64_t t0 = 0; t0 < prefix; t0 += block) {
     const int64_t keys = prefix - t0 < block ? prefix - t0 : block;
-    prefetch_next_block(v_prefix + d0, t0, keys, prefix, stride, width);
-    for (int64_t node = 0; node < a.queries; ++node)
-      for (int64_t h = 0; h < group; ++h) {
-        const int64_t query = first_query + node * a.q_heads + h;
-        accumulate_value_chunks_any<kValueChunks>(
-            chunks, l.scores(query) + t0, keys, v_prefix + t0 * stride, nullptr, nullptr, keys,
-            stride, d0, last, l.partial(query, a.max_len));
-      }
-  }
-  for (int64_t node = 0; node < a.queries; ++node)
-    for (int64_t h = 0; h < group; ++h) {
-      const int64_t query = first_query + node * a.q_heads + h, row = query / a.q_heads;
-      float* partial = l.partial(query, a.max_len);
+    prefetch_next_block(v_rows + from, t0, keys, prefix, stride, columns);
+    each_query([&](const ColumnBlock& col, int64_t query) {
       accumulate_value_chunks_any<kValueChunks>(
-          chunks, l.scores(query) + prefix, l.visible[row], nullptr, v_prefix + prefix * stride,
-          l.slots + row * a.tree_keys, 0, stride, d0, last, partial);
-      const vf scale = vset1(l.inverse[query]);
-      float* out = a.out + query * a.head_dim;
-      for (int64_t d = d0; d < d0 + width; d += kW) {
-        const int n = static_cast<int>(d0 + width - d < kW ? d0 + width - d : kW);
-        vstore_n(out + d, vmul(vload(partial + d), scale), n);
-      }
+          col.chunks, l.scores(query) + t0, keys, v_rows + t0 * stride + col.kv_head * a.head_dim,
+          nullptr, nullptr, keys, stride, col.d0, col.last, l.partial(query, a.max_len));
+    });
+  }
+  each_query([&](const ColumnBlock& col, int64_t query) {
+    const int64_t node = query / a.q_heads;
+    float* partial = l.partial(query, a.max_len);
+    accumulate_value_chunks_any<kValueChunks>(
+        col.chunks, l.scores(query) + prefix, l.visible[node], nullptr,
+        v_rows + prefix * stride + col.kv_head * a.head_dim, l.slots + node * a.tree_keys, 0,
+        stride, col.d0, col.last, partial);
+    const vf scale = vset1(l.inverse[query]);
+    float* out = a.out + query * a.head_dim;
+    for (int64_t d = col.d0; d < col.d0 + col.width; d += kW) {
+      const int n = static_cast<int>(col.d0 + col.width - d < kW ? col.d0 + col.width - d : kW);
+      vstore_n(out + d, vmul(vload(partial + d), scale), n);
     }
+  });
 }
 
 /// The split plan: tree slots, prefix scores (key blocks shared out), tree scores and softmax
@@ -410,8 +436,8 @@ static void split_values(const AttentionArgs& a, const SplitLayout& l, int64_t b
 static void tree_attention_split(const AttentionArgs& a) {
   const SplitLayout l = split_layout(a);
   const int64_t nodes = a.batch * a.queries, queries = nodes * a.q_heads;
-  const int64_t column_blocks = (a.head_dim + kAttentionSplitColumns - 1) / kAttentionSplitColumns;
-  const int64_t value_units = a.batch * a.kv_heads * column_blocks;
+  const int64_t row_blocks =
+      a.kv_heads * ((a.head_dim + kAttentionSplitColumns - 1) / kAttentionSplitColumns);
 #pragma omp parallel num_threads(a.threads)
   {
 #pragma omp for schedule(static)
@@ -421,13 +447,15 @@ static void tree_attention_split(const AttentionArgs& a) {
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t query = 0; query < queries; ++query) split_tree_scores_and_softmax(a, l, query);
-#pragma omp for schedule(static)
-    for (int64_t unit = 0; unit < value_units; ++unit) {
-      const int64_t d0 = unit % column_blocks * kAttentionSplitColumns;
-      const int64_t width = a.head_dim - d0 < kAttentionSplitColumns ? a.head_dim - d0
-                                                                     : kAttentionSplitColumns;
-      split_values(a, l, unit / (column_blocks * a.kv_heads), unit / column_blocks % a.kv_heads,
-                   d0, width);
+    // Values: this thread's contiguous stretch of (sequence, column block) units.
+    const int64_t units = a.batch * row_blocks, thread = omp_get_thread_num();
+    const int64_t first = units * thread / omp_get_num_threads();
+    const int64_t end = units * (thread + 1) / omp_get_num_threads();
+    for (int64_t unit = first; unit < end;) {
+      const int64_t b = unit / row_blocks;
+      const int64_t stop = (b + 1) * row_blocks < end ? (b + 1) * row_blocks : end;
+      split_values(a, l, b, unit - b * row_blocks, stop - b * row_blocks);
+      unit = stop;
     }
   }
 }
