@@ -519,6 +519,99 @@ def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypat
         assert torch.equal(ours, fp32_pack), isa
 
 
+def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
+    """A GGUF Q4_1 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0 and m, q in
+    0..15 with 0 and 15 present (as llama.cpp's quantizer makes them), w = fl(d * q + m)."""
+    blocks = width // 32
+    d = (torch.rand(out, blocks, 1, generator=gen) * 0.02 + 1e-4).half().float()
+    m = (torch.randn(out, blocks, 1, generator=gen) * 0.05).half().float()
+    q = torch.randint(0, 16, (out, blocks, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (d * q + m).reshape(out, width)
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 576, 100),
+                                            (5, 96, 37), (13, 64, 16), (61, 1536, 200),
+                                            (70, 96, 33)])
+def test_q4_exact_weights_pack_in_4_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
+                                                                  out):
+    """A weight whose every block of 32 k is exactly a GGUF Q4_1 block (d * q + m, fp16 d and
+    m) is packed in 4 bits plus its scales and gives the fp32 pack's results bit for bit, on
+    every instruction set and every GEMM path (one row, row groups, widened blocks past 64
+    rows); a weight with one other value, or K not a multiple of 32, keeps a wider pack."""
+    from eagle_kernels.ops import decoder
+
+    x = torch.randn(rows, width, generator=gen)
+    exact = q4_exact_weight(gen, out, width)
+    packed = decoder.pack_weight(exact)
+    assert packed.dtype == torch.uint8 and packed.numel() == -(-out // 16) * width // 32 * 384
+    q, d, m = decoder.q4_blocks(exact)
+    assert int(q.max()) <= 15 and torch.equal(d.half().float(), d)
+    inexact = exact.clone()
+    inexact[out // 2, width // 2] += 2.0**-20
+    assert decoder.pack_weight(inexact).dtype == torch.float32
+    assert decoder.pack_weight(exact[:, :width - 1].contiguous()).dtype != torch.uint8
+    for isa in each_cpu_isa():
+        ours = ops.linear(x, exact.clone(), backend="cpu")
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder, "PACK_Q4_EXACT", False)
+            fp32_pack = ops.linear(x, exact.clone(), backend="cpu")
+        assert torch.equal(ours, fp32_pack), isa
+
+
+def test_q4_recovery_refuses_what_is_not_exactly_q4(gen):
+    """Random fp32 values, non-finite values and a negative zero where d * 0 + m gives +0 are
+    not Q4_1 blocks: no 4-bit pack (it would change bits)."""
+    from eagle_kernels.ops import decoder
+
+    assert decoder.q4_blocks(torch.randn(16, 64, generator=gen)) is None
+    exact = q4_exact_weight(gen, 16, 64)
+    for bad in (float("nan"), float("inf")):
+        broken = exact.clone()
+        broken[3, 5] = bad
+        assert decoder.q4_blocks(broken) is None
+    zeros = torch.zeros(16, 64)
+    zeros[2, 7] = -0.0
+    assert decoder.q4_blocks(zeros) is None
+    assert decoder.q4_blocks(torch.zeros(16, 64)) is not None  # d = 0, q = 0, m = 0
+
+
+@needs_cpu_backend
+def test_q4_exact_target_runs_the_fp32_bits(gen, monkeypatch):
+    """The fused layers over 4-bit packs (a GGUF Q4_1 model dequantized to fp32, as the default
+    target is) give the hidden states and K/V of the same layers over fp32 packs, bit for bit."""
+    from runtime_helpers import tiny_target
+
+    from eagle_kernels.ops import decoder
+
+    seed = int(torch.randint(1000, (1,), generator=gen))
+    tokens = torch.randint(0, 300, (2, 5), generator=gen)
+    mask = ops.pack_tree_mask(torch.tril(torch.ones(2, 5, 5, dtype=torch.bool)))
+    results = []
+    for q4_packs in (True, False):
+        target = tiny_target(seed=seed)
+        with torch.no_grad():
+            for layer in target.model.layers:
+                for module in (*layer.self_attn.children(), *layer.mlp.children()):
+                    if isinstance(module, torch.nn.Linear):
+                        out, width = module.weight.shape
+                        module.weight.copy_(q4_exact_weight(torch.Generator().manual_seed(out),
+                                                            out, width))
+        cache = target.allocate_cache(2, 16)
+        positions = torch.arange(5).repeat(2, 1)
+        with monkeypatch.context() as patch, torch.inference_mode():
+            patch.setattr(decoder, "PACK_Q4_EXACT", q4_packs)
+            hidden, _ = target(tokens, positions, cache, mask)
+            if q4_packs:
+                assert decoder._PACKS.get(target.model.layers[0].mlp.down_proj.weight).dtype \
+                    == torch.uint8
+        results.append((hidden, cache))
+    (h1, c1), (h2, c2) = results
+    assert torch.equal(h1, h2)
+    assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
+
+
 @needs_cpu_backend
 def test_bf16_exact_target_runs_the_fp32_bits(gen, monkeypatch):
     """The fused layers over bf16 packs (a bf16 checkpoint loaded in fp32) give the hidden states

@@ -12,8 +12,9 @@
 //
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) over prepacked weights: w's rows in panels of
 // kPanel = 16 columns, [ceil(N / 16), K, 16] (zero-padded; eagle_kernels/ops/decoder.py packs
-// them once per weight, in bf16 when every weight is exactly a bf16 value: half the bytes to
-// stream, widened exactly, so the same bits as an fp32 pack). Each output y[m, n] lives in one
+// them once per weight, in bf16 when every weight is exactly a bf16 value, in 4-bit Q4_1 blocks
+// when every weight is exactly one: fewer bytes to stream, rebuilt exactly, so the same bits as
+// an fp32 pack; see kQ4BlockBytes). Each output y[m, n] lives in one
 // vector lane: a sequential FMA chain over each chunk of kChunk k's (acc = fma(x[m, k], w[n, k],
 // acc)), the chunks added in order, then + bias: no horizontal sums, so the value does not
 // depend on the tile shape, the row count, the thread count, nor even the instruction set
@@ -31,21 +32,21 @@ constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 #if defined(EK_ISA_AVX512)
 constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
 constexpr int kFewRows = kRowTile;                // (row groups not measured on AVX-512)
-constexpr int kRowGroupsMaxRows = kFewRows, kBf16RowGroupsFrom = kRowTile + 1;
+constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
 #elif defined(EK_ISA_AVX2)
 constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers, two
                                                   // panel streams (used by M <= 2, fp32 M = 3
                                                   // and M > kRowGroupsMaxRows)
 constexpr int kFewRows = 6;                       // a row group: one 6x1 tile (12 accumulators)
 constexpr int kRowGroupsMaxRows = 64;
-constexpr int kBf16RowGroupsFrom = 3;             // a bf16 pack's 3x2 tile spills: widening
+constexpr int kNarrowRowGroupsFrom = 3;           // a bf16 / q4 pack's 3x2 tile spills: widening
                                                   // needs registers beside its 12 accumulators
 #else
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
 constexpr int kFewRows = kRowTile;
-constexpr int kRowGroupsMaxRows = kFewRows, kBf16RowGroupsFrom = kRowTile + 1;
+constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
 #endif
-// Row groups: up to kRowGroupsMaxRows rows (from kBf16RowGroupsFrom for a bf16 pack, else from
+// Row groups: up to kRowGroupsMaxRows rows (from kNarrowRowGroupsFrom for a narrow pack, else from
 // kRowTile + 1) go over one panel at a time, in groups of at most kFewRows rows that each run
 // one tile over it: the first group reads the panel from DRAM while the next panel is
 // prefetched, the others find it in L1 / L2. Measured on AVX2 (one process, alternating, bf16
@@ -66,18 +67,48 @@ struct Prefetch {
   int64_t lines = 0, per_k = 0;
 };
 
-/// One vector of packed weights, fp32 or bf16 (widened exactly).
-EK_INLINE vf vload_weights(const float* p) { return vload(p); }
-EK_INLINE vf vload_weights(const uint16_t* p) { return vload_bf16(p); }
+// Q4 packs (kernels.h PackFormat::kQ4): each panel is k / kQ4BlockK blocks of kQ4BlockBytes:
+// d[16] and m[16] in fp32 (fp16 values, exact), then kQ4BlockK rows of 8 bytes, byte j holding
+// row's q of column j in its low nibble and of column j + 8 in its high nibble. A weight is
+// fma(d, q, m): d * q is exact in fp32 (11 significant bits times 4), so the FMA's one rounding
+// is the GGUF conversion's fl(d * q + m), and the weight the fp32 pack would hold, bit for bit.
+constexpr int64_t kQ4BlockK = 32;
+constexpr int64_t kQ4BlockBytes = 2 * kPanel * 4 + kQ4BlockK * kPanel / 2;
+
+/// A Q4 pack's unit of pointer arithmetic (one byte).
+struct Q4Byte {
+  uint8_t bits;
+};
+
+/// Elements of WT per panel over k (fp32 / bf16: k x 16 values; q4: bytes; k % 32 == 0).
+template <typename WT>
+constexpr int64_t panel_size(int64_t k) {
+  if constexpr (std::is_same_v<WT, Q4Byte>) return k / kQ4BlockK * kQ4BlockBytes;
+  return k * kPanel;
+}
+
+/// Vector v of row kk of a panel, as exact fp32 whatever the pack's format.
+EK_INLINE vf load_weights(const float* panel, int64_t kk, int v) {
+  return vload(panel + kk * kPanel + v * kW);
+}
+EK_INLINE vf load_weights(const uint16_t* panel, int64_t kk, int v) {
+  return vload_bf16(panel + kk * kPanel + v * kW);
+}
+EK_INLINE vf load_weights(const Q4Byte* panel, int64_t kk, int v) {
+  const uint8_t* block = &panel[kk / kQ4BlockK * kQ4BlockBytes].bits;
+  const float* scales = reinterpret_cast<const float*>(block);  // d[16], then m[16]
+  const vf q = vload_q4(block + 2 * kPanel * 4 + (kk % kQ4BlockK) * (kPanel / 2), v);
+  return vfma(vload(scales + v * kW), q, vload(scales + kPanel + v * kW));
+}
 
 /// Rows [0, MR) x panels [0, J) of y; `cols` valid columns from the first panel's first.
-/// WT: the pack's element type (float, or uint16_t holding bf16).
+/// WT: the pack's element type (float, uint16_t holding bf16, or Q4Byte).
 template <int MR, int J, typename WT>
 static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
                        const float* bias, float* y, int64_t ldy, int64_t cols,
                        Prefetch ahead = {}) {
   constexpr int V = J * kPanelVectors;
-  const int64_t panel_stride = k * kPanel;
+  const int64_t panel_stride = panel_size<WT>(k);
   // Chunk sums go through memory (L1): keeping them in registers beside the accumulators
   // would spill the accumulators themselves.
   alignas(64) float total[MR * V * kW];
@@ -95,8 +126,7 @@ static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
       vf w[V];
       for (int j = 0; j < J; ++j)
         for (int v = 0; v < kPanelVectors; ++v)
-          w[j * kPanelVectors + v] =
-              vload_weights(panels + j * panel_stride + kk * kPanel + v * kW);
+          w[j * kPanelVectors + v] = load_weights(panels + j * panel_stride, kk, v);
       for (int i = 0; i < MR; ++i) {
         const vf xv = vset1(x[i * ldx + kk]);
         for (int v = 0; v < V; ++v) acc[i][v] = vfma(xv, w[v], acc[i][v]);
@@ -149,13 +179,14 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const
   for (int64_t p = p0; p < p1; p += kSingleRowPanels) {
     const int panels = static_cast<int>(p1 - p < kSingleRowPanels ? p1 - p : kSingleRowPanels);
     const int64_t col = p * kPanel;
-    const WT* w = packed + p * a.k * kPanel;
+    const WT* w = packed + p * panel_size<WT>(a.k);
     const float* bias = s.bias ? s.bias + col : nullptr;
     if (panels == kSingleRowPanels) {
       panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col);
     } else {
       for (int j = 0; j < panels; ++j)  // the tail, one panel at a time: same chains
-        panel_tile<1, 1>(a.x, a.ldx, w + j * a.k * kPanel, a.k, bias ? bias + j * kPanel : nullptr,
+        panel_tile<1, 1>(a.x, a.ldx, w + j * panel_size<WT>(a.k), a.k,
+                         bias ? bias + j * kPanel : nullptr,
                          s.y + col + j * kPanel, s.ldy, s.n - col - j * kPanel);
     }
   }
@@ -169,7 +200,7 @@ template <typename WT>
 static void linear_row_groups(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                               int64_t p0, int64_t p1) {
   const int64_t groups = (a.m + kFewRows - 1) / kFewRows;
-  const int64_t panel_elements = a.k * kPanel;
+  const int64_t panel_elements = panel_size<WT>(a.k);
   const int64_t panel_lines = panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t col = p * kPanel;
@@ -205,7 +236,7 @@ template <typename WT>
 static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const WT* panels,
                             int64_t b0, int64_t b1, int64_t prefetching_from, const char* next,
                             int64_t next_lines) {
-  const int64_t panel_elements = a.k * kPanel;
+  const int64_t panel_elements = panel_size<WT>(a.k);
   const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
   const int64_t calls = (row_tiles - prefetching_from) * ((b1 - b0 + kPanelTile - 1) / kPanelTile);
   int64_t call = 0;
@@ -228,9 +259,14 @@ static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const W
   }
 }
 
-/// `count` bf16 values (a multiple of kW) widened to fp32, exactly.
-static void widen_bf16(const uint16_t* from, int64_t count, float* to) {
-  for (int64_t i = 0; i < count; i += kW) vstore(to + i, vload_bf16(from + i));
+/// `panels` narrow panels over k, rebuilt exactly as fp32 panels.
+template <typename WT>
+static void widen_panels(const WT* from, int64_t panels, int64_t k, float* to) {
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int v = 0; v < kPanelVectors; ++v)
+        vstore(to + (p * k + kk) * kPanel + v * kW,
+               load_weights(from + p * panel_size<WT>(k), kk, v));
 }
 
 /// Every row, panels [p0, p1) of a segment: one row (linear_single_row), row groups (see
@@ -246,19 +282,19 @@ template <typename WT>
 static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                           int64_t p0, int64_t p1) {
   if (a.m == 1) return linear_single_row(a, s, packed, p0, p1);
-  const int64_t groups_from = sizeof(WT) == 2 ? kBf16RowGroupsFrom : kRowTile + 1;
+  const int64_t groups_from = std::is_same_v<WT, float> ? kRowTile + 1 : kNarrowRowGroupsFrom;
   if (a.m >= groups_from && a.m <= kRowGroupsMaxRows)
     return linear_row_groups(a, s, packed, p0, p1);
-  const int64_t block = panels_per_block(a.k), panel_elements = a.k * kPanel;
+  const int64_t block = panels_per_block(a.k), panel_elements = panel_size<WT>(a.k);
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
     const int64_t n1 = b1 + block < p1 ? b1 + block : p1;  // the next block: [b1, n1)
     const int64_t next_lines = (n1 - b1) * panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
     const char* next = reinterpret_cast<const char*>(packed + b1 * panel_elements);
-    if constexpr (sizeof(WT) == 2) {
+    if constexpr (!std::is_same_v<WT, float>) {
       if (a.m > kRowTile) {  // several row tiles read this block: widen it once
         float* widened = a.widened + omp_get_thread_num() * linear_workspace_floats(a.k);
-        widen_bf16(packed + b0 * panel_elements, (b1 - b0) * panel_elements, widened);
+        widen_panels(packed + b0 * panel_elements, b1 - b0, a.k, widened);
         block_row_tiles<float>(a, s, widened, b0, b1, 0, next, next_lines);
         continue;
       }
@@ -285,8 +321,10 @@ static void linear(const LinearArgs& a) {
       const int64_t p0 = begin > offset ? begin - offset : 0;
       const int64_t p1 = end - offset < panels ? end - offset : panels;
       if (p0 < p1) {
-        if (s.w.bf16)
+        if (s.w.format == PackFormat::kBf16)
           linear_panels(a, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
+        else if (s.w.format == PackFormat::kQ4)
+          linear_panels(a, s, static_cast<const Q4Byte*>(s.w.data), p0, p1);
         else
           linear_panels(a, s, static_cast<const float*>(s.w.data), p0, p1);
       }

@@ -33,6 +33,16 @@ EK_INLINE vf vload_bf16(const uint16_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+/// Vector `v` of the 16 4-bit values packed in the 8 bytes at `p` (byte j: value j in its low
+/// nibble, value j + 8 in its high nibble), as exact fp32 (0..15).
+EK_INLINE vf vload_q4(const uint8_t* p, int v) {
+  (void)v;  // one vector holds all 16
+  const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m256i bytes = _mm256_cvtepu8_epi32(packed);
+  const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi32(15));
+  const __m256i high = _mm256_srli_epi32(bytes, 4);
+  return _mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
+}
 EK_INLINE void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm512_mask_storeu_ps(p, lane_mask(n), v); }
 EK_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -80,6 +90,13 @@ EK_INLINE vf vload_n(const float* p, int n) { return _mm256_maskload_ps(p, lane_
 EK_INLINE vf vload_bf16(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+EK_INLINE vf vload_q4(const uint8_t* p, int v) {
+  const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m256i bytes = _mm256_cvtepu8_epi32(packed);
+  const __m256i values = v == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15))
+                                : _mm256_srli_epi32(bytes, 4);
+  return _mm256_cvtepi32_ps(values);
 }
 EK_INLINE void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm256_maskstore_ps(p, lane_mask(n), v); }
@@ -134,6 +151,14 @@ EK_INLINE vf vload_bf16(const uint16_t* p) {
   for (int i = 0; i < 4; ++i) {
     const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
     __builtin_memcpy(&r.l[i], &bits, 4);
+  }
+  return r;
+}
+EK_INLINE vf vload_q4(const uint8_t* p, int v) {
+  vf r;
+  for (int i = 0; i < 4; ++i) {
+    const int byte = (v % 2) * 4 + i;
+    r.l[i] = static_cast<float>(v < 2 ? p[byte] & 15 : p[byte] >> 4);
   }
   return r;
 }

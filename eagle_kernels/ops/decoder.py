@@ -145,6 +145,9 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 
 PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder.h kPanel)
 PACK_BF16_EXACT = True  # pack exactly-bf16 weights in bf16 (see pack_weight; tests compare both)
+PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight; tests compare both)
+Q4_BLOCK = 32  # k per Q4_1 block (decoder.h kQ4BlockK)
+Q4_FORMAT_TAG = 2  # kernels.h PackFormat::kQ4, in the low bits of a pack's address
 
 
 class _PackedWeights:
@@ -189,10 +192,17 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
     In bfloat16 when every element of ``w`` is exactly a bf16 value (a bf16 checkpoint run in
     fp32, as the bundled EAGLE heads are): the kernel widens the pack exactly, so its results are
-    the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM)."""
+    the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM).
+    In 4-bit Q4_1 blocks (:func:`pack_q4_exact`, uint8) when every element is exactly a GGUF
+    Q4_1 value (the default target, dequantized from its GGUF): the same bits from 3/16 of the
+    bytes."""
     rows, width = w.shape
-    padded_rows = -(-rows // PANEL) * PANEL
     with torch.no_grad():
+        if PACK_Q4_EXACT and w.dtype == torch.float32:
+            packed = pack_q4_exact(w)
+            if packed is not None:
+                return packed
+        padded_rows = -(-rows // PANEL) * PANEL
         padded = w.new_zeros(padded_rows, width)
         padded[:rows] = w
         packed = padded.view(padded_rows // PANEL, PANEL, width).transpose(1, 2).contiguous()
@@ -202,12 +212,80 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def q4_blocks(w: torch.Tensor):
+    """(q, d, m) with ``w == d * q + m`` exactly in fp32 for every element of ``w`` [N, K]
+    (blocks of 32 consecutive k sharing an fp16 ``d`` and ``m``, ``q`` in 0..15: a GGUF Q4_1
+    tensor dequantized to fp32), else None.
+
+    Recovered from the values themselves: a Q4_1 block's smallest element has q = 0, so m is
+    the block minimum, and its largest q = 15, so d is the fp16 value nearest (max - m) / 15 or
+    one of its two neighbours; every element is then checked exactly. q [N, K] uint8, d and m
+    [N, K / 32] float32 (fp16 values)."""
+    rows, width = w.shape
+    if width % Q4_BLOCK or not rows or not torch.isfinite(w).all():
+        return None
+    blocks = w.reshape(rows, width // Q4_BLOCK, Q4_BLOCK)
+    low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+    if not torch.equal(low.half().float(), low):
+        return None
+    nearest = ((high - low) / 15).half().view(torch.int16)
+    q = torch.zeros_like(blocks, dtype=torch.uint8)
+    d = torch.zeros_like(low)
+    found = torch.zeros_like(low, dtype=torch.bool)
+    for step in (0, 1, -1):  # the nearest fp16, then its neighbours
+        candidate = (nearest + step).view(torch.float16).float()
+        safe = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
+        levels = ((blocks - low) / safe).round().clamp(0, 15)
+        rebuilt = candidate * levels + low  # the product is exact: one rounding, as the FMA
+        exact = (rebuilt.view(torch.int32) == blocks.view(torch.int32)).all(-1, keepdim=True)
+        exact &= torch.isfinite(candidate) & ~found
+        q = torch.where(exact, levels.to(torch.uint8), q)
+        d = torch.where(exact, candidate, d)
+        found |= exact
+    if not bool(found.all()):
+        return None
+    return q.reshape(rows, width), d.squeeze(-1), low.squeeze(-1)
+
+
+def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
+    """The Q4 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder.h kQ4BlockBytes), or None unless every
+    element is exactly a Q4_1 value (:func:`q4_blocks`): uint8 [ceil(N / 16), K / 32, 384],
+    per panel and block d[16] and m[16] as fp32 bytes, then 32 rows of 8 bytes, byte j holding
+    column j's q in its low nibble and column j + 8's in its high nibble (padding columns: d = m
+    = q = 0, weight 0)."""
+    blocks = q4_blocks(w)
+    if blocks is None:
+        return None
+    q, d, m = blocks
+    rows, width = w.shape
+    padded_rows = -(-rows // PANEL) * PANEL
+    panels, per_row = padded_rows // PANEL, width // Q4_BLOCK
+
+    def padded(t):
+        out = t.new_zeros(padded_rows, *t.shape[1:])
+        out[:rows] = t
+        return out
+
+    q = padded(q).view(panels, PANEL, per_row, Q4_BLOCK).permute(0, 2, 3, 1)  # [P, B, 32, 16]
+    nibbles = q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4)  # [P, B, 32, 8]
+
+    def scale_bytes(t):  # [N, B] -> [P, B, 64]: 16 fp32 per panel and block
+        return padded(t).view(panels, PANEL, per_row).transpose(1, 2).contiguous() \
+            .view(torch.uint8).view(panels, per_row, 4 * PANEL)
+
+    return torch.cat([scale_bytes(d), scale_bytes(m),
+                      nibbles.reshape(panels, per_row, Q4_BLOCK * PANEL // 2)], dim=-1).contiguous()
+
+
 def pack_address(packed: torch.Tensor) -> int:
-    """The integer the cpu kernels take for a pack: its address, with bit 0 set for a bf16
-    pack (csrc/cpu/kernels.h ``packed_weight``; packs are 64-byte aligned, so the bit is free)."""
+    """The integer the cpu kernels take for a pack: its address, its low two bits holding the
+    format (csrc/cpu/kernels.h ``PackFormat``: 0 fp32, 1 bf16, 2 q4 for a uint8 pack; packs are
+    64-byte aligned, so the bits are free)."""
     address = packed.data_ptr()
     if address % 64:
         raise RuntimeError(f"cpu kernels: a packed weight is not 64-byte aligned ({address:#x})")
+    if packed.dtype == torch.uint8:
+        return address | Q4_FORMAT_TAG
     return address | int(packed.dtype == torch.bfloat16)
 
 
