@@ -90,7 +90,10 @@ def cpu_section(run: Path, report: dict) -> list[str]:
              f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
              f"in-cache GEMM {floors['gemm_gflop_s']} GFLOP/s; a decode step reads "
              f"{floors['weight_bytes'] / 1e6:.0f} MB of weights -> memory floor "
-             f"{floors['memory_floor_ms']} ms; one token is {floors['token_gflop']} GFLOP."
+             f"{floors['memory_floor_ms']} ms"
+             + (f" (as packed; in fp32 {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
+                f"{floors['fp32_memory_floor_ms']} ms)" if "fp32_weight_bytes" in floors else "")
+             + f"; one token is {floors['token_gflop']} GFLOP."
              + (f" Timing: {floors['timing']}, floors included." if "timing" in floors else ""),
              "", "| what | tree | nodes | ms | floor ms | x floor | x AR step | ms / draft step | "
              "cycle x AR step |", "|---|---|---|---|---|---|---|---|---|"]

@@ -9,7 +9,9 @@ measurement below (floors included) timed in the same interleaved rounds, median
 ``--repeats``, so the machine's drift cannot favour one of them:
 
 * floors: DRAM read bandwidth (the faster of a 1 GiB reduction and our GEMV over 1 GiB) ->
-  memory floor = bytes of the weights a decode step reads / bandwidth; GEMM rate on an
+  memory floor = bytes of the weights a decode step reads (as the kernels store them: the
+  target's layers are exact 4-bit Q4_1 packs; the fp32 floor is reported beside) / bandwidth;
+  GEMM rate on an
   in-cache matrix (the faster of torch's matmul and ours, [64 x 1536] x [1536 x 576]) ->
   compute floor(N) = FLOPs of N tokens / that rate;
 * ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax), against
@@ -88,9 +90,13 @@ def gemm_rate(repeats: int) -> float:
     return flops / min(interleaved_medians(calls, repeats, torch.device("cpu")))
 
 
-def step_bytes(target) -> int:
+def step_bytes(target, packed: bool = False) -> int:
     """Bytes of weights one decode step reads: every parameter once (a tied embedding is the
-    lm_head's matrix), except an untied embedding table, of which it reads one row."""
+    lm_head's matrix), except an untied embedding table, of which it reads one row. ``packed``:
+    a matrix the cpu GEMM streams from its pack counts the pack's bytes (bf16 or 4-bit packs
+    hold the same values in fewer bytes), else the parameter's own."""
+    from eagle_kernels.ops.decoder import _PACKS
+
     seen, total = set(), 0
     embedding = target.model.embed_tokens.weight
     tied = target.lm_head.weight.data_ptr() == embedding.data_ptr()
@@ -98,7 +104,8 @@ def step_bytes(target) -> int:
         if parameter.data_ptr() in seen or (parameter is embedding and not tied):
             continue
         seen.add(parameter.data_ptr())
-        total += parameter.numel() * parameter.element_size()
+        stored = _PACKS.get(parameter) if packed and parameter.dim() == 2 else parameter
+        total += stored.numel() * stored.element_size()
     return total
 
 
@@ -177,7 +184,9 @@ def measure(generator, args) -> tuple[list[dict], dict]:
     target, head = generator.engine.target, generator.engine.head
     timed = timed_together(target, head, args)
     bandwidth, rate, ar = timed["bandwidth"], timed["gemm_rate"], timed["ar"][0]
-    weight_bytes = step_bytes(target)
+    # The kernels stream the packs (the target's layers in 4 bits): the floor counts those bytes;
+    # the fp32 floor (every weight in fp32, what the step read before narrow packs) is kept beside.
+    weight_bytes, fp32_bytes = step_bytes(target, packed=True), step_bytes(target)
     memory_floor = weight_bytes / bandwidth
     flops = token_flops(target, args.context)
     rows = [{"what": "ar_step", "nodes": 1, "ms": ar * 1e3, "floor_ms": memory_floor * 1e3,
@@ -200,7 +209,8 @@ def measure(generator, args) -> tuple[list[dict], dict]:
              for key in columns} for row in rows]
     floors = {"read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
               "gemm_gflop_s": round(rate / 1e9, 1), "weight_bytes": weight_bytes,
-              "memory_floor_ms": round(memory_floor * 1e3, 3),
+              "memory_floor_ms": round(memory_floor * 1e3, 3), "fp32_weight_bytes": fp32_bytes,
+              "fp32_memory_floor_ms": round(fp32_bytes / bandwidth * 1e3, 3),
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
               "timing": f"medians of {args.repeats} interleaved rounds"}
@@ -216,7 +226,8 @@ def print_report(rows: list[dict], floors: dict) -> None:
     print(f"read bandwidth {floors['read_bandwidth_gb_s']} GB/s, in-cache GEMM "
           f"{floors['gemm_gflop_s']} GFLOP/s, weights read per step "
           f"{floors['weight_bytes'] / 1e6:.0f} MB -> memory floor {floors['memory_floor_ms']} ms "
-          f"({floors['cpu_isa']})")
+          f"(fp32 weights {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
+          f"{floors['fp32_memory_floor_ms']} ms; {floors['cpu_isa']})")
     for row in rows:
         if row["what"] == "draft":
             print(f"draft {row['tree']:>9}: {row['ms']:8.2f} ms ({row['step_ms']:.2f} ms/step = "
