@@ -560,6 +560,43 @@ def test_q4_exact_weights_pack_in_4_bits_with_the_fp32_packs_bits(gen, monkeypat
         assert torch.equal(ours, fp32_pack), isa
 
 
+def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
+    """A GGUF Q8_0 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0, q in
+    -127..127 with |q| = 127 present, w = d * q (exact)."""
+    blocks = width // 32
+    d = (torch.rand(out, blocks, 1, generator=gen) * 0.01 + 1e-4).half().float()
+    q = torch.randint(-127, 128, (out, blocks, 32), generator=gen).float()
+    q[..., 0] = 127
+    return (d * q).reshape(out, width)
+
+
+@needs_cpu_backend
+@pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 96, 37),
+                                            (13, 64, 16), (70, 96, 33)])
+def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
+                                                                  out):
+    """A weight whose every block of 32 k is exactly a GGUF Q8_0 block (d * q, fp16 d, the
+    default target's tied embedding / lm_head) is packed in 8 bits plus its scales and gives
+    the fp32 pack's results bit for bit on every instruction set and GEMM path; one changed
+    value keeps an fp32 pack."""
+    from eagle_kernels.ops import decoder
+
+    x = torch.randn(rows, width, generator=gen)
+    exact = q8_exact_weight(gen, out, width)
+    packed = decoder.pack_weight(exact)
+    assert packed.dtype == torch.int8 and packed.numel() == -(-out // 16) * width // 32 * 576
+    inexact = exact.clone()
+    inexact[out // 2, width // 2] += 2.0**-20
+    assert decoder.pack_weight(inexact).dtype == torch.float32
+    assert decoder.q8_blocks(torch.randn(16, 64, generator=gen)) is None
+    for isa in each_cpu_isa():
+        ours = ops.linear(x, exact.clone(), backend="cpu")
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder, "PACK_Q8_EXACT", False)
+            fp32_pack = ops.linear(x, exact.clone(), backend="cpu")
+        assert torch.equal(ours, fp32_pack), isa
+
+
 def test_q4_recovery_refuses_what_is_not_exactly_q4(gen):
     """Random fp32 values, non-finite values and a negative zero where d * 0 + m gives +0 are
     not Q4_1 blocks: no 4-bit pack (it would change bits)."""

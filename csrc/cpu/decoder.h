@@ -12,9 +12,9 @@
 //
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) over prepacked weights: w's rows in panels of
 // kPanel = 16 columns, [ceil(N / 16), K, 16] (zero-padded; eagle_kernels/ops/decoder.py packs
-// them once per weight, in bf16 when every weight is exactly a bf16 value, in 4-bit Q4_1 blocks
-// when every weight is exactly one: fewer bytes to stream, rebuilt exactly, so the same bits as
-// an fp32 pack; see kQ4BlockBytes). Each output y[m, n] lives in one
+// them once per weight, in bf16 when every weight is exactly a bf16 value, in 4-bit Q4_1 or
+// 8-bit Q8_0 blocks when every weight is exactly one: fewer bytes to stream, rebuilt exactly, so
+// the same bits as an fp32 pack; see kQ4BlockBytes). Each output y[m, n] lives in one
 // vector lane: a sequential FMA chain over each chunk of kChunk k's (acc = fma(x[m, k], w[n, k],
 // acc)), the chunks added in order, then + bias: no horizontal sums, so the value does not
 // depend on the tile shape, the row count, the thread count, nor even the instruction set
@@ -39,7 +39,7 @@ constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 regis
                                                   // and M > kRowGroupsMaxRows)
 constexpr int kFewRows = 6;                       // a row group: one 6x1 tile (12 accumulators)
 constexpr int kRowGroupsMaxRows = 64;
-constexpr int kNarrowRowGroupsFrom = 3;           // a bf16 / q4 pack's 3x2 tile spills: widening
+constexpr int kNarrowRowGroupsFrom = 3;           // a narrow pack's 3x2 tile spills: widening
                                                   // needs registers beside its 12 accumulators
 #else
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
@@ -75,15 +75,24 @@ struct Prefetch {
 constexpr int64_t kQ4BlockK = 32;
 constexpr int64_t kQ4BlockBytes = 2 * kPanel * 4 + kQ4BlockK * kPanel / 2;
 
-/// A Q4 pack's unit of pointer arithmetic (one byte).
+// Q8 packs (PackFormat::kQ8): each panel is k / kQ4BlockK blocks of kQ8BlockBytes: d[16] in
+// fp32, then 32 rows of 16 int8 q. A weight is d * q, exact in fp32 (11 bits times 8): the GGUF
+// Q8_0 conversion's value.
+constexpr int64_t kQ8BlockBytes = kPanel * 4 + kQ4BlockK * kPanel;
+
+/// Q4 / Q8 packs' units of pointer arithmetic (one byte).
 struct Q4Byte {
   uint8_t bits;
 };
+struct Q8Byte {
+  int8_t bits;
+};
 
-/// Elements of WT per panel over k (fp32 / bf16: k x 16 values; q4: bytes; k % 32 == 0).
+/// Elements of WT per panel over k (fp32 / bf16: k x 16 values; q4 / q8: bytes, k % 32 == 0).
 template <typename WT>
 constexpr int64_t panel_size(int64_t k) {
   if constexpr (std::is_same_v<WT, Q4Byte>) return k / kQ4BlockK * kQ4BlockBytes;
+  if constexpr (std::is_same_v<WT, Q8Byte>) return k / kQ4BlockK * kQ8BlockBytes;
   return k * kPanel;
 }
 
@@ -100,9 +109,15 @@ EK_INLINE vf load_weights(const Q4Byte* panel, int64_t kk, int v) {
   const vf q = vload_q4(block + 2 * kPanel * 4 + (kk % kQ4BlockK) * (kPanel / 2), v);
   return vfma(vload(scales + v * kW), q, vload(scales + kPanel + v * kW));
 }
+EK_INLINE vf load_weights(const Q8Byte* panel, int64_t kk, int v) {
+  const int8_t* block = &panel[kk / kQ4BlockK * kQ8BlockBytes].bits;
+  const float* scales = reinterpret_cast<const float*>(block);
+  return vmul(vload(scales + v * kW), vload_q8(block + kPanel * 4 + (kk % kQ4BlockK) * kPanel +
+                                               v * kW));
+}
 
 /// Rows [0, MR) x panels [0, J) of y; `cols` valid columns from the first panel's first.
-/// WT: the pack's element type (float, uint16_t holding bf16, or Q4Byte).
+/// WT: the pack's element type (float, uint16_t holding bf16, Q4Byte or Q8Byte).
 template <int MR, int J, typename WT>
 static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
                        const float* bias, float* y, int64_t ldy, int64_t cols,
@@ -325,6 +340,8 @@ static void linear(const LinearArgs& a) {
           linear_panels(a, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
         else if (s.w.format == PackFormat::kQ4)
           linear_panels(a, s, static_cast<const Q4Byte*>(s.w.data), p0, p1);
+        else if (s.w.format == PackFormat::kQ8)
+          linear_panels(a, s, static_cast<const Q8Byte*>(s.w.data), p0, p1);
         else
           linear_panels(a, s, static_cast<const float*>(s.w.data), p0, p1);
       }

@@ -25,10 +25,11 @@ namespace cpu {
 /// A weight packed for the GEMM: [ceil(n / 16), k, 16], panel p holding w[16p : 16p + 16, :]^T
 /// (zero-padded), see decoder.h. Its elements are fp32; or bf16 when every weight is exactly a
 /// bf16 value; or 4-bit blocks when every weight is exactly fl(d * q + m) of a GGUF Q4_1 block
-/// (32 consecutive k, fp16 d and m, q in 0..15; decoder.h kQ4BlockBytes). A narrow pack holds
-/// the same numbers in fewer bytes and the kernel rebuilds them exactly, so the results are the
-/// fp32 pack's bit for bit.
-enum class PackFormat : unsigned { kF32 = 0, kBf16 = 1, kQ4 = 2 };
+/// (32 consecutive k, fp16 d and m, q in 0..15; decoder.h kQ4BlockBytes); or 8-bit blocks when
+/// every weight is exactly d * q of a GGUF Q8_0 block (fp16 d, q in -128..127; kQ8BlockBytes).
+/// A narrow pack holds the same numbers in fewer bytes and the kernel rebuilds them exactly, so
+/// the results are the fp32 pack's bit for bit.
+enum class PackFormat : unsigned { kF32 = 0, kBf16 = 1, kQ4 = 2, kQ8 = 3 };
 
 struct PackedWeight {
   const void* data;
@@ -36,11 +37,10 @@ struct PackedWeight {
 };
 
 /// Python hands a packed weight over as one integer: its address, with its low two bits holding
-/// the PackFormat (packs are 64-byte aligned, so those bits are otherwise 0; 3 reads as fp32).
+/// the PackFormat (packs are 64-byte aligned, so those bits are otherwise 0).
 static inline PackedWeight packed_weight(std::uintptr_t tagged) {
-  const unsigned tag = static_cast<unsigned>(tagged & 3u);
   return PackedWeight{reinterpret_cast<const void*>(tagged & ~std::uintptr_t{3}),
-                      tag == 3u ? PackFormat::kF32 : static_cast<PackFormat>(tag)};
+                      static_cast<PackFormat>(static_cast<unsigned>(tagged & 3u))};
 }
 
 /// One weight matrix of a (fused) linear layer: y[:, :n] = x @ w^T (+ bias).
@@ -68,7 +68,7 @@ struct LinearArgs {
 constexpr int64_t kPanelBlockBytes = 96 * 1024;
 constexpr int64_t kBlockMinPanels = 4;  ///< >= every instruction set's kPanelTile
 
-/// Floats one thread needs to widen one block of narrow (bf16 / q4) panels over k to fp32.
+/// Floats one thread needs to widen one block of narrow (bf16 / q4 / q8) panels over k to fp32.
 static inline int64_t linear_workspace_floats(int64_t k) {
   const int64_t floats = kPanelBlockBytes / 4, smallest = kBlockMinPanels * k * 16;
   return floats > smallest ? floats : smallest;

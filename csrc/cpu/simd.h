@@ -43,6 +43,10 @@ EK_INLINE vf vload_q4(const uint8_t* p, int v) {
   const __m256i high = _mm256_srli_epi32(bytes, 4);
   return _mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
 }
+/// kW int8 values from `p`, as exact fp32.
+EK_INLINE vf vload_q8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 EK_INLINE void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm512_mask_storeu_ps(p, lane_mask(n), v); }
 EK_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -97,6 +101,9 @@ EK_INLINE vf vload_q4(const uint8_t* p, int v) {
   const __m256i values = v == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15))
                                 : _mm256_srli_epi32(bytes, 4);
   return _mm256_cvtepi32_ps(values);
+}
+EK_INLINE vf vload_q8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 EK_INLINE void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm256_maskstore_ps(p, lane_mask(n), v); }
@@ -161,6 +168,10 @@ EK_INLINE vf vload_q4(const uint8_t* p, int v) {
     r.l[i] = static_cast<float>(v < 2 ? p[byte] & 15 : p[byte] >> 4);
   }
   return r;
+}
+EK_INLINE vf vload_q8(const int8_t* p) {
+  return vf{{static_cast<float>(p[0]), static_cast<float>(p[1]), static_cast<float>(p[2]),
+             static_cast<float>(p[3])}};
 }
 EK_INLINE void vstore(float* p, vf v) { for (int i = 0; i < 4; ++i) p[i] = v.l[i]; }
 EK_INLINE void vstore_n(float* p, vf v, int n) { for (int i = 0; i < n; ++i) p[i] = v.l[i]; }

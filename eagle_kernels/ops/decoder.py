@@ -147,7 +147,8 @@ PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder.h kPanel)
 PACK_BF16_EXACT = True  # pack exactly-bf16 weights in bf16 (see pack_weight; tests compare both)
 PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight; tests compare both)
 Q4_BLOCK = 32  # k per Q4_1 block (decoder.h kQ4BlockK)
-Q4_FORMAT_TAG = 2  # kernels.h PackFormat::kQ4, in the low bits of a pack's address
+PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight; tests compare both)
+Q4_FORMAT_TAG, Q8_FORMAT_TAG = 2, 3  # kernels.h PackFormat, in the low bits of a pack's address
 
 
 class _PackedWeights:
@@ -194,12 +195,15 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     fp32, as the bundled EAGLE heads are): the kernel widens the pack exactly, so its results are
     the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM).
     In 4-bit Q4_1 blocks (:func:`pack_q4_exact`, uint8) when every element is exactly a GGUF
-    Q4_1 value (the default target, dequantized from its GGUF): the same bits from 3/16 of the
-    bytes."""
+    Q4_1 value (the default target's layers, dequantized from its GGUF): the same bits from 3/16
+    of the bytes; in 8-bit Q8_0 blocks (:func:`pack_q8_exact`, int8) when every element is
+    exactly a Q8_0 value (its embedding, the tied lm_head): 9/32 of the bytes."""
     rows, width = w.shape
     with torch.no_grad():
-        if PACK_Q4_EXACT and w.dtype == torch.float32:
-            packed = pack_q4_exact(w)
+        if w.dtype == torch.float32:
+            packed = pack_q4_exact(w) if PACK_Q4_EXACT else None
+            if packed is None and PACK_Q8_EXACT:
+                packed = pack_q8_exact(w)
             if packed is not None:
                 return packed
         padded_rows = -(-rows // PANEL) * PANEL
@@ -257,35 +261,88 @@ def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
     if blocks is None:
         return None
     q, d, m = blocks
-    rows, width = w.shape
-    padded_rows = -(-rows // PANEL) * PANEL
-    panels, per_row = padded_rows // PANEL, width // Q4_BLOCK
-
-    def padded(t):
-        out = t.new_zeros(padded_rows, *t.shape[1:])
-        out[:rows] = t
-        return out
-
-    q = padded(q).view(panels, PANEL, per_row, Q4_BLOCK).permute(0, 2, 3, 1)  # [P, B, 32, 16]
+    q = _block_panels(q, Q4_BLOCK)  # [P, B, 32, 16]
     nibbles = q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4)  # [P, B, 32, 8]
-
-    def scale_bytes(t):  # [N, B] -> [P, B, 64]: 16 fp32 per panel and block
-        return padded(t).view(panels, PANEL, per_row).transpose(1, 2).contiguous() \
-            .view(torch.uint8).view(panels, per_row, 4 * PANEL)
-
-    return torch.cat([scale_bytes(d), scale_bytes(m),
+    panels, per_row = q.shape[:2]
+    return torch.cat([_scale_bytes(d), _scale_bytes(m),
                       nibbles.reshape(panels, per_row, Q4_BLOCK * PANEL // 2)], dim=-1).contiguous()
+
+
+def _padded_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [N, ...] with zero rows appended up to a whole number of panels."""
+    rows = t.shape[0]
+    out = t.new_zeros(-(-rows // PANEL) * PANEL, *t.shape[1:])
+    out[:rows] = t
+    return out
+
+
+def _block_panels(q: torch.Tensor, block: int) -> torch.Tensor:
+    """[N, K] per-weight values -> [P, K / block, block, 16]: panel, block, row, column."""
+    padded = _padded_rows(q)
+    return padded.view(padded.shape[0] // PANEL, PANEL, -1, block).permute(0, 2, 3, 1)
+
+
+def _scale_bytes(scales: torch.Tensor) -> torch.Tensor:
+    """[N, B] fp32 per-block scales -> [P, B, 64] bytes: 16 fp32 per panel and block."""
+    padded = _padded_rows(scales)
+    panels, per_row = padded.shape[0] // PANEL, padded.shape[1]
+    return padded.view(panels, PANEL, per_row).transpose(1, 2).contiguous() \
+        .view(torch.uint8).view(panels, per_row, 4 * PANEL)
+
+
+def q8_blocks(w: torch.Tensor):
+    """(q, d) with ``w == d * q`` exactly in fp32 for every element of ``w`` [N, K] (blocks of
+    32 consecutive k sharing an fp16 ``d``, ``q`` in -128..127: a GGUF Q8_0 tensor dequantized
+    to fp32), else None. d is the fp16 value nearest max |w| / 127 or a neighbour; every element
+    is checked exactly. q [N, K] int8, d [N, K / 32] float32 (fp16 values)."""
+    rows, width = w.shape
+    if width % Q4_BLOCK or not rows or not torch.isfinite(w).all():
+        return None
+    blocks = w.reshape(rows, width // Q4_BLOCK, Q4_BLOCK)
+    nearest = (blocks.abs().amax(-1, keepdim=True) / 127).half().view(torch.int16)
+    q = torch.zeros_like(blocks, dtype=torch.int8)
+    d = torch.zeros(rows, width // Q4_BLOCK, 1)
+    found = torch.zeros_like(d, dtype=torch.bool)
+    for step in (0, 1, -1):
+        candidate = (nearest + step).view(torch.float16).float()
+        safe = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
+        levels = (blocks / safe).round().clamp(-128, 127)
+        rebuilt = candidate * levels  # exact: 11 significant bits times 8
+        exact = (rebuilt.view(torch.int32) == blocks.view(torch.int32)).all(-1, keepdim=True)
+        exact &= torch.isfinite(candidate) & ~found
+        q = torch.where(exact, levels.to(torch.int8), q)
+        d = torch.where(exact, candidate, d)
+        found |= exact
+    if not bool(found.all()):
+        return None
+    return q.reshape(rows, width), d.squeeze(-1)
+
+
+def pack_q8_exact(w: torch.Tensor) -> torch.Tensor | None:
+    """The Q8 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder.h kQ8BlockBytes), or None unless every
+    element is exactly a Q8_0 value (:func:`q8_blocks`): int8 [ceil(N / 16), K / 32, 576], per
+    panel and block d[16] as fp32 bytes, then 32 rows of 16 int8 q (padding columns: 0)."""
+    blocks = q8_blocks(w)
+    if blocks is None:
+        return None
+    q, d = blocks
+    q = _block_panels(q, Q4_BLOCK)  # [P, B, 32, 16]
+    panels, per_row = q.shape[:2]
+    return torch.cat([_scale_bytes(d).view(torch.int8),
+                      q.reshape(panels, per_row, Q4_BLOCK * PANEL)], dim=-1).contiguous()
 
 
 def pack_address(packed: torch.Tensor) -> int:
     """The integer the cpu kernels take for a pack: its address, its low two bits holding the
-    format (csrc/cpu/kernels.h ``PackFormat``: 0 fp32, 1 bf16, 2 q4 for a uint8 pack; packs are
-    64-byte aligned, so the bits are free)."""
+    format (csrc/cpu/kernels.h ``PackFormat``: 0 fp32, 1 bf16, 2 q4 for a uint8 pack, 3 q8 for
+    an int8 pack; packs are 64-byte aligned, so the bits are free)."""
     address = packed.data_ptr()
     if address % 64:
         raise RuntimeError(f"cpu kernels: a packed weight is not 64-byte aligned ({address:#x})")
     if packed.dtype == torch.uint8:
         return address | Q4_FORMAT_TAG
+    if packed.dtype == torch.int8:
+        return address | Q8_FORMAT_TAG
     return address | int(packed.dtype == torch.bfloat16)
 
 
