@@ -45,7 +45,8 @@ EK_INLINE vf vload_q4(const uint8_t* p, int v) {
 }
 /// kW int8 values from `p`, as exact fp32.
 EK_INLINE vf vload_q8(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
 }
 EK_INLINE void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm512_mask_storeu_ps(p, lane_mask(n), v); }
@@ -103,7 +104,8 @@ EK_INLINE vf vload_q4(const uint8_t* p, int v) {
   return _mm256_cvtepi32_ps(values);
 }
 EK_INLINE vf vload_q8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
 }
 EK_INLINE void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 EK_INLINE void vstore_n(float* p, vf v, int n) { _mm256_maskstore_ps(p, lane_mask(n), v); }
