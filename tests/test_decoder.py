@@ -494,6 +494,24 @@ def test_stacked_forward_follows_replaced_weights_and_hooks(gen):
     assert torch.equal(stacked, forward()) and not torch.equal(stacked, after)
 
 
+def _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, pack_dtype, flag: str) -> None:
+    """``exact`` packs as ``pack_dtype``, the same weight with one value moved off the grid
+    packs in fp32, and ops.linear over the narrow pack equals it over the fp32 pack
+    (``decoder.<flag>`` off) bit for bit on every instruction set."""
+    from eagle_kernels.ops import decoder
+
+    assert decoder.pack_weight(exact).dtype == pack_dtype
+    inexact = exact.clone()
+    inexact[exact.shape[0] // 2, exact.shape[1] // 2] += 2.0**-20
+    assert decoder.pack_weight(inexact).dtype == torch.float32
+    for isa in each_cpu_isa():
+        ours = ops.linear(x, exact.clone(), backend="cpu")
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder, flag, False)
+            fp32_pack = ops.linear(x, exact.clone(), backend="cpu")
+        assert torch.equal(ours, fp32_pack), isa
+
+
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 300, 40), (3, 576, 100),
                                             (4, 577, 37), (5, 64, 16), (13, 64, 40),
@@ -503,20 +521,9 @@ def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypat
     """A weight whose every element is a bf16 value (a bf16 checkpoint run in fp32) is packed in
     bf16, half the bytes, and gives the fp32 pack's results bit for bit, on every instruction
     set; any other weight keeps an fp32 pack."""
-    from eagle_kernels.ops import decoder
-
     x = torch.randn(rows, width, generator=gen)
     exact = torch.randn(out, width, generator=gen).bfloat16().float()
-    assert decoder.pack_weight(exact).dtype == torch.bfloat16
-    inexact = exact.clone()
-    inexact[out // 2, width // 2] += 2.0**-20
-    assert decoder.pack_weight(inexact).dtype == torch.float32
-    for isa in each_cpu_isa():
-        ours = ops.linear(x, exact.clone(), backend="cpu")
-        with monkeypatch.context() as patch:
-            patch.setattr(decoder, "PACK_BF16_EXACT", False)
-            fp32_pack = ops.linear(x, exact.clone(), backend="cpu")
-        assert torch.equal(ours, fp32_pack), isa
+    _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.bfloat16, "PACK_BF16_EXACT")
 
 
 def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
@@ -548,16 +555,8 @@ def test_q4_exact_weights_pack_in_4_bits_with_the_fp32_packs_bits(gen, monkeypat
     assert packed.dtype == torch.uint8 and packed.numel() == -(-out // 16) * width // 32 * 384
     q, d, m = decoder.q4_blocks(exact)
     assert int(q.max()) <= 15 and torch.equal(d.half().float(), d)
-    inexact = exact.clone()
-    inexact[out // 2, width // 2] += 2.0**-20
-    assert decoder.pack_weight(inexact).dtype == torch.float32
     assert decoder.pack_weight(exact[:, :width - 1].contiguous()).dtype != torch.uint8
-    for isa in each_cpu_isa():
-        ours = ops.linear(x, exact.clone(), backend="cpu")
-        with monkeypatch.context() as patch:
-            patch.setattr(decoder, "PACK_Q4_EXACT", False)
-            fp32_pack = ops.linear(x, exact.clone(), backend="cpu")
-        assert torch.equal(ours, fp32_pack), isa
+    _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.uint8, "PACK_Q4_EXACT")
 
 
 def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
@@ -585,16 +584,8 @@ def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypat
     exact = q8_exact_weight(gen, out, width)
     packed = decoder.pack_weight(exact)
     assert packed.dtype == torch.int8 and packed.numel() == -(-out // 16) * width // 32 * 576
-    inexact = exact.clone()
-    inexact[out // 2, width // 2] += 2.0**-20
-    assert decoder.pack_weight(inexact).dtype == torch.float32
     assert decoder.q8_blocks(torch.randn(16, 64, generator=gen)) is None
-    for isa in each_cpu_isa():
-        ours = ops.linear(x, exact.clone(), backend="cpu")
-        with monkeypatch.context() as patch:
-            patch.setattr(decoder, "PACK_Q8_EXACT", False)
-            fp32_pack = ops.linear(x, exact.clone(), backend="cpu")
-        assert torch.equal(ours, fp32_pack), isa
+    _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.int8, "PACK_Q8_EXACT")
 
 
 def test_q4_recovery_refuses_what_is_not_exactly_q4(gen):
@@ -614,10 +605,10 @@ def test_q4_recovery_refuses_what_is_not_exactly_q4(gen):
     assert decoder.q4_blocks(torch.zeros(16, 64)) is not None  # d = 0, q = 0, m = 0
 
 
-@needs_cpu_backend
-def test_q4_exact_target_runs_the_fp32_bits(gen, monkeypatch):
-    """The fused layers over 4-bit packs (a GGUF Q4_1 model dequantized to fp32, as the default
-    target is) give the hidden states and K/V of the same layers over fp32 packs, bit for bit."""
+def _narrow_packs_run_the_fp32_bits(gen, monkeypatch, flag: str, convert) -> None:
+    """A tiny target whose weights ``convert`` makes exactly representable in a narrow pack
+    gives the same hidden states and K/V with ``decoder.<flag>`` on (narrow packs) and off
+    (fp32 packs), bit for bit."""
     from runtime_helpers import tiny_target
 
     from eagle_kernels.ops import decoder
@@ -626,52 +617,44 @@ def test_q4_exact_target_runs_the_fp32_bits(gen, monkeypatch):
     tokens = torch.randint(0, 300, (2, 5), generator=gen)
     mask = ops.pack_tree_mask(torch.tril(torch.ones(2, 5, 5, dtype=torch.bool)))
     results = []
-    for q4_packs in (True, False):
+    for narrow in (True, False):
         target = tiny_target(seed=seed)
         with torch.no_grad():
-            for layer in target.model.layers:
-                for module in (*layer.self_attn.children(), *layer.mlp.children()):
-                    if isinstance(module, torch.nn.Linear):
-                        out, width = module.weight.shape
-                        module.weight.copy_(q4_exact_weight(torch.Generator().manual_seed(out),
-                                                            out, width))
+            convert(target)
         cache = target.allocate_cache(2, 16)
         positions = torch.arange(5).repeat(2, 1)
         with monkeypatch.context() as patch, torch.inference_mode():
-            patch.setattr(decoder, "PACK_Q4_EXACT", q4_packs)
+            patch.setattr(decoder, flag, narrow)
             hidden, _ = target(tokens, positions, cache, mask)
-            if q4_packs:
-                assert decoder._PACKS.get(target.model.layers[0].mlp.down_proj.weight).dtype \
-                    == torch.uint8
+            packed = decoder._PACKS.get(target.model.layers[0].mlp.down_proj.weight)
+            assert (packed.dtype != torch.float32) == narrow
         results.append((hidden, cache))
     (h1, c1), (h2, c2) = results
     assert torch.equal(h1, h2)
     assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
+
+
+@needs_cpu_backend
+def test_q4_exact_target_runs_the_fp32_bits(gen, monkeypatch):
+    """The fused layers over 4-bit packs (a GGUF Q4_1 model dequantized to fp32, as the default
+    target's layers are) give the fp32 packs' hidden states and K/V bit for bit."""
+    def to_q4(target):
+        for layer in target.model.layers:
+            for module in (*layer.self_attn.children(), *layer.mlp.children()):
+                if isinstance(module, torch.nn.Linear):
+                    out, width = module.weight.shape
+                    module.weight.copy_(q4_exact_weight(torch.Generator().manual_seed(out), out,
+                                                        width))
+
+    _narrow_packs_run_the_fp32_bits(gen, monkeypatch, "PACK_Q4_EXACT", to_q4)
 
 
 @needs_cpu_backend
 def test_bf16_exact_target_runs_the_fp32_bits(gen, monkeypatch):
     """The fused layers over bf16 packs (a bf16 checkpoint loaded in fp32) give the hidden states
     and K/V of the same layers over fp32 packs, bit for bit."""
-    from runtime_helpers import tiny_target
+    def to_bf16(target):
+        for parameter in target.parameters():
+            parameter.copy_(parameter.bfloat16().float())
 
-    from eagle_kernels.ops import decoder
-
-    seed = int(torch.randint(1000, (1,), generator=gen))
-    tokens = torch.randint(0, 300, (2, 5), generator=gen)
-    mask = ops.pack_tree_mask(torch.tril(torch.ones(2, 5, 5, dtype=torch.bool)))
-    results = []
-    for bf16_packs in (True, False):
-        target = tiny_target(seed=seed)
-        with torch.no_grad():
-            for parameter in target.parameters():
-                parameter.copy_(parameter.bfloat16().float())
-        cache = target.allocate_cache(2, 16)
-        positions = torch.arange(5).repeat(2, 1)
-        with monkeypatch.context() as patch, torch.inference_mode():
-            patch.setattr(decoder, "PACK_BF16_EXACT", bf16_packs)
-            hidden, _ = target(tokens, positions, cache, mask)
-        results.append((hidden, cache))
-    (h1, c1), (h2, c2) = results
-    assert torch.equal(h1, h2)
-    assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
+    _narrow_packs_run_the_fp32_bits(gen, monkeypatch, "PACK_BF16_EXACT", to_bf16)

@@ -216,6 +216,38 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def _exact_levels(blocks: torch.Tensor, nearest: torch.Tensor, offset: torch.Tensor | float,
+                  levels: tuple[int, int]):
+    """Per block of ``blocks`` [N, B, 32], the first of the fp16 scale ``nearest`` [N, B, 1]
+    (as int16 bits) and its two neighbours for which every element is bit for bit
+    ``d * q + offset`` with q an integer in ``levels``; (q float [N, B, 32], d [N, B, 1]) or
+    None if a block has none. ``d * q`` is exact (11 significant bits times at most 8), so this
+    is the kernel's FMA: one rounding."""
+    q = torch.zeros_like(blocks)
+    d = torch.zeros_like(blocks[..., :1])
+    found = torch.zeros_like(d, dtype=torch.bool)
+    for step in (0, 1, -1):  # the nearest fp16, then its neighbours
+        candidate = (nearest + step).view(torch.float16).float()
+        safe = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
+        level = ((blocks - offset) / safe).round().clamp(*levels)
+        rebuilt = candidate * level + offset
+        exact = (rebuilt.view(torch.int32) == blocks.view(torch.int32)).all(-1, keepdim=True)
+        exact &= torch.isfinite(candidate) & ~found
+        q = torch.where(exact, level, q)
+        d = torch.where(exact, candidate, d)
+        found |= exact
+    return (q, d) if bool(found.all()) else None
+
+
+def _quant_blocks(w: torch.Tensor) -> torch.Tensor | None:
+    """``w`` [N, K] as blocks [N, K / 32, 32], or None when K is no multiple of 32, ``w`` is
+    empty or holds a non-finite value."""
+    rows, width = w.shape
+    if width % Q4_BLOCK or not rows or not torch.isfinite(w).all():
+        return None
+    return w.reshape(rows, width // Q4_BLOCK, Q4_BLOCK)
+
+
 def q4_blocks(w: torch.Tensor):
     """(q, d, m) with ``w == d * q + m`` exactly in fp32 for every element of ``w`` [N, K]
     (blocks of 32 consecutive k sharing an fp16 ``d`` and ``m``, ``q`` in 0..15: a GGUF Q4_1
@@ -225,30 +257,34 @@ def q4_blocks(w: torch.Tensor):
     the block minimum, and its largest q = 15, so d is the fp16 value nearest (max - m) / 15 or
     one of its two neighbours; every element is then checked exactly. q [N, K] uint8, d and m
     [N, K / 32] float32 (fp16 values)."""
-    rows, width = w.shape
-    if width % Q4_BLOCK or not rows or not torch.isfinite(w).all():
+    blocks = _quant_blocks(w)
+    if blocks is None:
         return None
-    blocks = w.reshape(rows, width // Q4_BLOCK, Q4_BLOCK)
     low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
     if not torch.equal(low.half().float(), low):
         return None
-    nearest = ((high - low) / 15).half().view(torch.int16)
-    q = torch.zeros_like(blocks, dtype=torch.uint8)
-    d = torch.zeros_like(low)
-    found = torch.zeros_like(low, dtype=torch.bool)
-    for step in (0, 1, -1):  # the nearest fp16, then its neighbours
-        candidate = (nearest + step).view(torch.float16).float()
-        safe = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
-        levels = ((blocks - low) / safe).round().clamp(0, 15)
-        rebuilt = candidate * levels + low  # the product is exact: one rounding, as the FMA
-        exact = (rebuilt.view(torch.int32) == blocks.view(torch.int32)).all(-1, keepdim=True)
-        exact &= torch.isfinite(candidate) & ~found
-        q = torch.where(exact, levels.to(torch.uint8), q)
-        d = torch.where(exact, candidate, d)
-        found |= exact
-    if not bool(found.all()):
+    found = _exact_levels(blocks, ((high - low) / 15).half().view(torch.int16), low, (0, 15))
+    if found is None:
         return None
-    return q.reshape(rows, width), d.squeeze(-1), low.squeeze(-1)
+    q, d = found
+    return q.to(torch.uint8).reshape(w.shape), d.squeeze(-1), low.squeeze(-1)
+
+
+def q8_blocks(w: torch.Tensor):
+    """(q, d) with ``w == d * q`` exactly in fp32 for every element of ``w`` [N, K] (blocks of
+    32 consecutive k sharing an fp16 ``d``, ``q`` in -128..127: a GGUF Q8_0 tensor dequantized
+    to fp32), else None. d is the fp16 value nearest max |w| / 127 or a neighbour; every element
+    is checked exactly (-0.0 is not: the kernel rebuilds +0). q [N, K] int8, d [N, K / 32]
+    float32 (fp16 values)."""
+    blocks = _quant_blocks(w)
+    if blocks is None:
+        return None
+    nearest = (blocks.abs().amax(-1, keepdim=True) / 127).half().view(torch.int16)
+    found = _exact_levels(blocks, nearest, 0.0, (-128, 127))
+    if found is None:
+        return None
+    q, d = found
+    return q.to(torch.int8).reshape(w.shape), d.squeeze(-1)
 
 
 def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
@@ -288,34 +324,6 @@ def _scale_bytes(scales: torch.Tensor) -> torch.Tensor:
     panels, per_row = padded.shape[0] // PANEL, padded.shape[1]
     return padded.view(panels, PANEL, per_row).transpose(1, 2).contiguous() \
         .view(torch.uint8).view(panels, per_row, 4 * PANEL)
-
-
-def q8_blocks(w: torch.Tensor):
-    """(q, d) with ``w == d * q`` exactly in fp32 for every element of ``w`` [N, K] (blocks of
-    32 consecutive k sharing an fp16 ``d``, ``q`` in -128..127: a GGUF Q8_0 tensor dequantized
-    to fp32), else None. d is the fp16 value nearest max |w| / 127 or a neighbour; every element
-    is checked exactly. q [N, K] int8, d [N, K / 32] float32 (fp16 values)."""
-    rows, width = w.shape
-    if width % Q4_BLOCK or not rows or not torch.isfinite(w).all():
-        return None
-    blocks = w.reshape(rows, width // Q4_BLOCK, Q4_BLOCK)
-    nearest = (blocks.abs().amax(-1, keepdim=True) / 127).half().view(torch.int16)
-    q = torch.zeros_like(blocks, dtype=torch.int8)
-    d = torch.zeros(rows, width // Q4_BLOCK, 1)
-    found = torch.zeros_like(d, dtype=torch.bool)
-    for step in (0, 1, -1):
-        candidate = (nearest + step).view(torch.float16).float()
-        safe = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
-        levels = (blocks / safe).round().clamp(-128, 127)
-        rebuilt = candidate * levels  # exact: 11 significant bits times 8
-        exact = (rebuilt.view(torch.int32) == blocks.view(torch.int32)).all(-1, keepdim=True)
-        exact &= torch.isfinite(candidate) & ~found
-        q = torch.where(exact, levels.to(torch.int8), q)
-        d = torch.where(exact, candidate, d)
-        found |= exact
-    if not bool(found.all()):
-        return None
-    return q.reshape(rows, width), d.squeeze(-1)
 
 
 def pack_q8_exact(w: torch.Tensor) -> torch.Tensor | None:
