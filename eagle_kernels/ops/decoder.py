@@ -148,6 +148,7 @@ PACK_BF16_EXACT = True  # pack exactly-bf16 weights in bf16 (see pack_weight; te
 PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight; tests compare both)
 Q4_BLOCK = 32  # k per Q4_1 block (decoder.h kQ4BlockK)
 PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight; tests compare both)
+RECOVERY_PROBE_ROWS = 64  # rows a Q4 / Q8 recovery tries first, before the whole weight
 Q4_FORMAT_TAG, Q8_FORMAT_TAG = 2, 3  # kernels.h PackFormat, in the low bits of a pack's address
 
 
@@ -257,6 +258,8 @@ def q4_blocks(w: torch.Tensor):
     the block minimum, and its largest q = 15, so d is the fp16 value nearest (max - m) / 15 or
     one of its two neighbours; every element is then checked exactly. q [N, K] uint8, d and m
     [N, K / 32] float32 (fp16 values)."""
+    if w.shape[0] > RECOVERY_PROBE_ROWS and q4_blocks(w[:RECOVERY_PROBE_ROWS]) is None:
+        return None  # most weights fail on their first rows: skip the full search
     blocks = _quant_blocks(w)
     if blocks is None:
         return None
@@ -276,6 +279,8 @@ def q8_blocks(w: torch.Tensor):
     to fp32), else None. d is the fp16 value nearest max |w| / 127 or a neighbour; every element
     is checked exactly (-0.0 is not: the kernel rebuilds +0). q [N, K] int8, d [N, K / 32]
     float32 (fp16 values)."""
+    if w.shape[0] > RECOVERY_PROBE_ROWS and q8_blocks(w[:RECOVERY_PROBE_ROWS]) is None:
+        return None
     blocks = _quant_blocks(w)
     if blocks is None:
         return None
