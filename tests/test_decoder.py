@@ -588,6 +588,23 @@ def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypat
     _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.int8, "PACK_Q8_EXACT")
 
 
+def test_q4_q8_recovery_in_row_chunks_equals_the_whole(gen, monkeypatch):
+    """Large weights are recovered RECOVERY_CHUNK_ROWS rows at a time (bounded temporaries):
+    the same (q, d, m) as in one piece, and one off-grid value in a later chunk refuses all."""
+    from eagle_kernels.ops import decoder
+
+    for exact, recover in ((q4_exact_weight(gen, 300, 64), decoder.q4_blocks),
+                           (q8_exact_weight(gen, 300, 64), decoder.q8_blocks)):
+        whole = recover(exact)
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder, "RECOVERY_CHUNK_ROWS", 70)
+            chunked = recover(exact)
+            broken = exact.clone()
+            broken[290, 3] += 2.0**-20
+            assert recover(broken) is None
+        assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
+
+
 def test_q4_recovery_refuses_what_is_not_exactly_q4(gen):
     """Random fp32 values, non-finite values and a negative zero where d * 0 + m gives +0 are
     not Q4_1 blocks: no 4-bit pack (it would change bits)."""

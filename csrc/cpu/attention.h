@@ -286,6 +286,9 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
 // column is one chain over the visible keys in order (prefix blocks, then tree slots), so a
 // split call gives the bits a task call gives.
 
+// Column blocks of whole vectors: two threads never write the same vector of `out`.
+static_assert(kAttentionSplitColumns % kW == 0, "split column blocks must be whole vectors");
+
 /// Where a split call keeps its state in the shared workspace (attention_split_floats).
 struct SplitLayout {
   int64_t per_query;  ///< floats per (sequence, node, head) query: scores, then value sums

@@ -149,6 +149,7 @@ PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight; te
 Q4_BLOCK = 32  # k per Q4_1 block (decoder.h kQ4BlockK)
 PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight; tests compare both)
 RECOVERY_PROBE_ROWS = 64  # rows a Q4 / Q8 recovery tries first, before the whole weight
+RECOVERY_CHUNK_ROWS = 4096  # rows recovered at a time (bounds the search's temporaries)
 Q4_FORMAT_TAG, Q8_FORMAT_TAG = 2, 3  # kernels.h PackFormat, in the low bits of a pack's address
 
 
@@ -190,7 +191,8 @@ def _version_of(w: torch.Tensor) -> int | None:
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [ceil(N / 16), K, 16]: panel p holds columns 16p..16p+15 of ``w.T``.
+    """[N, K] -> [ceil(N / 16), K, 16] (fp32 / bf16; Q4 / Q8 packs: see below): panel p holds
+    columns 16p..16p+15 of ``w.T``.
 
     In bfloat16 when every element of ``w`` is exactly a bf16 value (a bf16 checkpoint run in
     fp32, as the bundled EAGLE heads are): the kernel widens the pack exactly, so its results are
@@ -249,6 +251,18 @@ def _quant_blocks(w: torch.Tensor) -> torch.Tensor | None:
     return w.reshape(rows, width // Q4_BLOCK, Q4_BLOCK)
 
 
+def _by_row_chunks(recover, w: torch.Tensor):
+    """``recover`` (q4_blocks / q8_blocks) over RECOVERY_CHUNK_ROWS rows at a time, its parts
+    concatenated by rows; None if any chunk is not exact."""
+    parts = []
+    for start in range(0, w.shape[0], RECOVERY_CHUNK_ROWS):
+        part = recover(w[start:start + RECOVERY_CHUNK_ROWS])
+        if part is None:
+            return None
+        parts.append(part)
+    return tuple(torch.cat(pieces) for pieces in zip(*parts))
+
+
 def q4_blocks(w: torch.Tensor):
     """(q, d, m) with ``w == d * q + m`` exactly in fp32 for every element of ``w`` [N, K]
     (blocks of 32 consecutive k sharing an fp16 ``d`` and ``m``, ``q`` in 0..15: a GGUF Q4_1
@@ -260,6 +274,8 @@ def q4_blocks(w: torch.Tensor):
     [N, K / 32] float32 (fp16 values)."""
     if w.shape[0] > RECOVERY_PROBE_ROWS and q4_blocks(w[:RECOVERY_PROBE_ROWS]) is None:
         return None  # most weights fail on their first rows: skip the full search
+    if w.shape[0] > RECOVERY_CHUNK_ROWS:
+        return _by_row_chunks(q4_blocks, w)
     blocks = _quant_blocks(w)
     if blocks is None:
         return None
@@ -281,6 +297,8 @@ def q8_blocks(w: torch.Tensor):
     float32 (fp16 values)."""
     if w.shape[0] > RECOVERY_PROBE_ROWS and q8_blocks(w[:RECOVERY_PROBE_ROWS]) is None:
         return None
+    if w.shape[0] > RECOVERY_CHUNK_ROWS:
+        return _by_row_chunks(q8_blocks, w)
     blocks = _quant_blocks(w)
     if blocks is None:
         return None
