@@ -19,6 +19,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 from eagle_kernels import ops
 from eagle_kernels.runtime.drafting import causal_tree_mask
 from eagle_kernels.runtime.model import TargetModel, load_target
+from cuda_support import seed_note
 from package_support import default_model_or_skip
 
 from conftest import random_parents
@@ -317,12 +318,20 @@ def test_default_model_matches_transformers(gen):
     model = load_target(path)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                      local_files_only=True).eval()
+    exact = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64,
+                                                 local_files_only=True).eval()
     ids = torch.randint(0, model.vocab_size, (1, 20), generator=gen)
     cache = model.allocate_cache(1, 20)
     with torch.no_grad():
         hidden, _ = model(ids, torch.arange(20).unsqueeze(0), cache,
                           causal_tree_mask(1, 20, "cpu"))
-    # 30 real layers in fp32, two op orders: logits of size ~35 differ by up to ~1e-4 (seen
-    # 1.03e-4 on 3 of 983040 values), so the bound is relative to the logits' scale.
-    torch.testing.assert_close(model.logits(hidden), hf_logits(reference, ids), rtol=1e-5,
-                               atol=3e-4)
+        truth = exact(ids).logits
+    ours = model.logits(hidden).double() - truth
+    torch_fp32 = hf_logits(reference, ids).double() - truth
+    # Both run 30 fp32 layers in different op orders; against the fp64 model ours must stay
+    # within 2x transformers' own fp32 error plus noise (here 0.5x): over 60 random prompts the
+    # RMS ratio reached 1.83 and the max-error ratio 2.09 (one prompt whose logits both miss by
+    # ~3e-4 / 6e-4; a fixed atol of 3e-4 failed on 5 of 60). A wrong op is off by far more.
+    rms = lambda e: e.pow(2).mean().sqrt().item()  # noqa: E731
+    assert rms(ours) <= 2.5 * rms(torch_fp32), (rms(ours), rms(torch_fp32), seed_note(gen))
+    assert ours.abs().max() <= 4 * torch_fp32.abs().max(), seed_note(gen)
