@@ -93,7 +93,7 @@ def gemm_rate(repeats: int) -> float:
 def step_bytes(target, packed: bool = False) -> int:
     """Bytes of weights one decode step reads: every parameter once (a tied embedding is the
     lm_head's matrix), except an untied embedding table, of which it reads one row. ``packed``:
-    a matrix the cpu GEMM streams from its pack counts the pack's bytes (bf16 or 4-bit packs
+    a matrix the cpu GEMM streams from its pack counts the pack's bytes (bf16, 4- or 8-bit packs
     hold the same values in fewer bytes), else the parameter's own."""
     from eagle_kernels.ops.decoder import _PACKS
 

@@ -201,7 +201,7 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     Q4_1 value (the default target's layers, dequantized from its GGUF): the same bits from 3/16
     of the bytes; in 8-bit Q8_0 blocks (:func:`pack_q8_exact`, int8) when every element is
     exactly a Q8_0 value (its embedding, the tied lm_head): 9/32 of the bytes."""
-    rows, width = w.shape
+    width = w.shape[1]
     with torch.no_grad():
         if w.dtype == torch.float32:
             packed = pack_q4_exact(w) if PACK_Q4_EXACT else None
@@ -209,10 +209,8 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
                 packed = pack_q8_exact(w)
             if packed is not None:
                 return packed
-        padded_rows = -(-rows // PANEL) * PANEL
-        padded = w.new_zeros(padded_rows, width)
-        padded[:rows] = w
-        packed = padded.view(padded_rows // PANEL, PANEL, width).transpose(1, 2).contiguous()
+        padded = _padded_rows(w)
+        packed = padded.view(padded.shape[0] // PANEL, PANEL, width).transpose(1, 2).contiguous()
         if (PACK_BF16_EXACT and w.dtype == torch.float32
                 and torch.equal(packed.bfloat16().float(), packed)):
             packed = packed.bfloat16()
