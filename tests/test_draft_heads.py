@@ -531,6 +531,12 @@ TREES = {
     "k3_d2_all": TreeConfig(top_k=3, depth=2, total_tokens=22),
     # 36 drafted keys: the frontier's packed masks span two int32 words.
     "k6_d6_n40": TreeConfig(top_k=6, depth=6, total_tokens=40),
+    # Fewer nodes than levels: draft_tree skips the expansion steps no kept node can come from
+    # (1/1/2: none; 1/3/3 and 2/3/3: one), and the tree is still EAGLE-2's selection over every
+    # level (a chain must reach level 2: skipping one step more fails it).
+    "k1_d1_n2": TreeConfig(top_k=1, depth=1, total_tokens=2),
+    "k1_d3_n3": TreeConfig(top_k=1, depth=3, total_tokens=3),
+    "k2_d3_n3": TreeConfig(top_k=2, depth=3, total_tokens=3),
 }
 
 
@@ -538,6 +544,7 @@ TREES = {
     *((variant, name) for variant in ("eagle3_draft_vocab", "eagle3_full_vocab", "eagle1")
       for name in ("k3_d2_n8", "k3_d2_all")),
     ("eagle3_draft_vocab", "k6_d6_n40"),
+    *(("eagle3_draft_vocab", name) for name in ("k1_d1_n2", "k1_d3_n3", "k2_d3_n3")),
 ])
 def test_draft_tree_equals_dense_recomputation(variant, tree_name, gen, tmp_path):
     """commit + draft_tree (cached tree attention, packed masks) == dense per-node recompute."""

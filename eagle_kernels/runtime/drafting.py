@@ -140,7 +140,10 @@ def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
     # to the head (at batch 1 .contiguous() of a view of them would return the view itself)
     ancestors = own_bits[0].expand(batch, -1, -1).clone()
     base = k
-    for step in range(tree.depth):
+    # A node at level L is kept only with its L - 1 ancestors (total_tokens - 1 nodes at most):
+    # expansion steps past level total_tokens - 1 draft candidates no tree can hold (the
+    # 1/1/2 chain would run a whole head forward for nothing).
+    for step in range(min(tree.depth, tree.total_tokens - 2)):
         keys = (step + 1) * k
         positions = (cache.lens.to(torch.int64) + step).unsqueeze(1).expand(-1, k)
         out = head(frontier_tokens, frontier_hidden, positions, cache,
