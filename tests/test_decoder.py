@@ -539,8 +539,8 @@ def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
 
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 576, 100),
-                                            (5, 96, 37), (13, 64, 16), (61, 1536, 200),
-                                            (70, 96, 33)])
+                                            (5, 96, 37), (6, 576, 100), (13, 64, 16),
+                                            (61, 1536, 200), (70, 96, 33)])
 def test_q4_exact_weights_pack_in_4_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
                                                                   out):
     """A weight whose every block of 32 k is exactly a GGUF Q4_1 block (d * q + m, fp16 d and
@@ -571,7 +571,7 @@ def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
 
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 96, 37),
-                                            (13, 64, 16), (70, 96, 33)])
+                                            (6, 576, 100), (13, 64, 16), (70, 96, 33)])
 def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
                                                                   out):
     """A weight whose every block of 32 k is exactly a GGUF Q8_0 block (d * q, fp16 d, the
@@ -586,6 +586,24 @@ def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypat
     assert packed.dtype == torch.int8 and packed.numel() == -(-out // 16) * width // 32 * 576
     assert decoder.q8_blocks(torch.randn(16, 64, generator=gen)) is None
     _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.int8, "PACK_Q8_EXACT")
+
+
+def test_q4_block_whose_offset_is_inexact_keeps_a_wider_pack(gen):
+    """The Q4 pack stores c = m - 16 d in fp32 (the AVX-512 rebuild's offset); a Q4_1 block
+    where that difference is not exact (m = 2^-24 beside d = 1: 29 significant bits) must not
+    be packed in 4 bits, and the wider pack gives the fp32 pack's results."""
+    from eagle_kernels.ops import decoder
+
+    exact = q4_exact_weight(gen, 16, 64)
+    exact[5, :32] = torch.arange(32.0) % 16  # d = 1, q = 0..15, then m = 2^-24 for q = 0
+    exact[5, 0] = exact[5, 16] = 2.0**-24
+    q, d, m = decoder.q4_blocks(exact)
+    assert float(d[5, 0]) == 1.0 and float(m[5, 0]) == 2.0**-24
+    packed = decoder.pack_weight(exact)
+    assert packed.dtype != torch.uint8
+    x = torch.randn(3, 64, generator=gen)
+    torch.testing.assert_close(ops.linear(x, exact, backend="cpu"), x @ exact.T, rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_q4_q8_recovery_in_row_chunks_equals_the_whole(gen, monkeypatch):

@@ -31,6 +31,8 @@ constexpr int kChunk = 64;
 constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 #if defined(EK_ISA_AVX512)
 constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
+constexpr int kNarrowPanelTile = 3;               // 6 rows x 4 Q4 panels spilled an accumulator
+                                                  // beside the rebuild's constants
 constexpr int kFewRows = kRowTile;                // (row groups not measured on AVX-512)
 constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
 #elif defined(EK_ISA_AVX2)
@@ -41,8 +43,10 @@ constexpr int kFewRows = 6;                       // a row group: one 6x1 tile (
 constexpr int kRowGroupsMaxRows = 64;
 constexpr int kNarrowRowGroupsFrom = 3;           // a narrow pack's 3x2 tile spills: widening
                                                   // needs registers beside its 12 accumulators
+constexpr int kNarrowPanelTile = kPanelTile;
 #else
 constexpr int kRowTile = 2, kPanelTile = 1;       // 8 four-lane accumulators
+constexpr int kNarrowPanelTile = kPanelTile;
 constexpr int kFewRows = kRowTile;
 constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
 #endif
@@ -68,10 +72,12 @@ struct Prefetch {
 };
 
 // Q4 packs (kernels.h PackFormat::kQ4): each panel is k / kQ4BlockK blocks of kQ4BlockBytes:
-// d[16] and m[16] in fp32 (fp16 values, exact), then kQ4BlockK rows of 8 bytes, byte j holding
-// row's q of column j in its low nibble and of column j + 8 in its high nibble. A weight is
-// fma(d, q, m): d * q is exact in fp32 (11 significant bits times 4), so the FMA's one rounding
-// is the GGUF conversion's fl(d * q + m), and the weight the fp32 pack would hold, bit for bit.
+// a[16] = 16 d and c[16] = m - 16 d in fp32 (fp16 d and m; c exact, or the weight is not packed
+// so), then kQ4BlockK rows of 8 bytes, byte j holding row's q of column j in its low nibble and
+// of column j + 8 in its high nibble. A weight is fma(d, q, m) = fma(a, 1 + q / 16, c): either
+// product is exact in fp32 (11 significant bits times 4 or 5), so the FMA's one rounding is the
+// GGUF conversion's fl(d * q + m), the weight the fp32 pack would hold, bit for bit. AVX-512
+// builds 1 + q / 16 from the nibble's bits alone (simd.h vq4_weights); the others use d and m.
 constexpr int64_t kQ4BlockK = 32;
 constexpr int64_t kQ4BlockBytes = 2 * kPanel * 4 + kQ4BlockK * kPanel / 2;
 
@@ -96,33 +102,65 @@ constexpr int64_t panel_size(int64_t k) {
   return k * kPanel;
 }
 
-/// Vector v of row kk of a panel, as exact fp32 whatever the pack's format.
-EK_INLINE vf load_weights(const float* panel, int64_t kk, int v) {
-  return vload(panel + kk * kPanel + v * kW);
-}
-EK_INLINE vf load_weights(const uint16_t* panel, int64_t kk, int v) {
-  return vload_bf16(panel + kk * kPanel + v * kW);
-}
-/// Vector v of row r of the Q4 / Q8 block at `block`, as exact fp32.
-EK_INLINE vf load_block_weights(const Q4Byte* block, int64_t r, int v) {
-  const float* scales = reinterpret_cast<const float*>(block);  // d[16], then m[16]
-  const vf q = vload_q4(&block[2 * kPanel * 4 + r * (kPanel / 2)].bits, v);
-  return vfma(vload(scales + v * kW), q, vload(scales + kPanel + v * kW));
-}
-EK_INLINE vf load_block_weights(const Q8Byte* block, int64_t r, int v) {
-  const float* scales = reinterpret_cast<const float*>(block);  // d[16]
-  return vmul(vload(scales + v * kW), vload_q8(&block[kPanel * 4 + r * kPanel + v * kW].bits));
-}
+/// Narrow packs (Q4 / Q8) hold k in blocks of kQ4BlockK rows, each with its scales.
 template <typename WT>
-constexpr int64_t block_bytes() {
-  return std::is_same_v<WT, Q4Byte> ? kQ4BlockBytes : kQ8BlockBytes;
-}
-EK_INLINE vf load_weights(const Q4Byte* panel, int64_t kk, int v) {
-  return load_block_weights(panel + kk / kQ4BlockK * kQ4BlockBytes, kk % kQ4BlockK, v);
-}
-EK_INLINE vf load_weights(const Q8Byte* panel, int64_t kk, int v) {
-  return load_block_weights(panel + kk / kQ4BlockK * kQ8BlockBytes, kk % kQ4BlockK, v);
-}
+constexpr bool kBlockPacked = std::is_same_v<WT, Q4Byte> || std::is_same_v<WT, Q8Byte>;
+
+// A tile walks k in runs, each set up once: a narrow pack's runs are its blocks (the block's
+// address and scales found once, not for every k: the one-row GEMM is compute-bound on
+// rebuilding weights, and computing the address per k cost it 12 %), an fp32 / bf16 pack's a
+// whole chunk. Run<WT>(panel, r0) starts at row r0 (a multiple of kRunRows<WT>); load(r, v) is
+// vector v of its row r as exact fp32, whatever the pack's format.
+template <typename WT>
+constexpr int64_t kRunRows = kBlockPacked<WT> ? kQ4BlockK : kChunk;
+static_assert(kChunk % kQ4BlockK == 0, "a chunk must hold whole blocks");
+
+template <typename WT>
+struct Run;
+template <>
+struct Run<float> {
+  const float* rows;
+  Run() = default;
+  EK_INLINE Run(const float* panel, int64_t r0) : rows(panel + r0 * kPanel) {}
+  EK_INLINE vf load(int64_t r, int v) const { return vload(rows + r * kPanel + v * kW); }
+};
+template <>
+struct Run<uint16_t> {
+  const uint16_t* rows;
+  Run() = default;
+  EK_INLINE Run(const uint16_t* panel, int64_t r0) : rows(panel + r0 * kPanel) {}
+  EK_INLINE vf load(int64_t r, int v) const { return vload_bf16(rows + r * kPanel + v * kW); }
+};
+template <>
+struct Run<Q4Byte> {  // a = 16 d [16], c = m - 16 d [16] (fp32), then 32 rows of 8 bytes
+  const uint8_t* rows;
+  Q4Scales scales[kPanelVectors];
+  Run() = default;
+  EK_INLINE Run(const Q4Byte* panel, int64_t r0) {
+    const Q4Byte* block = panel + r0 / kQ4BlockK * kQ4BlockBytes;
+    const float* a = reinterpret_cast<const float*>(block);
+    for (int v = 0; v < kPanelVectors; ++v) scales[v] = vq4_scales(a + v * kW, a + kPanel + v * kW);
+    rows = &block[2 * kPanel * 4].bits;
+  }
+  EK_INLINE vf load(int64_t r, int v) const {
+    return vq4_weights(scales[v], rows + r * (kPanel / 2), v);
+  }
+};
+template <>
+struct Run<Q8Byte> {  // d [16] (fp32), then 32 rows of 16 int8 q: a weight is d * q, exact
+  const int8_t* rows;
+  vf d[kPanelVectors];
+  Run() = default;
+  EK_INLINE Run(const Q8Byte* panel, int64_t r0) {
+    const Q8Byte* block = panel + r0 / kQ4BlockK * kQ8BlockBytes;
+    const float* d_bits = reinterpret_cast<const float*>(block);
+    for (int v = 0; v < kPanelVectors; ++v) d[v] = vload(d_bits + v * kW);
+    rows = &block[kPanel * 4].bits;
+  }
+  EK_INLINE vf load(int64_t r, int v) const {
+    return vmul(d[v], vload_q8(rows + r * kPanel + v * kW));
+  }
+};
 
 /// Rows [0, MR) x panels [0, J) of y; `cols` valid columns from the first panel's first.
 /// WT: the pack's element type (float, uint16_t holding bf16, Q4Byte or Q8Byte).
@@ -141,18 +179,23 @@ static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
     vf acc[MR][V];
     for (int i = 0; i < MR; ++i)
       for (int v = 0; v < V; ++v) acc[i][v] = vzero();
-    for (int64_t kk = k0; kk < k1; ++kk) {
-      for (int64_t j = 0; j < ahead.per_k && ahead.lines > 0; ++j, --ahead.lines) {
-        __builtin_prefetch(ahead.from, 0, 2);
-        ahead.from += 64;
-      }
-      vf w[V];
-      for (int j = 0; j < J; ++j)
-        for (int v = 0; v < kPanelVectors; ++v)
-          w[j * kPanelVectors + v] = load_weights(panels + j * panel_stride, kk, v);
-      for (int i = 0; i < MR; ++i) {
-        const vf xv = vset1(x[i * ldx + kk]);
-        for (int v = 0; v < V; ++v) acc[i][v] = vfma(xv, w[v], acc[i][v]);
+    for (int64_t r0 = k0; r0 < k1; r0 += kRunRows<WT>) {
+      const int64_t rows = k1 - r0 < kRunRows<WT> ? k1 - r0 : kRunRows<WT>;
+      Run<WT> run[J];
+      for (int j = 0; j < J; ++j) run[j] = Run<WT>(panels + j * panel_stride, r0);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < ahead.per_k && ahead.lines > 0; ++j, --ahead.lines) {
+          __builtin_prefetch(ahead.from, 0, 2);
+          ahead.from += 64;
+        }
+        vf w[V];
+        for (int j = 0; j < J; ++j)
+          for (int v = 0; v < kPanelVectors; ++v)
+            w[j * kPanelVectors + v] = run[j].load(r, v);
+        for (int i = 0; i < MR; ++i) {
+          const vf xv = vset1(x[i * ldx + r0 + r]);
+          for (int v = 0; v < V; ++v) acc[i][v] = vfma(xv, w[v], acc[i][v]);
+        }
       }
     }
     for (int i = 0; i < MR; ++i)
@@ -195,45 +238,6 @@ static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, co
     panel_tile_any<MR - 1, J>(rows, panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
 }
 
-/// panel_tile<1, J> over Q4 / Q8 panels, walking each 32-k block's rows with the block's address
-/// fixed (panel_tile computes it again for every k: the GEMV is compute-bound on rebuilding
-/// weights, and this measured -12 % alone, -9 % for the decoder stack's one-row GEMMs). Same
-/// chains, chunks and bias as panel_tile.
-template <int J, typename WT>
-static void block_row_tile(const float* x, const WT* panels, int64_t k, const float* bias,
-                           float* y, int64_t cols) {
-  static_assert(kChunk % kQ4BlockK == 0, "chunks must hold whole blocks");
-  constexpr int V = J * kPanelVectors;
-  const int64_t stride = panel_size<WT>(k);
-  alignas(64) float total[V * kW];
-  for (int v = 0; v < V; ++v) vstore(total + v * kW, vzero());
-  for (int64_t k0 = 0; k0 < k; k0 += kChunk) {  // kChunk is a multiple of kQ4BlockK
-    const int64_t k1 = k0 + kChunk < k ? k0 + kChunk : k;
-    vf acc[V];
-    for (int v = 0; v < V; ++v) acc[v] = vzero();
-    for (int64_t b0 = k0; b0 < k1; b0 += kQ4BlockK) {
-      const WT* blocks[J];
-      for (int j = 0; j < J; ++j)
-        blocks[j] = panels + j * stride + b0 / kQ4BlockK * block_bytes<WT>();
-      for (int64_t r = 0; r < kQ4BlockK; ++r) {
-        const vf xv = vset1(x[b0 + r]);
-        for (int j = 0; j < J; ++j)
-          for (int v = 0; v < kPanelVectors; ++v)
-            acc[j * kPanelVectors + v] =
-                vfma(xv, load_block_weights(blocks[j], r, v), acc[j * kPanelVectors + v]);
-      }
-    }
-    for (int v = 0; v < V; ++v) vstore(total + v * kW, vadd(vload(total + v * kW), acc[v]));
-  }
-  for (int v = 0; v < V; ++v) {
-    const int64_t col = static_cast<int64_t>(v) * kW;
-    if (col >= cols) break;
-    const int n = static_cast<int>(cols - col < kW ? cols - col : kW);
-    const vf sum = vload(total + v * kW);
-    vstore_n(y + col, bias != nullptr ? vadd(sum, vload_n(bias + col, n)) : sum, n);
-  }
-}
-
 /// One row, panels [p0, p1) of a segment (pack `packed`): kSingleRowPanels streams at a time.
 template <typename WT>
 static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const WT* packed,
@@ -243,12 +247,6 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const
     const int64_t col = p * kPanel;
     const WT* w = packed + p * panel_size<WT>(a.k);
     const float* bias = s.bias ? s.bias + col : nullptr;
-    if constexpr (std::is_same_v<WT, Q4Byte> || std::is_same_v<WT, Q8Byte>) {
-      if (panels == kSingleRowPanels) {
-        block_row_tile<kSingleRowPanels>(a.x, w, a.k, bias, s.y + col, s.n - col);
-        continue;
-      }
-    }
     if (panels == kSingleRowPanels) {
       panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col);
     } else {
@@ -304,14 +302,16 @@ template <typename WT>
 static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const WT* panels,
                             int64_t b0, int64_t b1, int64_t prefetching_from, const char* next,
                             int64_t next_lines) {
+  // Panels per tile: a full row tile over a narrow pack takes fewer (see kNarrowPanelTile).
+  const int tile = kBlockPacked<WT> && a.m >= kRowTile ? kNarrowPanelTile : kPanelTile;
   const int64_t panel_elements = panel_size<WT>(a.k);
   const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
-  const int64_t calls = (row_tiles - prefetching_from) * ((b1 - b0 + kPanelTile - 1) / kPanelTile);
+  const int64_t calls = (row_tiles - prefetching_from) * ((b1 - b0 + tile - 1) / tile);
   int64_t call = 0;
   for (int64_t r = 0; r < a.m; r += kRowTile) {
     const int rows = static_cast<int>(a.m - r < kRowTile ? a.m - r : kRowTile);
-    for (int64_t p = b0; p < b1; p += kPanelTile) {
-      const int count = static_cast<int>(b1 - p < kPanelTile ? b1 - p : kPanelTile);
+    for (int64_t p = b0; p < b1; p += tile) {
+      const int count = static_cast<int>(b1 - p < tile ? b1 - p : tile);
       const int64_t col = p * kPanel;
       Prefetch ahead;
       if (r / kRowTile >= prefetching_from && next_lines > 0 && calls > 0) {
@@ -331,10 +331,13 @@ static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const W
 template <typename WT>
 static void widen_panels(const WT* from, int64_t panels, int64_t k, float* to) {
   for (int64_t p = 0; p < panels; ++p)
-    for (int64_t kk = 0; kk < k; ++kk)
-      for (int v = 0; v < kPanelVectors; ++v)
-        vstore(to + (p * k + kk) * kPanel + v * kW,
-               load_weights(from + p * panel_size<WT>(k), kk, v));
+    for (int64_t r0 = 0; r0 < k; r0 += kRunRows<WT>) {
+      const Run<WT> run(from + p * panel_size<WT>(k), r0);
+      const int64_t rows = k - r0 < kRunRows<WT> ? k - r0 : kRunRows<WT>;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int v = 0; v < kPanelVectors; ++v)
+          vstore(to + (p * k + r0 + r) * kPanel + v * kW, run.load(r, v));
+    }
 }
 
 /// Every row, panels [p0, p1) of a segment: one row (linear_single_row), row groups (see

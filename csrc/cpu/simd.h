@@ -33,15 +33,28 @@ EK_INLINE vf vload_bf16(const uint16_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
-/// Vector `v` of the 16 4-bit values packed in the 8 bytes at `p` (byte j: value j in its low
-/// nibble, value j + 8 in its high nibble), as exact fp32 (0..15).
-EK_INLINE vf vload_q4(const uint8_t* p, int v) {
+/// A Q4 block's per-column scales (decoder.h kQ4BlockBytes: a = 16 d, c = m - 16 d, both exact)
+/// in the form this instruction set rebuilds weights from (see vq4_weights).
+struct Q4Scales {
+  vf scale, offset;
+};
+EK_INLINE Q4Scales vq4_scales(const float* a, const float* c) { return {vload(a), vload(c)}; }
+/// Vector `v` of the weights of one row of a Q4 block: its 8 bytes at `p` hold column j's q in
+/// byte j's low nibble and column j + 8's in its high nibble. Each lane's q is shifted into
+/// mantissa bits 19..22 of 1.0f (one variable shift and one ternary logic op, no conversion):
+/// f = 1 + q / 16 exactly, and fma(16 d, f, m - 16 d) rounds the exact d * q + m once, as the
+/// GGUF conversion did: the fp32 pack's weight bit for bit.
+EK_INLINE vf vq4_weights(Q4Scales k, const uint8_t* p, int v) {
   (void)v;  // one vector holds all 16
-  const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  const __m256i bytes = _mm256_cvtepu8_epi32(packed);
-  const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi32(15));
-  const __m256i high = _mm256_srli_epi32(bytes, 4);
-  return _mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
+  int64_t row;
+  __builtin_memcpy(&row, p, 8);
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_set1_epi64x(row));  // bytes 0-7, twice
+  const __m512i shift = _mm512_setr_epi32(19, 19, 19, 19, 19, 19, 19, 19,   // low nibbles
+                                          15, 15, 15, 15, 15, 15, 15, 15);  // high nibbles
+  const __m512i unit = _mm512_ternarylogic_epi32(  // (placed & 0x00780000) | 0x3F800000
+      _mm512_sllv_epi32(bytes, shift), _mm512_set1_epi32(0x00780000),
+      _mm512_set1_epi32(0x3F800000), 0xEA);
+  return _mm512_fmadd_ps(k.scale, _mm512_castsi512_ps(unit), k.offset);
 }
 /// kW int8 values from `p`, as exact fp32.
 EK_INLINE vf vload_q8(const int8_t* p) {
@@ -96,6 +109,8 @@ EK_INLINE vf vload_bf16(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+/// Vector `v` of the 16 4-bit values packed in the 8 bytes at `p` (byte j: value j in its low
+/// nibble, value j + 8 in its high nibble), as exact fp32 (0..15).
 EK_INLINE vf vload_q4(const uint8_t* p, int v) {
   const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   const __m256i bytes = _mm256_cvtepu8_epi32(packed);
@@ -230,6 +245,23 @@ EK_INLINE unsigned vmask_not_le(vf a, vf b) {
 
 #else
 #error "define one of EK_ISA_AVX512, EK_ISA_AVX2, EK_ISA_GENERIC before including simd.h"
+#endif
+
+#if !defined(EK_ISA_AVX512)
+/// A Q4 block's per-column scales (decoder.h kQ4BlockBytes: a = 16 d, c = m - 16 d, both exact)
+/// as d = a / 16 and m = a + c (both exact again), so that vq4_weights is the GGUF conversion's
+/// fma(d, q, m), one rounding: the fp32 pack's weight bit for bit. (AVX-512 rebuilds from a and
+/// c directly, see its vq4_weights: the same values.)
+struct Q4Scales {
+  vf scale, offset;
+};
+EK_INLINE Q4Scales vq4_scales(const float* a, const float* c) {
+  const vf sixteen_d = vload(a);
+  return {vmul(sixteen_d, vset1(1.0f / 16)), vadd(sixteen_d, vload(c))};
+}
+EK_INLINE vf vq4_weights(Q4Scales k, const uint8_t* p, int v) {
+  return vfma(k.scale, vload_q4(p, v), k.offset);
+}
 #endif
 
 /**
