@@ -238,7 +238,21 @@ static void panel_tile_any(int rows, int panels, const float* x, int64_t ldx, co
     panel_tile_any<MR - 1, J>(rows, panels, x, ldx, w, k, bias, y, ldy, cols, ahead);
 }
 
-/// One row, panels [p0, p1) of a segment (pack `packed`): kSingleRowPanels streams at a time.
+/// Prefetch of panels [p, min(p + count, p1)) of a pack, spread over a tile's k steps.
+template <typename WT>
+static Prefetch panels_ahead(const WT* packed, int64_t p, int64_t count, int64_t p1,
+                             int64_t k) {
+  const int64_t panels = p1 - p < count ? p1 - p : count;
+  if (panels <= 0) return {};
+  const int64_t lines = panels * panel_size<WT>(k) * static_cast<int64_t>(sizeof(WT)) / 64;
+  return {reinterpret_cast<const char*>(packed + p * panel_size<WT>(k)), lines,
+          (lines + k - 1) / k};
+}
+
+/// One row, panels [p0, p1) of a segment (pack `packed`): kSingleRowPanels streams at a time,
+/// each tile prefetching the next tile's panels over its k steps. The hardware prefetcher alone
+/// left DRAM idle on a Zen 5 VM: the decoder stack's decode step 6.1-6.5 -> 4.3-4.7 ms with
+/// Q4 packs on AVX-512, 8.7 -> 5.8 ms on AVX2 (one process each way, alternating).
 template <typename WT>
 static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                               int64_t p0, int64_t p1) {
@@ -248,7 +262,8 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const
     const WT* w = packed + p * panel_size<WT>(a.k);
     const float* bias = s.bias ? s.bias + col : nullptr;
     if (panels == kSingleRowPanels) {
-      panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col);
+      panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col,
+                                      panels_ahead(packed, p + panels, kSingleRowPanels, p1, a.k));
     } else {
       for (int j = 0; j < panels; ++j)  // the tail, one panel at a time: same chains
         panel_tile<1, 1>(a.x, a.ldx, w + j * panel_size<WT>(a.k), a.k,
@@ -294,19 +309,17 @@ static int64_t panels_per_block(int64_t k) {
   return block < kPanelTile ? kPanelTile : block;
 }
 
-/// Every row tile over panels [b0, b1), whose packs start at `panels` (panel b0 first). Row
-/// tiles from index `prefetching_from` on spread prefetches of the next block (`next_lines`
-/// 64-byte lines from `next`) evenly over their tile calls, so DRAM keeps streaming while the
-/// FMA units work on panels already in L2.
+/// Every row tile over panels [b0, b1), whose packs start at `panels` (panel b0 first). The tile
+/// calls spread prefetches of the next block (`next_lines` 64-byte lines from `next`) evenly
+/// among them, so DRAM keeps streaming while the FMA units work on panels already in L2.
 template <typename WT>
 static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const WT* panels,
-                            int64_t b0, int64_t b1, int64_t prefetching_from, const char* next,
-                            int64_t next_lines) {
+                            int64_t b0, int64_t b1, const char* next, int64_t next_lines) {
   // Panels per tile: a full row tile over a narrow pack takes fewer (see kNarrowPanelTile).
   const int tile = kBlockPacked<WT> && a.m >= kRowTile ? kNarrowPanelTile : kPanelTile;
   const int64_t panel_elements = panel_size<WT>(a.k);
   const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
-  const int64_t calls = (row_tiles - prefetching_from) * ((b1 - b0 + tile - 1) / tile);
+  const int64_t calls = row_tiles * ((b1 - b0 + tile - 1) / tile);
   int64_t call = 0;
   for (int64_t r = 0; r < a.m; r += kRowTile) {
     const int rows = static_cast<int>(a.m - r < kRowTile ? a.m - r : kRowTile);
@@ -314,7 +327,7 @@ static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const W
       const int count = static_cast<int>(b1 - p < tile ? b1 - p : tile);
       const int64_t col = p * kPanel;
       Prefetch ahead;
-      if (r / kRowTile >= prefetching_from && next_lines > 0 && calls > 0) {
+      if (next_lines > 0 && calls > 0) {
         const int64_t first = next_lines * call / calls, last = next_lines * (call + 1) / calls;
         ahead = {next + first * 64, last - first, (last - first + a.k - 1) / a.k};
         ++call;
@@ -341,14 +354,15 @@ static void widen_panels(const WT* from, int64_t panels, int64_t k, float* to) {
 }
 
 /// Every row, panels [p0, p1) of a segment: one row (linear_single_row), row groups (see
-/// kRowGroupsMaxRows), else a block of panels at a time. With several row tiles (M > kRowTile;
-/// on AVX2 now only past kRowGroupsMaxRows rows) every tile of a block, the first one
+/// kRowGroupsMaxRows), else a block of panels at a time. Every tile of a block, the first one
 /// included, prefetches a share of the next block, so DRAM streams while the FMA units work on
 /// panels already in L2 (letting only the later tiles prefetch left the first one waiting on
 /// DRAM: 8 rows -2 %, with 96 KB blocks -6 %, measured before row groups). One row tile
-/// (M <= kRowTile) does not prefetch: +5-7 % measured. A bf16 block read by several row tiles
-/// is first widened into this thread's fp32 buffer (widening in every tile cost ~25 % of these
-/// compute-bound GEMMs; row groups widen in every group, and still measured faster).
+/// (M <= kRowTile) prefetches too: on a Zen 5 VM, Q4 packs, the decoder stack at 2-6 rows
+/// 8-10.5 -> 4.5-6.5 ms on AVX-512 (on the Zen 4 VM before, fp32 packs: +5-7 %). A narrow
+/// block read by several row tiles is first widened into this thread's fp32 buffer (widening
+/// in every tile cost ~25 % of these compute-bound GEMMs; row groups widen in every group,
+/// and still measured faster).
 template <typename WT>
 static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                           int64_t p0, int64_t p1) {
@@ -366,13 +380,11 @@ static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT*
       if (a.m > kRowTile) {  // several row tiles read this block: widen it once
         float* widened = a.widened + omp_get_thread_num() * linear_workspace_floats(a.k);
         widen_panels(packed + b0 * panel_elements, b1 - b0, a.k, widened);
-        block_row_tiles<float>(a, s, widened, b0, b1, 0, next, next_lines);
+        block_row_tiles<float>(a, s, widened, b0, b1, next, next_lines);
         continue;
       }
     }
-    const int64_t prefetching_from = a.m > kRowTile ? 0 : 1;  // one row tile: no prefetch
-    block_row_tiles<WT>(a, s, packed + b0 * panel_elements, b0, b1, prefetching_from, next,
-                        next_lines);
+    block_row_tiles<WT>(a, s, packed + b0 * panel_elements, b0, b1, next, next_lines);
   }
 }
 
