@@ -514,8 +514,8 @@ def _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, pack_dtype, flag: st
 
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 300, 40), (3, 576, 100),
-                                            (4, 577, 37), (5, 64, 16), (13, 64, 40),
-                                            (61, 1536, 200), (70, 96, 33)])
+                                            (4, 577, 37), (5, 64, 16), (9, 96, 37),
+                                            (13, 64, 40), (61, 1536, 200), (70, 96, 33)])
 def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
                                                                   out):
     """A weight whose every element is a bf16 value (a bf16 checkpoint run in fp32) is packed in
@@ -539,14 +539,15 @@ def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
 
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 576, 100),
-                                            (5, 96, 37), (6, 576, 100), (13, 64, 16),
-                                            (61, 1536, 200), (70, 96, 33)])
+                                            (5, 96, 37), (6, 576, 100), (9, 96, 37),
+                                            (13, 64, 16), (61, 1536, 200), (70, 96, 33)])
 def test_q4_exact_weights_pack_in_4_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
                                                                   out):
     """A weight whose every block of 32 k is exactly a GGUF Q4_1 block (d * q + m, fp16 d and
     m) is packed in 4 bits plus its scales and gives the fp32 pack's results bit for bit, on
-    every instruction set and every GEMM path (one row, row groups, widened blocks past 64
-    rows); a weight with one other value, or K not a multiple of 32, keeps a wider pack."""
+    every instruction set and every GEMM path (one row, one row tile, row groups, widened
+    blocks: which row counts take which path differs per instruction set, see decoder.h); a
+    weight with one other value, or K not a multiple of 32, keeps a wider pack."""
     from eagle_kernels.ops import decoder
 
     x = torch.randn(rows, width, generator=gen)
@@ -571,7 +572,8 @@ def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
 
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 96, 37),
-                                            (6, 576, 100), (13, 64, 16), (70, 96, 33)])
+                                            (6, 576, 100), (9, 96, 37), (13, 64, 16),
+                                            (70, 96, 33)])
 def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
                                                                   out):
     """A weight whose every block of 32 k is exactly a GGUF Q8_0 block (d * q, fp16 d, the

@@ -33,8 +33,10 @@ constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
 constexpr int kNarrowPanelTile = 3;               // 6 rows x 4 Q4 panels spilled an accumulator
                                                   // beside the rebuild's constants
-constexpr int kFewRows = kRowTile;                // (row groups not measured on AVX-512)
-constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
+constexpr int kFewRows = 12;                      // a row group: one 12x1 tile
+constexpr int kRowGroupsMaxRows = 12, kNarrowRowGroupsFrom = kRowTile + 1;  // Zen 5, Q4 packs:
+                                                  // 8 / 12 rows -25 / -10 % against widened
+                                                  // blocks, 16-24 the same, 64 +10 %
 #elif defined(EK_ISA_AVX2)
 constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 registers, two
                                                   // panel streams (used by M <= 2, fp32 M = 3
