@@ -540,6 +540,14 @@ TREES = {
 }
 
 
+def test_expansion_steps_stop_at_the_deepest_level_a_tree_can_hold():
+    """Head forwards per drafting: ``depth``, fewer when total_tokens cannot reach that deep."""
+    steps = {(1, 1, 2): 0, (2, 1, 3): 1, (1, 3, 3): 1, (2, 2, 4): 2, (10, 6, 60): 6,
+             (1, 0, 2): 0, (3, 5, 1): 0}
+    for shape, expected in steps.items():
+        assert TreeConfig(*shape).expansion_steps == expected, shape
+
+
 @pytest.mark.parametrize("variant, tree_name", [
     *((variant, name) for variant in ("eagle3_draft_vocab", "eagle3_full_vocab", "eagle1")
       for name in ("k3_d2_n8", "k3_d2_all")),

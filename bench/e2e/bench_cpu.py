@@ -198,7 +198,7 @@ def measure(generator, args) -> tuple[list[dict], dict]:
                      "x_ar_step": seconds / ar})
     for index, tree in enumerate(args.trees):
         draft, verify = timed["cycles"][2 * index:2 * index + 2]
-        per_step = draft / (tree.depth + 1)
+        per_step = draft / (tree.expansion_steps + 1)  # the root's children, then each step
         rows.append({"what": "draft", "tree": f"{tree.top_k}/{tree.depth}/{tree.total_tokens}",
                      "nodes": tree.total_tokens, "ms": draft * 1e3, "step_ms": per_step * 1e3,
                      "x_ar_step": per_step / ar, "verify_ms": verify * 1e3,

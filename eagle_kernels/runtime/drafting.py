@@ -63,6 +63,13 @@ class TreeConfig:
         return min(self.depth + 1, self.total_tokens - 1)
 
     @property
+    def expansion_steps(self) -> int:
+        """Head forwards one drafting runs after the root's children: a node at level L is kept
+        only with its L - 1 ancestors (``total_tokens - 1`` nodes at most), so levels past
+        ``total_tokens - 1`` are never drafted (1/1/2: none)."""
+        return max(0, min(self.depth, self.total_tokens - 2))
+
+    @property
     def drafted_keys(self) -> int:
         """Head-cache entries one drafting cycle writes past the committed length."""
         return self.depth * self.top_k
@@ -140,10 +147,7 @@ def draft_tree(head: DraftHead, cache: KVCache, root_tokens: torch.Tensor,
     # to the head (at batch 1 .contiguous() of a view of them would return the view itself)
     ancestors = own_bits[0].expand(batch, -1, -1).clone()
     base = k
-    # A node at level L is kept only with its L - 1 ancestors (total_tokens - 1 nodes at most):
-    # expansion steps past level total_tokens - 1 draft candidates no tree can hold (the
-    # 1/1/2 chain would run a whole head forward for nothing).
-    for step in range(min(tree.depth, tree.total_tokens - 2)):
+    for step in range(tree.expansion_steps):  # levels no tree of total_tokens can hold: none
         keys = (step + 1) * k
         positions = (cache.lens.to(torch.int64) + step).unsqueeze(1).expand(-1, k)
         out = head(frontier_tokens, frontier_hidden, positions, cache,
