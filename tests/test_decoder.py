@@ -528,12 +528,14 @@ def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypat
 
 def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
     """A GGUF Q4_1 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0 and m, q in
-    0..15 with 0 and 15 present (as llama.cpp's quantizer makes them), w = fl(d * q + m)."""
+    0..15 with 0 and 15 present (as llama.cpp's quantizer makes them), w = fl(d * q + m); the
+    first block of the first row has equal weights (d = 0)."""
     blocks = width // 32
     d = (torch.rand(out, blocks, 1, generator=gen) * 0.02 + 1e-4).half().float()
     m = (torch.randn(out, blocks, 1, generator=gen) * 0.05).half().float()
     q = torch.randint(0, 16, (out, blocks, 32), generator=gen).float()
     q[..., 0], q[..., 1] = 0, 15
+    d[0, 0], q[0, 0] = 0.0, 0.0  # one block of equal weights: d = 0
     return (d * q + m).reshape(out, width)
 
 
@@ -590,10 +592,11 @@ def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypat
     _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.int8, "PACK_Q8_EXACT")
 
 
-def test_q4_block_whose_offset_is_inexact_keeps_a_wider_pack(gen):
+@needs_cpu_backend
+def test_q4_block_whose_offset_is_inexact_keeps_a_wider_pack(gen, monkeypatch):
     """The Q4 pack stores c = m - 16 d in fp32 (the AVX-512 rebuild's offset); a Q4_1 block
-    where that difference is not exact (m = 2^-24 beside d = 1: 29 significant bits) must not
-    be packed in 4 bits, and the wider pack gives the fp32 pack's results."""
+    where that difference is not exact (m = 2^-24 beside d = 1: 28 significant bits) must not
+    be packed in 4 bits, and the wider pack gives the fp32 pack's results bit for bit."""
     from eagle_kernels.ops import decoder
 
     exact = q4_exact_weight(gen, 16, 64)
@@ -604,8 +607,11 @@ def test_q4_block_whose_offset_is_inexact_keeps_a_wider_pack(gen):
     packed = decoder.pack_weight(exact)
     assert packed.dtype != torch.uint8
     x = torch.randn(3, 64, generator=gen)
-    torch.testing.assert_close(ops.linear(x, exact, backend="cpu"), x @ exact.T, rtol=1e-5,
-                               atol=1e-5)
+    ours = ops.linear(x, exact.clone(), backend="cpu")
+    with monkeypatch.context() as patch:
+        for flag in ("PACK_Q4_EXACT", "PACK_Q8_EXACT", "PACK_BF16_EXACT"):
+            patch.setattr(decoder, flag, False)
+        assert torch.equal(ours, ops.linear(x, exact.clone(), backend="cpu"))
 
 
 def test_q4_q8_recovery_in_row_chunks_equals_the_whole(gen, monkeypatch):

@@ -31,8 +31,9 @@ constexpr int kChunk = 64;
 constexpr int kPanelVectors = kPanel / kW;        ///< vectors per panel row
 #if defined(EK_ISA_AVX512)
 constexpr int kRowTile = 6, kPanelTile = 4;       // 24 accumulators of 32 registers
-constexpr int kNarrowPanelTile = 3;               // 6 rows x 4 Q4 panels spilled an accumulator
-                                                  // beside the rebuild's constants
+constexpr int kNarrowPanelTile = 3;               // a 6-row tile over Q4 / Q8 packs: 4 panels
+                                                  // spilled an accumulator beside the Q4
+                                                  // rebuild's constants
 constexpr int kFewRows = 12;                      // a row group: one 12x1 tile
 constexpr int kRowGroupsMaxRows = 12, kNarrowRowGroupsFrom = kRowTile + 1;  // Zen 5, Q4 packs:
                                                   // 8 / 12 rows -25 / -10 % against widened
@@ -301,24 +302,24 @@ static void linear_row_groups(const LinearArgs& a, const LinearSegment& s, const
   }
 }
 
-/// Panels per L2 block of the many-row path: kPanelBlockBytes of fp32 panels (a bf16 block is
-/// widened into a buffer of that size), at least kPanelTile panels, a whole number of tiles.
-static int64_t panels_per_block(int64_t k) {
-  static_assert(kPanelTile <= kBlockMinPanels, "a block must fit the widening workspace");
+/// Panels per L2 block of the many-row path: kPanelBlockBytes of fp32 panels (a narrow block
+/// is widened into a buffer of that size), at least `tile` panels, a whole number of tiles.
+static int64_t panels_per_block(int64_t k, int tile) {
+  static_assert(kPanelTile <= kBlockMinPanels && kNarrowPanelTile <= kBlockMinPanels,
+                "a block must fit the widening workspace");
   const int64_t panel_bytes = k * kPanel * 4;
-  const int64_t block =
-      panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / kPanelTile * kPanelTile : 0;
-  return block < kPanelTile ? kPanelTile : block;
+  const int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / tile * tile : 0;
+  return block < tile ? tile : block;
 }
 
-/// Every row tile over panels [b0, b1), whose packs start at `panels` (panel b0 first). The tile
-/// calls spread prefetches of the next block (`next_lines` 64-byte lines from `next`) evenly
-/// among them, so DRAM keeps streaming while the FMA units work on panels already in L2.
+/// Every row tile over panels [b0, b1), `tile` panels at a time, whose packs start at `panels`
+/// (panel b0 first). The tile calls spread prefetches of the next block (`next_lines` 64-byte
+/// lines from `next`) evenly among them, so DRAM keeps streaming while the FMA units work on
+/// panels already in L2.
 template <typename WT>
 static void block_row_tiles(const LinearArgs& a, const LinearSegment& s, const WT* panels,
-                            int64_t b0, int64_t b1, const char* next, int64_t next_lines) {
-  // Panels per tile: a full row tile over a narrow pack takes fewer (see kNarrowPanelTile).
-  const int tile = kBlockPacked<WT> && a.m >= kRowTile ? kNarrowPanelTile : kPanelTile;
+                            int64_t b0, int64_t b1, int tile, const char* next,
+                            int64_t next_lines) {
   const int64_t panel_elements = panel_size<WT>(a.k);
   const int64_t row_tiles = (a.m + kRowTile - 1) / kRowTile;
   const int64_t calls = row_tiles * ((b1 - b0 + tile - 1) / tile);
@@ -372,7 +373,9 @@ static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT*
   const int64_t groups_from = std::is_same_v<WT, float> ? kRowTile + 1 : kNarrowRowGroupsFrom;
   if (a.m >= groups_from && a.m <= kRowGroupsMaxRows)
     return linear_row_groups(a, s, packed, p0, p1);
-  const int64_t block = panels_per_block(a.k), panel_elements = panel_size<WT>(a.k);
+  // A full row tile over a Q4 / Q8 pack (not widened: M <= kRowTile) takes kNarrowPanelTile.
+  const int tile = kBlockPacked<WT> && a.m == kRowTile ? kNarrowPanelTile : kPanelTile;
+  const int64_t block = panels_per_block(a.k, tile), panel_elements = panel_size<WT>(a.k);
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
     const int64_t n1 = b1 + block < p1 ? b1 + block : p1;  // the next block: [b1, n1)
@@ -382,11 +385,11 @@ static void linear_panels(const LinearArgs& a, const LinearSegment& s, const WT*
       if (a.m > kRowTile) {  // several row tiles read this block: widen it once
         float* widened = a.widened + omp_get_thread_num() * linear_workspace_floats(a.k);
         widen_panels(packed + b0 * panel_elements, b1 - b0, a.k, widened);
-        block_row_tiles<float>(a, s, widened, b0, b1, next, next_lines);
+        block_row_tiles<float>(a, s, widened, b0, b1, tile, next, next_lines);
         continue;
       }
     }
-    block_row_tiles<WT>(a, s, packed + b0 * panel_elements, b0, b1, next, next_lines);
+    block_row_tiles<WT>(a, s, packed + b0 * panel_elements, b0, b1, tile, next, next_lines);
   }
 }
 

@@ -198,8 +198,8 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     fp32, as the bundled EAGLE heads are): the kernel widens the pack exactly, so its results are
     the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM).
     In 4-bit Q4_1 blocks (:func:`pack_q4_exact`, uint8) when every element is exactly a GGUF
-    Q4_1 value (the default target's layers, dequantized from its GGUF): the same bits from 3/16
-    of the bytes; in 8-bit Q8_0 blocks (:func:`pack_q8_exact`, int8) when every element is
+    Q4_1 value (the default target's layers, dequantized from its GGUF) and every block's
+    m - 16 d is exact in fp32: the same bits from 3/16 of the bytes; in 8-bit Q8_0 blocks (:func:`pack_q8_exact`, int8) when every element is
     exactly a Q8_0 value (its embedding, the tied lm_head): 9/32 of the bytes."""
     width = w.shape[1]
     with torch.no_grad():
@@ -315,8 +315,9 @@ def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
     m - 16 d as fp32 bytes, then 32 rows of 8 bytes, byte j holding column j's q in its low
     nibble and column j + 8's in its high nibble (padding columns: a = c = q = 0, weight 0).
     The kernel rebuilds fma(a, 1 + q / 16, c) = fl(d * q + m) (AVX-512 makes 1 + q / 16 from the
-    nibble's bits, no conversion); c is exact whenever m is 0 or within a factor 2^12 of 16 d
-    (so for all 3.3 M blocks of the default target)."""
+    nibble's bits, no conversion). c is exact when d = 0, when |m| and 16 d are both below 0.5
+    (fp16 values are multiples of 2^-24) or within a factor 2^12 of each other: for all 3.3 M
+    blocks of the default target."""
     blocks = q4_blocks(w)
     if blocks is None:
         return None
