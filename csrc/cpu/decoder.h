@@ -118,21 +118,16 @@ template <typename WT>
 constexpr int64_t kRunRows = kBlockPacked<WT> ? kQ4BlockK : kChunk;
 static_assert(kChunk % kQ4BlockK == 0, "a chunk must hold whole blocks");
 
-template <typename WT>
-struct Run;
-template <>
-struct Run<float> {
-  const float* rows;
+/// kW weights of an fp32 / bf16 pack, as exact fp32.
+EK_INLINE vf load_wide(const float* p) { return vload(p); }
+EK_INLINE vf load_wide(const uint16_t* p) { return vload_bf16(p); }
+
+template <typename WT>  // fp32 / bf16 packs: rows of kPanel weights
+struct Run {
+  const WT* rows;
   Run() = default;
-  EK_INLINE Run(const float* panel, int64_t r0) : rows(panel + r0 * kPanel) {}
-  EK_INLINE vf load(int64_t r, int v) const { return vload(rows + r * kPanel + v * kW); }
-};
-template <>
-struct Run<uint16_t> {
-  const uint16_t* rows;
-  Run() = default;
-  EK_INLINE Run(const uint16_t* panel, int64_t r0) : rows(panel + r0 * kPanel) {}
-  EK_INLINE vf load(int64_t r, int v) const { return vload_bf16(rows + r * kPanel + v * kW); }
+  EK_INLINE Run(const WT* panel, int64_t r0) : rows(panel + r0 * kPanel) {}
+  EK_INLINE vf load(int64_t r, int v) const { return load_wide(rows + r * kPanel + v * kW); }
 };
 template <>
 struct Run<Q4Byte> {  // a = 16 d [16], c = m - 16 d [16] (fp32), then 32 rows of 8 bytes
