@@ -199,8 +199,9 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM).
     In 4-bit Q4_1 blocks (:func:`pack_q4_exact`, uint8) when every element is exactly a GGUF
     Q4_1 value (the default target's layers, dequantized from its GGUF) and every block's
-    m - 16 d is exact in fp32: the same bits from 3/16 of the bytes; in 8-bit Q8_0 blocks (:func:`pack_q8_exact`, int8) when every element is
-    exactly a Q8_0 value (its embedding, the tied lm_head): 9/32 of the bytes."""
+    m - 16 d is exact in fp32: the same bits from 3/16 of the bytes; in 8-bit Q8_0 blocks
+    (:func:`pack_q8_exact`, int8) when every element is exactly a Q8_0 value (its embedding,
+    the tied lm_head): 9/32 of the bytes."""
     width = w.shape[1]
     with torch.no_grad():
         if w.dtype == torch.float32:

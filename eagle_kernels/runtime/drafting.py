@@ -67,7 +67,7 @@ class TreeConfig:
         """Head forwards one drafting runs after the root's children: a node at level L is kept
         only with its L - 1 ancestors (``total_tokens - 1`` nodes at most), so levels past
         ``total_tokens - 1`` are never drafted (1/1/2: none)."""
-        return max(0, min(self.depth, self.total_tokens - 2))
+        return max(0, self.max_depth - 1)
 
     @property
     def drafted_keys(self) -> int:
