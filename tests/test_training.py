@@ -302,6 +302,27 @@ def test_regenerate_replaces_assistant_turns_with_the_targets_replies(tokenizer)
     assert new[0][1]["content"] == want and want != "old"
 
 
+def test_code_prompts_join_the_chats_answered_by_the_target(tokenizer):
+    """--code-prompts N: N stdlib stubs after the ShareGPT conversations, each a user turn and
+    the target's reply (they come without one, so regenerate is required)."""
+    from eagle_kernels.data import code_prompts
+    from eagle_kernels.train import build_dataset
+
+    target = tiny_target(seed=2, vocab=len(tokenizer))
+    with pytest.raises(ValueError, match="regenerate"):
+        build_dataset(tokenizer, train_config("unused", code_prompts=2), progress=False)
+    with pytest.raises(ValueError, match="both 0"):
+        build_dataset(tokenizer, train_config("unused", conversations=0), progress=False)
+    config = train_config("unused", conversations=0, code_prompts=2, regenerate=True,
+                          max_length=400, regenerate_max_new=4, regenerate_batch=2)
+    examples, counts = build_dataset(tokenizer, config, progress=False, target=target)
+    assert len(examples) == 2 and int(counts.sum()) > 0
+    for (ids, mask), prompt in zip(examples, code_prompts(2)):
+        text = tokenizer.decode(ids[~mask])
+        assert prompt.strip().splitlines()[0] in text  # the stub is the user turn
+        assert 0 < int(mask.sum()) <= 4 + 2  # the reply: at most 4 tokens + end of turn
+
+
 # ------------------------------------------------------------------------------ faster training
 
 
