@@ -53,6 +53,8 @@ def _fail(message: str):
 
 
 def parser() -> argparse.ArgumentParser:
+    from .runtime.api import DRAFT_WEIGHTS
+
     root = _Parser(prog="python -m eagle_kernels", description=__doc__.split("\n")[0])
     # Subparsers are created with the root's class, so they report errors the same way.
     commands = root.add_subparsers(dest="command", required=True)
@@ -61,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", help="HF checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--draft", help="EAGLE head dir, random-eagle3, random-eagle1 or none "
                                      "(default: the bundled head of the default model)")
+    gen.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default="auto",
+                     help="the head's weights: q8_0 (8-bit, what 'auto' picks on the cpu) or "
+                          "exact; the output is the target's either way")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
@@ -176,7 +181,7 @@ def generate(args) -> int:
     from .runtime.api import from_pretrained
 
     generator = from_pretrained(args.target, args.draft, DTYPES[args.dtype], args.device,
-                                args.tree)
+                                args.tree, args.draft_weights)
     if hasattr(generator, "budget"):
         print(generator.budget.report())
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -104,8 +104,11 @@ def code_prompts(count: int | None = None) -> list[str]:
     """Code-completion prompts from the standard library: for each public top-level function
     with a docstring of CODE_DOCSTRING_CHARS characters, its ``def`` line(s) and docstring as
     written (decorators and body dropped), like a HumanEval prompt. Files in sorted order,
-    duplicates dropped, so the list is fixed for a Python version (about 1000 on 3.11).
-    Raises ValueError when fewer than ``count`` exist."""
+    duplicates dropped: the list is fixed for a Python build (1071 on 3.11.7; a distribution's
+    patches can change it, so the training data key holds :func:`prompts_digest`). No text is
+    HumanEval's; four names are HumanEval entry points (encode, unique, search: other tasks;
+    statistics.median, 847th, the task of HumanEval/47). Raises ValueError when fewer than
+    ``count`` exist."""
     root = Path(sysconfig.get_paths()["stdlib"])
     prompts, seen = [], set()
     for path in sorted(root.rglob("*.py")):
@@ -123,6 +126,11 @@ def code_prompts(count: int | None = None) -> list[str]:
     return prompts
 
 
+def prompts_digest(prompts: list[str]) -> str:
+    """A short fingerprint of a prompt list (CRC-32 of the texts, in order), for data keys."""
+    return f"{zlib.crc32(chr(0).join(prompts).encode()):08x}"
+
+
 def _function_stubs(path: Path) -> list[str]:
     """The stubs (see :func:`code_prompts`) of one source file; none when it does not parse."""
     try:
@@ -130,7 +138,7 @@ def _function_stubs(path: Path) -> list[str]:
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return []
-    lines, low, high = source.splitlines(), *CODE_DOCSTRING_CHARS
+    lines, low, high = source.split("\n"), *CODE_DOCSTRING_CHARS  # ast counts "\n" only
     stubs = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):

@@ -45,7 +45,7 @@ class TrainConfig:
     target: str | None = None          # None: the default model (SmolLM2-135M-Instruct)
     kind: str = EAGLE3
     draft_vocab: int = 8192
-    conversations: int = 2000          # ShareGPT train-split conversations used
+    conversations: int = 2000          # ShareGPT train-split conversations used (0: none)
     skip_conversations: int = 0        # usable train-split conversations skipped first (fresh
                                        # data for a warm start: the bundled head saw the first 1700)
     max_length: int = 512              # tokens per conversation (truncated)
@@ -318,8 +318,11 @@ def dataset_key(config: TrainConfig) -> list:
         key.append({"regenerate_max_new": config.regenerate_max_new})
     if config.turns:
         key.append({"turns": config.turns})
-    if config.code_prompts:
-        key.append({"code_prompts": config.code_prompts})
+    if config.code_prompts:  # the list follows the Python build: its digest is part of the key
+        from .data import code_prompts, prompts_digest
+
+        key.append({"code_prompts": config.code_prompts,
+                    "digest": prompts_digest(code_prompts(config.code_prompts))})
     return key
 
 

@@ -23,7 +23,8 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.runtime import Engine, TreeConfig
 from eagle_kernels.runtime.api import DEFAULT_HEAD
-from eagle_kernels.runtime.draft_heads import EAGLE3, load_draft_head, new_draft_head
+from eagle_kernels.runtime.draft_heads import (EAGLE3, load_draft_head, new_draft_head,
+                                               round_head_to_q8_0)
 from eagle_kernels.runtime.drafting import causal_tree_mask
 from runtime_helpers import PROMPTS, oracle_head
 
@@ -129,9 +130,12 @@ def test_oracle_head_batch1(setup, reference):
                     reason="no trained head bundled yet")
 def test_trained_head_batch2(setup, reference):
     """The bundled head on the first TRAINED_PROMPTS prompts, batch 2 (CI time: the other two
-    heads already cover all 20; this one adds real, imperfect acceptance patterns)."""
+    heads already cover all 20; this one adds real, imperfect acceptance patterns), its
+    weights rounded to Q8_0 as from_pretrained keeps them on the cpu."""
     target, prompts = setup
-    engine = Engine(target, load_draft_head(DEFAULT_HEAD, target), CPU_TREE)
+    head = load_draft_head(DEFAULT_HEAD, target)
+    assert round_head_to_q8_0(head) == 9  # fc, q/k/v/o, gate/up/down, lm_head
+    engine = Engine(target, head, CPU_TREE)
     count = TRAINED_PROMPTS
     outputs = [tokens for start in range(0, count, 2)
                for tokens in engine.generate(prompts[start:start + 2], NEW_TOKENS).tokens]

@@ -91,9 +91,13 @@ def n_alpha(histogram: list[int]) -> list[float | None]:
 
 
 def main(argv=None) -> int:
+    from eagle_kernels.runtime.api import DRAFT_WEIGHTS
+
     parse = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parse.add_argument("--draft", default=None, help="head dir (default: the bundled head)")
     parse.add_argument("--target", default=None)
+    parse.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default="auto",
+                       help="the head's weights as from_pretrained keeps them (auto: q8_0 on cpu)")
     parse.add_argument("--sharegpt", type=int, default=50)
     parse.add_argument("--humaneval", type=int, default=50)
     parse.add_argument("--mtbench", action="append", help="an MT-bench question.jsonl")
@@ -112,9 +116,11 @@ def main(argv=None) -> int:
 
     top_k, depth, total = (int(x) for x in args.tree.split(","))
     tree = TreeConfig(top_k=top_k, depth=depth, total_tokens=total)
-    generator = EagleGenerator.from_pretrained(args.target, args.draft, tree=tree)
+    generator = EagleGenerator.from_pretrained(args.target, args.draft, tree=tree,
+                                               draft_weights=args.draft_weights)
     report = {"environment": environment(), "command": "python " + " ".join(sys.argv),
-              "draft": args.draft or "bundled", "tree": [top_k, depth, total],
+              "draft": args.draft or "bundled", "draft_weights": generator.draft_weights,
+              "tree": [top_k, depth, total],
               "max_new_tokens": args.max_new_tokens, "sets": {}}
     for name, prompts in prompt_sets(args).items():
         base_tokens, _ = run_set(generator, prompts, tree, args, baseline=True)
@@ -171,8 +177,8 @@ def merge_previous(path: Path, report: dict) -> dict:
     if not path.is_file():
         return report
     previous = json.loads(path.read_text())
-    if previous.get("tree") != report["tree"] or previous.get("draft") != report["draft"] or \
-            previous.get("max_new_tokens") != report["max_new_tokens"]:
+    if any(previous.get(key, "exact" if key == "draft_weights" else None) != report[key]
+           for key in ("tree", "draft", "draft_weights", "max_new_tokens")):
         return report
     sets = {k: v for k, v in previous["sets"].items() if k not in report["sets"]}
     report["sets"] = {**sets, **report["sets"]}
@@ -184,6 +190,7 @@ def merge_previous(path: Path, report: dict) -> dict:
 def markdown(report: dict) -> str:
     env = report["environment"]
     head = f"draft `{report['draft']}`" + (f" ({report['label']})" if report.get("label") else "")
+    head += f", weights {report.get('draft_weights', 'exact')}"
     lines = [f"# Draft acceptance ({env['date'][:10]}, {env['device']}, torch {env['torch']})",
              "", f"{head}; command: `{report['command']}`", "",
              f"Greedy, {report['max_new_tokens']} new tokens per prompt; tree "

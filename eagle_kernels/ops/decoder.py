@@ -370,6 +370,38 @@ def pack_q8_exact(w: torch.Tensor) -> torch.Tensor | None:
                       q.reshape(panels, per_row, Q4_BLOCK * PANEL)], dim=-1).contiguous()
 
 
+def round_to_q8_0(w: torch.Tensor) -> torch.Tensor | None:
+    """``w`` [N, K] fp32 rounded to Q8_0 values (a lossy copy :func:`pack_weight` packs in 8
+    bits: 9/32 of the fp32 bytes, 9/16 of bf16). Per block of 32 consecutive k, d is the
+    smallest fp16 >= max |w| / 127 (so |w| / d <= 127) and each value the nearest d * q; where
+    that d is a subnormal fp16 too coarse for the max to round to q = 127 (the packer recovers d
+    from it), d is the largest fp16 below and q is clamped to -127..127 (a block below 2^-24 / 2
+    becomes 0). None when K is no multiple of 32, ``w`` holds a non-finite value or a block's
+    max |w| / 127 exceeds fp16: keep ``w`` then. For weights whose exact values do not decide the
+    output (a draft head's: every draft is checked by the target)."""
+    if not isinstance(w, torch.Tensor) or w.dtype != torch.float32:
+        raise TypeError(f"w: expected a float32 tensor, got "
+                        f"{w.dtype if isinstance(w, torch.Tensor) else type(w).__name__}")
+    if w.dim() != 2:
+        raise ValueError(f"w: expected a 2-D [N, K] weight, got shape {tuple(w.shape)}")
+    blocks = _quant_blocks(w.detach())
+    if blocks is None:
+        return None
+    largest = blocks.abs().amax(-1, keepdim=True)
+    scale = largest / 127
+    near = scale.half()  # the fp16 nearest: one of the two neighbours of scale
+    bits = near.view(torch.int16)  # non-negative: the next fp16 up / down is bits +- 1
+    d_down = torch.where(near.float() <= scale, near, (bits - 1).view(torch.float16)).float()
+    d_up = torch.where(near.float() >= scale, near, (bits + 1).view(torch.float16)).float()
+    if not torch.isfinite(d_up).all():
+        return None
+    up_reaches = (largest / torch.where(d_up > 0, d_up, 1.0)).round() == 127
+    d = torch.where(up_reaches | (scale == 0), d_up, d_down)
+    q = torch.where(d > 0, blocks / torch.where(d > 0, d, 1.0), 0.0).round().clamp(-127, 127)
+    rounded = (d * q.to(torch.int8).float()).reshape(w.shape)  # via int8: no -0.0
+    return rounded if q8_blocks(rounded) is not None else None
+
+
 def pack_address(packed: torch.Tensor) -> int:
     """The integer the cpu kernels take for a pack: its address, its low two bits holding the
     format (csrc/cpu/kernels.h ``PackFormat``: 0 fp32, 1 bf16, 2 q4 for a uint8 pack, 3 q8 for

@@ -21,12 +21,14 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .draft_heads import EAGLE1, EAGLE3, DraftHead, load_draft_head, new_draft_head
+from .draft_heads import (EAGLE1, EAGLE3, DraftHead, load_draft_head, new_draft_head,
+                          round_head_to_q8_0)
 from .drafting import TreeConfig
 from .generation import Engine, GenerationStats, GenerationStream, SamplingConfig
 from .model import TargetModel, load_target
 from .tree_budget import choose_tree
 
+DRAFT_WEIGHTS = ("auto", "exact", "q8_0")  # how the head's weights are kept (from_pretrained)
 BUNDLED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 DEFAULT_HEAD = BUNDLED_HEADS / "smollm2-135m-instruct-eagle3"
 
@@ -69,25 +71,51 @@ def _load_head(draft, model: TargetModel, default_target: bool) -> DraftHead | N
     return load_draft_head(draft, model)
 
 
+def _store_head_weights(head: DraftHead | None, draft_weights: str) -> str:
+    """``"q8_0"`` rounds the head's projections to Q8_0 values (:func:`round_head_to_q8_0`:
+    the cpu kernels stream them in 8 bits; an fp32 head only); ``"auto"`` does so for an fp32
+    head on the cpu, where drafting streams the head's weights from DRAM; ``"exact"`` keeps
+    them. Returns what was applied: ``"q8_0"`` or ``"exact"``."""
+    if head is None or draft_weights == "exact":
+        return "exact"
+    weight = head.fc.weight
+    if draft_weights == "q8_0" and weight.dtype != torch.float32:
+        raise ValueError(f"draft_weights: 'q8_0' rounds an fp32 head, this one is {weight.dtype} "
+                         f"(load it with dtype=torch.float32, or keep 'exact')")
+    if draft_weights == "auto" and (weight.device.type != "cpu" or weight.dtype != torch.float32):
+        return "exact"
+    round_head_to_q8_0(head)
+    return "q8_0"
+
+
 class EagleGenerator:
     """Tokenizer + :class:`~.generation.Engine`, with text in and text out."""
 
     def __init__(self, engine: Engine, tokenizer):
         self.engine = engine
         self.tokenizer = tokenizer
+        self.draft_weights = "exact"  # how the head's weights are kept: "exact" or "q8_0"
 
     @classmethod
     def from_pretrained(cls, target: str | os.PathLike | None = None, draft: str | None = None,
                         dtype: torch.dtype = torch.float32, device: str = "cpu",
-                        tree: TreeConfig | str | None = None) -> "EagleGenerator":
-        """Load target (+ head). ``tree="auto"`` measures this device and picks the tree."""
+                        tree: TreeConfig | str | None = None,
+                        draft_weights: str = "auto") -> "EagleGenerator":
+        """Load target (+ head). ``tree="auto"`` measures this device and picks the tree.
+        ``draft_weights``: ``"auto"`` (Q8_0 for an fp32 head on the cpu), ``"q8_0"`` or
+        ``"exact"`` (the checkpoint's values); the output is the target's either way."""
+        if draft_weights not in DRAFT_WEIGHTS:
+            raise ValueError(f"draft_weights: expected one of {', '.join(DRAFT_WEIGHTS)}, "
+                             f"got {draft_weights!r}")
         # Ordinary tensors even when called under torch.inference_mode: inference tensors have
         # no version counter, so the cpu kernels could not keep their packed weights.
         with torch.inference_mode(False):
             model, tokenizer, default_target = load_target_and_tokenizer(target, dtype, device)
             head = _load_head(draft, model, default_target)
+            applied = _store_head_weights(head, draft_weights)
         engine = Engine(model, head)
         generator = cls(engine, tokenizer)
+        generator.draft_weights = applied
         generator.set_tree(tree)
         return generator
 
@@ -180,6 +208,6 @@ class TextStream:
         return TextOutput(texts, out.tokens, out.stop_reasons, out.stats)
 
 def from_pretrained(target=None, draft=None, dtype=torch.float32, device="cpu",
-                    tree=None) -> EagleGenerator:
+                    tree=None, draft_weights="auto") -> EagleGenerator:
     """Shortcut for :meth:`EagleGenerator.from_pretrained`."""
-    return EagleGenerator.from_pretrained(target, draft, dtype, device, tree)
+    return EagleGenerator.from_pretrained(target, draft, dtype, device, tree, draft_weights)
