@@ -95,7 +95,8 @@ def _train_parser(commands) -> None:
     for name in ("draft_vocab", "conversations", "skip_conversations", "max_length",
                  "batch_tokens", "epochs",
                  "warmup_steps", "ttt_steps", "seed", "save_every", "threads",
-                 "regenerate_batch", "regenerate_max_new", "turns", "code_prompts"):
+                 "regenerate_batch", "regenerate_max_new", "turns", "code_prompts",
+                 "skip_code_prompts"):
         train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     train.add_argument("--lr", type=float, default=defaults.lr)
     train.add_argument("--max-minutes", type=float, default=defaults.max_minutes,

@@ -64,6 +64,7 @@ class TrainConfig:
     regenerate_max_new: int = 256      # tokens per regenerated reply (at most)
     code_prompts: int = 0              # also N stdlib code prompts (data.code_prompts), answered
                                        # by the target (needs regenerate): code beside the chat
+    skip_code_prompts: int = 0         # code prompts skipped first (fresh ones for a warm start)
     turns: int = 0                     # keep the first N exchanges of each conversation (0: all);
                                        # first turns cost least to regenerate, and a prompt is one
     loss_backend: str = "auto"         # soft_cross_entropy backend ("triton" on a GPU)
@@ -86,7 +87,7 @@ def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=
     """
     from tqdm import tqdm
 
-    from .data import code_prompts, iter_sharegpt, render_conversation, sharegpt_messages
+    from .data import iter_sharegpt, render_conversation, sharegpt_messages
 
     if config.code_prompts and not config.regenerate:
         raise ValueError("code_prompts: the code prompts have no replies; they need regenerate "
@@ -107,8 +108,7 @@ def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=
     if config.turns:
         conversations = [first_exchanges(c, config.turns) for c in conversations]
     conversations += [[{"role": "user", "content": prompt}, {"role": "assistant", "content": ""}]
-                      for prompt in (code_prompts(config.code_prompts) if config.code_prompts
-                                     else [])]
+                      for prompt in selected_code_prompts(config)]
     if not conversations:
         raise ValueError("training data: conversations and code_prompts are both 0")
     if config.regenerate:
@@ -170,6 +170,16 @@ def regenerate(target: TargetModel, tokenizer, conversations: list[list[dict]],
     bar.close()
     return [messages if any(m["role"] == "assistant" for m in messages) else []
             for messages in (_drop_trailing_user(r) for r in result)]
+
+
+def selected_code_prompts(config: TrainConfig) -> list[str]:
+    """Code prompts ``skip_code_prompts`` .. ``skip_code_prompts + code_prompts`` of
+    :func:`~eagle_kernels.data.code_prompts` (none when ``code_prompts`` is 0)."""
+    from .data import code_prompts
+
+    if not config.code_prompts:
+        return []
+    return code_prompts(config.skip_code_prompts + config.code_prompts)[config.skip_code_prompts:]
 
 
 def first_exchanges(messages: list[dict], count: int) -> list[dict]:
@@ -319,10 +329,12 @@ def dataset_key(config: TrainConfig) -> list:
     if config.turns:
         key.append({"turns": config.turns})
     if config.code_prompts:  # the list follows the Python build: its digest is part of the key
-        from .data import code_prompts, prompts_digest
+        from .data import prompts_digest
 
-        key.append({"code_prompts": config.code_prompts,
-                    "digest": prompts_digest(code_prompts(config.code_prompts))})
+        entry = {"code_prompts": config.code_prompts}
+        if config.skip_code_prompts:
+            entry["skip"] = config.skip_code_prompts
+        key.append({**entry, "digest": prompts_digest(selected_code_prompts(config))})
     return key
 
 

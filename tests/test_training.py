@@ -306,7 +306,7 @@ def test_code_prompts_join_the_chats_answered_by_the_target(tokenizer):
     """--code-prompts N: N stdlib stubs after the ShareGPT conversations, each a user turn and
     the target's reply (they come without one, so regenerate is required)."""
     from eagle_kernels.data import code_prompts
-    from eagle_kernels.train import build_dataset
+    from eagle_kernels.train import build_dataset, dataset_key, selected_code_prompts
 
     target = tiny_target(seed=2, vocab=len(tokenizer))
     with pytest.raises(ValueError, match="regenerate"):
@@ -317,6 +317,9 @@ def test_code_prompts_join_the_chats_answered_by_the_target(tokenizer):
                           max_length=400, regenerate_max_new=4, regenerate_batch=2)
     examples, counts = build_dataset(tokenizer, config, progress=False, target=target)
     assert len(examples) == 2 and int(counts.sum()) > 0
+    fresh = train_config("unused", code_prompts=2, skip_code_prompts=1)  # a warm start's next
+    assert selected_code_prompts(fresh) == code_prompts(3)[1:]
+    assert dataset_key(fresh) != dataset_key(train_config("unused", code_prompts=2))
     for (ids, mask), prompt in zip(examples, code_prompts(2)):
         text = tokenizer.decode(ids[~mask])
         assert prompt.strip().splitlines()[0] in text  # the stub is the user turn
