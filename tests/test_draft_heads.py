@@ -561,7 +561,7 @@ def test_draft_tree_equals_dense_recomputation(variant, tree_name, gen, tmp_path
     tree = TREES[tree_name]
     lens, width = [6, 11], 11
     tokens, target_hidden, features = _inputs(gen, 2, width)
-    cache = head.allocate_cache(2, width + tree.drafted_keys + 2)
+    cache = head.allocate_cache(2, width + tree.drafted_keys)  # exactly: drafted_keys is a bound
     counts = torch.tensor(lens, dtype=torch.int32)
     with torch.no_grad():
         hidden = head.project(target_hidden, features)

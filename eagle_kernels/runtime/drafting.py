@@ -71,8 +71,9 @@ class TreeConfig:
 
     @property
     def drafted_keys(self) -> int:
-        """Head-cache entries one drafting cycle writes past the committed length."""
-        return self.depth * self.top_k
+        """Head-cache entries one drafting cycle writes past the committed length: ``top_k``
+        per expansion step (the root's children are not written)."""
+        return self.expansion_steps * self.top_k
 
 
 # Packed causal masks are rebuilt from a dense [T, T] bool each time otherwise; keep the few
