@@ -101,25 +101,28 @@ def humaneval_prompts(count: int | None = None) -> list[str]:
 
 
 def code_prompts(count: int | None = None) -> list[str]:
-    """Code-completion prompts from the standard library: for each public top-level function
-    with a docstring of CODE_DOCSTRING_CHARS characters, its ``def`` line(s) and docstring as
-    written (decorators and body dropped), like a HumanEval prompt. Files in sorted order,
-    duplicates dropped: the list is fixed for a Python build (1071 on 3.11.7; a distribution's
-    patches can change it, so the training data key holds :func:`prompts_digest`). No text is
-    HumanEval's; four names are HumanEval entry points (encode, unique, search: other tasks;
-    statistics.median, 847th, the task of HumanEval/47). Raises ValueError when fewer than
-    ``count`` exist."""
+    """Code-completion prompts from the standard library, like HumanEval's (a stub the model
+    completes): first, for each public top-level function with a docstring of
+    CODE_DOCSTRING_CHARS characters, its ``def`` line(s) and docstring as written (decorators
+    and body dropped); then the same for the public methods of public top-level classes,
+    dedented. Files in sorted order, duplicates dropped: the list is fixed for a Python build
+    (1071 functions then 2092 methods on 3.11.7; a distribution's patches can change it, so
+    the training data key holds :func:`prompts_digest`). No text is HumanEval's; some names are
+    HumanEval entry points (functions: encode, unique, search, median; methods: add, compare,
+    encode, is_nested, median, multiply, search), all other tasks but statistics.median (847th,
+    the task of HumanEval/47). Raises ValueError when fewer than ``count`` exist."""
     root = Path(sysconfig.get_paths()["stdlib"])
+    paths = [path for path in sorted(root.rglob("*.py"))
+             if not CODE_SKIPPED_PACKAGES & set(path.relative_to(root).parts[:-1])]
     prompts, seen = [], set()
-    for path in sorted(root.rglob("*.py")):
-        if CODE_SKIPPED_PACKAGES & set(path.relative_to(root).parts[:-1]):
-            continue
-        for prompt in _function_stubs(path):
-            if prompt not in seen:
-                seen.add(prompt)
-                prompts.append(prompt)
-                if len(prompts) == count:
-                    return prompts
+    for methods in (False, True):  # functions first: the list's start stays as it was
+        for path in paths:
+            for prompt in _stubs(path, methods):
+                if prompt not in seen:
+                    seen.add(prompt)
+                    prompts.append(prompt)
+                    if len(prompts) == count:
+                        return prompts
     if count is not None:
         raise ValueError(f"code prompts: {count} asked for, the standard library at {root} "
                          f"has {len(prompts)}")
@@ -131,22 +134,32 @@ def prompts_digest(prompts: list[str]) -> str:
     return f"{zlib.crc32(chr(0).join(prompts).encode()):08x}"
 
 
-def _function_stubs(path: Path) -> list[str]:
-    """The stubs (see :func:`code_prompts`) of one source file; none when it does not parse."""
+def _stubs(path: Path, methods: bool) -> list[str]:
+    """The function stubs (``methods``: method stubs) of one source file, see
+    :func:`code_prompts`; none when it does not parse."""
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return []
-    lines, low, high = source.split("\n"), *CODE_DOCSTRING_CHARS  # ast counts "\n" only
-    stubs = []
-    for node in tree.body:
-        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-            continue
-        doc = ast.get_docstring(node)
-        if doc and low <= len(doc) <= high:  # a docstring is the body's first statement
-            stubs.append("\n".join(lines[node.lineno - 1:node.body[0].end_lineno]) + "\n")
-    return stubs
+    lines = source.split("\n")  # ast counts "\n" only
+    if not methods:
+        return [stub for node in tree.body if (stub := _stub(node, lines))]
+    return [stub for cls in tree.body
+            if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
+            for node in cls.body if (stub := _stub(node, lines))]
+
+
+def _stub(node: ast.AST, lines: list[str]) -> str | None:
+    """A public function's ``def`` line(s) and docstring of a fitting length, else None."""
+    if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+        return None
+    doc, (low, high) = ast.get_docstring(node), CODE_DOCSTRING_CHARS
+    if not doc or not low <= len(doc) <= high:  # a docstring is the body's first statement
+        return None
+    indent = node.col_offset  # a method's: its lines lose that much leading whitespace
+    return "\n".join(line[indent:] if not line[:indent].strip() else line.lstrip()
+                     for line in lines[node.lineno - 1:node.body[0].end_lineno]) + "\n"
 
 
 def mtbench_prompts(path: str | os.PathLike, count: int | None = None) -> list[str]:

@@ -63,7 +63,7 @@ def test_code_prompts_are_stdlib_stubs_disjoint_from_humaneval():
     prompts = data.code_prompts()
     assert len(prompts) >= 500 and len(set(prompts)) == len(prompts)
     assert data.code_prompts(3) == prompts[:3]  # a fixed order
-    for prompt in prompts[:50]:
+    for prompt in prompts[:50] + prompts[-50:]:  # functions, then methods (dedented)
         assert prompt.startswith("def ") and ('"""' in prompt or "'''" in prompt)
         assert not prompt.startswith("def _")
     with pytest.raises(ValueError, match="asked for"):
