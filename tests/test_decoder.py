@@ -701,3 +701,34 @@ def test_bf16_exact_target_runs_the_fp32_bits(gen, monkeypatch):
             parameter.copy_(parameter.bfloat16().float())
 
     _narrow_packs_run_the_fp32_bits(gen, monkeypatch, "PACK_BF16_EXACT", to_bf16)
+
+
+@needs_cpu_backend
+def test_weights_unchanged_block_stamps_once(gen):
+    """Inside ops.weights_unchanged a bound layer compares its weights' stamps on first use
+    only (the promise is the caller's: a change inside the block runs the old, still held
+    weights, never freed memory); the next block sees the change and re-packs."""
+    from eagle_kernels.runtime.layers import layer_step
+
+    layer, cache, x, rope, mask = _layer_case(gen)
+
+    def bound():
+        fresh = _fresh(cache)
+        return layer(x, rope, fresh, mask, step=layer_step(x, rope, fresh, mask))
+
+    with torch.inference_mode():
+        before = bound()
+    with ops.weights_unchanged():
+        with torch.inference_mode():
+            assert torch.equal(bound(), before)
+        with torch.no_grad():
+            layer.mlp.down_proj.weight.mul_(0.5)
+            layer.post_attention_layernorm.weight.data = (
+                layer.post_attention_layernorm.weight.data * 2)  # new storage, old one held
+        with torch.inference_mode():
+            assert torch.equal(bound(), before)  # stale by promise
+    with torch.inference_mode():
+        after = bound()
+    assert not torch.equal(after, before)
+    with ops.weights_unchanged(), torch.inference_mode():
+        assert torch.equal(bound(), after)

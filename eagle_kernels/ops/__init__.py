@@ -13,7 +13,8 @@ from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_acc
                          stochastic_accept_tree)
 from .attention import tree_attention
 from .decoder import apply_rope, linear, linear_group, rms_norm, silu_mul
-from .layer import DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend
+from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend,
+                    weights_unchanged)
 from .kv import compact_kv
 from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree, pack_tree_mask, unpack_tree_mask
@@ -29,6 +30,6 @@ __all__ = [
     "greedy_accept_tree", "linear", "linear_group", "op_backends", "pack_tree_mask",
     "reference", "rms_norm", "silu_mul", "soft_cross_entropy", "stochastic_accept_chain",
     "stochastic_accept_tree", "target_probs", "topk_log_softmax", "tree_attention",
-    "unpack_tree_mask", "value_checks_enabled",
+    "unpack_tree_mask", "value_checks_enabled", "weights_unchanged",
 ]
 from . import library  # noqa: E402,F401  registers torch.ops.eagle_kernels.* (torch.library)

@@ -23,8 +23,11 @@ input can make it read or write out of bounds, value checks on or off.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import operator
-from typing import Sequence
+import threading
+from typing import Iterator, Sequence
 
 import torch
 
@@ -34,6 +37,35 @@ from ._validate import check_eps, check_range, check_tensor, value_checks_enable
 from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class _UnchangedBlock(threading.local):
+    """This thread's innermost open :func:`weights_unchanged` block (epoch -1: none)."""
+
+    epoch = -1
+
+
+_UNCHANGED = _UnchangedBlock()
+_EPOCHS = itertools.count()
+
+
+@contextlib.contextmanager
+def weights_unchanged() -> Iterator[None]:
+    """A block in which the caller guarantees that no layer's weights change.
+
+    Inside it, a :class:`LayerWeights` compares its tensors' stamps (storage pointers and
+    version counters) on first use only, not on every call. The generation loop runs a whole
+    ``generate`` call in one block (nothing else runs between its steps): stamping the 30
+    layers' tensors cost ~0.1 ms of a 4 ms decode step on 2 cores, their metadata being out of
+    cache after each step's weight stream. Every block starts a new epoch, so weights changed
+    between blocks are re-checked and re-packed as usual.
+    """
+    outer = _UNCHANGED.epoch
+    _UNCHANGED.epoch = next(_EPOCHS)
+    try:
+        yield
+    finally:
+        _UNCHANGED.epoch = outer
 
 
 def decoder_layer_backend(device: torch.device, dtype: torch.dtype) -> str:
@@ -84,6 +116,8 @@ class LayerWeights:
         self._packed = None
         self._packs: list[torch.Tensor] = []
         self._pointers: list[int] = []
+        self._held: list[torch.Tensor] = []
+        self._stamped_in = -1  # the weights_unchanged epoch of the last stamp comparison
 
     def _check_tensors(self) -> None:
         """Every tensor's type, dtype, device, contiguity and shape; on a re-check (a tensor
@@ -132,7 +166,12 @@ class LayerWeights:
         """input norm, post norm, the seven packed weights, the seven biases (0 for none):
         checked and packed again first when any tensor changed since the last call (storage
         pointer or version counter; a write through ``.data`` bumps neither, so change weights
-        in place under ``torch.no_grad()`` instead)."""
+        in place under ``torch.no_grad()`` instead). Inside :func:`weights_unchanged`, only
+        the first call in the block compares (per thread)."""
+        block = _UNCHANGED.epoch
+        if block >= 0 and self._stamped_in == block:
+            return self._pointers
+        self._stamped_in = -1  # until this call's comparison (and any re-check) succeeds
         stamp = self._stamp_now()
         if stamp is None or stamp != self._packed:
             if stamp is None or stamp != self._checked:
@@ -142,7 +181,14 @@ class LayerWeights:
             self._pointers = [0 if self.input_norm is None else self.input_norm.data_ptr(),
                               self.post_norm.data_ptr(), *(pack_address(p) for p in self._packs),
                               *(0 if b is None else b.data_ptr() for b in self.biases)]
+            # Views of the storages those pointers address: inside weights_unchanged a tensor
+            # given new storage (.data = ...) despite the promise runs stale values, never
+            # freed memory (the packs are held the same way, by _packs).
+            self._held = [t.detach() for t in (self.input_norm, self.post_norm, *self.biases)
+                          if t is not None]
             self._packed = stamp
+        if stamp is not None:  # inference tensors are re-packed on every call
+            self._stamped_in = block
         return self._pointers
 
 

@@ -142,6 +142,7 @@ class _Call:
         self.max_new_tokens = max_new_tokens
         self.stats = stats
         self.output: GenerationOutput | None = None
+        self._step_columns: dict[int, torch.Tensor] = {}  # see _steps
         self.rng = None
         if not sampling.greedy:
             self.rng = torch.Generator(device=device)
@@ -153,20 +154,28 @@ class _Call:
 
         Returns the counts actually recorded (0 for finished sequences).
         """
-        width = new_tokens.shape[1]
-        steps = torch.arange(width, device=new_tokens.device).unsqueeze(0)
+        steps = self._steps(new_tokens.shape[1])
         counts = torch.where(self.done, 0, counts.to(torch.int64))
         is_eos = (steps < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
         hit_eos = is_eos.any(1)
         counts = torch.where(hit_eos, is_eos.int().argmax(1) + 1, counts)
         counts = torch.minimum(counts, self.budgets - self.generated)
-        rows = torch.arange(new_tokens.shape[0], device=new_tokens.device).unsqueeze(1)
+        # Columns past a row's count keep what they hold (gather / scatter: cheaper per cycle
+        # than advanced indexing, and the buffer has room for a whole last cycle).
         columns = self.generated.unsqueeze(1) + steps
-        keep = steps < counts.unsqueeze(1)
-        self.out[rows, columns] = torch.where(keep, new_tokens, self.out[rows, columns])
+        kept = torch.where(steps < counts.unsqueeze(1), new_tokens, self.out.gather(1, columns))
+        self.out.scatter_(1, columns, kept)
         self.generated += counts
         self.done |= hit_eos | (self.generated >= self.budgets)
         return counts
+
+    def _steps(self, width: int) -> torch.Tensor:
+        """[1, width] int64 0..width-1, made once per width a call records."""
+        steps = self._step_columns.get(width)
+        if steps is None:
+            steps = torch.arange(width, device=self.out.device).unsqueeze(0)
+            self._step_columns[width] = steps
+        return steps
 
     def uniforms(self, *shape) -> torch.Tensor:
         return torch.rand(*shape, generator=self.rng, device=self.out.device)
@@ -323,8 +332,9 @@ class Engine:
         """
         stream = self._start_call(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
                                   max_length, emit=False)
-        for _ in stream:
-            pass
+        with ops.weights_unchanged():  # no caller code runs between the steps of this loop
+            for _ in stream:
+                pass
         return stream.output
 
     def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
