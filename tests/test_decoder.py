@@ -727,6 +727,8 @@ def test_weights_unchanged_block_stamps_once(gen):
                 layer.post_attention_layernorm.weight.data * 2)  # new storage, old one held
         with torch.inference_mode():
             assert torch.equal(bound(), before)  # stale by promise
+        with ops.weights_unchanged(), torch.inference_mode():  # nested: part of the outer one
+            assert torch.equal(bound(), before)
     with torch.inference_mode():
         after = bound()
     assert not torch.equal(after, before)

@@ -200,7 +200,9 @@ class GenerationStream:
         return self
 
     def __next__(self) -> list[list[int]]:
-        with torch.inference_mode(), no_value_checks():
+        # weights_unchanged: within one item (a cycle's several head calls) nothing else runs;
+        # between items the caller may change weights, and the next item sees it.
+        with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
             return next(self._chunks)
 
     @property

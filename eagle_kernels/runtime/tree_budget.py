@@ -42,6 +42,7 @@ from typing import Callable
 import torch
 
 from ..ops._validate import no_value_checks
+from ..ops.layer import weights_unchanged
 from .drafting import TreeConfig, draft_tree
 
 # The shapes a CPU or GPU may pick from: chains and small trees (compute-bound devices, weak
@@ -455,7 +456,7 @@ def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: 
     seconds, all timed in the same interleaved rounds, each relative to the plain step of its
     round (see :func:`relative_medians`); value checks off, as inside the generation loop."""
     trees = list(trees)
-    with torch.inference_mode(), no_value_checks():
+    with torch.inference_mode(), no_value_checks(), weights_unchanged():  # as the loop runs
         calls = [call for tree in trees
                  for call in cycle_calls(target, head, tree, context, batch)]
         calls.append(_step_call(target, context, batch))
