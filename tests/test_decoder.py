@@ -727,6 +727,10 @@ def test_weights_unchanged_block_stamps_once(gen):
                 layer.post_attention_layernorm.weight.data * 2)  # new storage, old one held
         with torch.inference_mode():
             assert torch.equal(bound(), before)  # stale by promise
+        binding = layer.__dict__["_layer_weights"][0]
+        held = {t.data_ptr() for t in binding._held}
+        assert binding._pointers[1] in held  # the old post-norm storage the kernel reads
+        assert layer.post_attention_layernorm.weight.data_ptr() not in held
         with ops.weights_unchanged(), torch.inference_mode():  # nested: part of the outer one
             assert torch.equal(bound(), before)
     with torch.inference_mode():
@@ -734,3 +738,30 @@ def test_weights_unchanged_block_stamps_once(gen):
     assert not torch.equal(after, before)
     with ops.weights_unchanged(), torch.inference_mode():
         assert torch.equal(bound(), after)
+
+
+@needs_cpu_backend
+def test_weights_unchanged_block_rechecks_after_a_failed_check(gen):
+    """A check that fails inside a block fails again on the next call (the layer is not marked
+    checked), and the weights that pass it next are the ones that run."""
+    from eagle_kernels.runtime.layers import layer_step
+
+    layer, cache, x, rope, mask = _layer_case(gen)
+
+    def bound():
+        fresh = _fresh(cache)
+        return layer(x, rope, fresh, mask, step=layer_step(x, rope, fresh, mask))
+
+    with torch.inference_mode():
+        before = bound()
+    down = layer.mlp.down_proj.weight
+    with ops.weights_unchanged():
+        with torch.no_grad():
+            down.data = torch.randn(64, 95)  # a size the kernel would read wrongly
+        for _ in range(2):
+            with torch.inference_mode(), pytest.raises(ValueError, match="down"):
+                bound()
+        with torch.no_grad():
+            down.data = torch.randn(64, 96)
+        with torch.inference_mode():
+            assert not torch.equal(bound(), before)

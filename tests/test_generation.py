@@ -82,6 +82,30 @@ def test_one_new_token_and_stream_equals_generate(target, gen):
     assert streamed == engine.last_output.tokens[0] == autoregressive(target, prompts, 20).tokens[0]
 
 
+def test_stream_items_see_weights_changed_between_them(gen, monkeypatch):
+    """generate() promises ops.weights_unchanged for its whole loop, a stream only within each
+    item: a weight changed in place between two items is re-packed for the next one."""
+    from cpu_support import cpu_backend_missing_reason
+    from eagle_kernels.ops import decoder as decoder_module
+
+    if cpu_backend_missing_reason() is not None:
+        pytest.skip(cpu_backend_missing_reason())
+    target = tiny_target(seed=11)  # its own: this test changes a weight
+    packed = []
+    pack = decoder_module.pack_weight
+    monkeypatch.setattr(decoder_module, "pack_weight", lambda w: packed.append(w) or pack(w))
+    stream = Engine(target).stream(random_prompts(gen, [5]), 8, speculative=False)
+    next(stream), next(stream)
+    packed.clear()
+    next(stream)
+    assert not packed  # nothing changed: the packs are reused
+    weight = target.model.layers[3].mlp.down_proj.weight
+    with torch.no_grad():
+        weight.mul_(2)
+    next(stream)
+    assert any(w is weight for w in packed)
+
+
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0, top_k=1, seed=3),
                                       SamplingConfig(temperature=0.7, top_p=1e-6, seed=4)])
 def test_sampling_that_keeps_one_token_is_greedy(target, gen, sampling):

@@ -51,7 +51,8 @@ _EPOCHS = itertools.count()
 
 @contextlib.contextmanager
 def weights_unchanged() -> Iterator[None]:
-    """A block in which the caller guarantees that no layer's weights change.
+    """A block in which the caller guarantees that no layer's weights change (from any
+    thread: the block itself is per thread).
 
     Inside it, a :class:`LayerWeights` compares its tensors' stamps (storage pointers and
     version counters) on first use only, not on every call. The generation loop runs a whole
@@ -59,7 +60,8 @@ def weights_unchanged() -> Iterator[None]:
     layers' tensors cost ~0.1-0.2 ms of a 4.5 ms decode step on 2 cores, their metadata being out of
     cache after each step's weight stream. Every outermost block starts a new epoch, so
     weights changed between blocks are re-checked and re-packed as usual; a nested block is
-    part of the outer one.
+    part of the outer one (so do not yield from inside a block: a generator suspended in one
+    keeps it open for whatever its consumer runs meanwhile).
     """
     if _UNCHANGED.epoch >= 0:  # inside an outer block: its promise covers this one
         yield
@@ -170,7 +172,8 @@ class LayerWeights:
         checked and packed again first when any tensor changed since the last call (storage
         pointer or version counter; a write through ``.data`` bumps neither, so change weights
         in place under ``torch.no_grad()`` instead). Inside :func:`weights_unchanged`, only
-        the first call in the block compares (per thread)."""
+        the first call in the block compares (a call outside any block, e.g. from another
+        thread, makes the next one compare again)."""
         block = _UNCHANGED.epoch
         if block >= 0 and self._stamped_in == block:
             return self._pointers
@@ -185,8 +188,9 @@ class LayerWeights:
                               self.post_norm.data_ptr(), *(pack_address(p) for p in self._packs),
                               *(0 if b is None else b.data_ptr() for b in self.biases)]
             # Views of the storages those pointers address: inside weights_unchanged a tensor
-            # given new storage (.data = ...) despite the promise runs stale values, never
-            # freed memory (the packs are held the same way, by _packs).
+            # given new storage (.data = / set_) despite the promise runs stale values, not
+            # freed memory (the packs are private copies, held by _packs). Resizing a storage
+            # in place is not covered: that breaks the promise beyond what is held.
             self._held = [t.detach() for t in (self.input_norm, self.post_norm, *self.biases)
                           if t is not None]
             self._packed = stamp

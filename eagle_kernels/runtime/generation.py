@@ -201,7 +201,8 @@ class GenerationStream:
 
     def __next__(self) -> list[list[int]]:
         # weights_unchanged: within one item (a cycle's several head calls) nothing else runs;
-        # between items the caller may change weights, and the next item sees it.
+        # between items the caller may change weights, and the next item sees it (unless the
+        # caller holds a weights_unchanged block of its own around the stream).
         with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
             return next(self._chunks)
 
