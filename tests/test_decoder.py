@@ -703,11 +703,8 @@ def test_bf16_exact_target_runs_the_fp32_bits(gen, monkeypatch):
     _narrow_packs_run_the_fp32_bits(gen, monkeypatch, "PACK_BF16_EXACT", to_bf16)
 
 
-@needs_cpu_backend
-def test_weights_unchanged_block_stamps_once(gen):
-    """Inside ops.weights_unchanged a bound layer compares its weights' stamps on first use
-    only (the promise is the caller's: a change inside the block runs the old, still held
-    weights, never freed memory); the next block sees the change and re-packs."""
+def _bound_layer_case(gen):
+    """A layer and a call of it through the runtime's bound path (a fresh cache each call)."""
     from eagle_kernels.runtime.layers import layer_step
 
     layer, cache, x, rope, mask = _layer_case(gen)
@@ -716,6 +713,15 @@ def test_weights_unchanged_block_stamps_once(gen):
         fresh = _fresh(cache)
         return layer(x, rope, fresh, mask, step=layer_step(x, rope, fresh, mask))
 
+    return layer, bound
+
+
+@needs_cpu_backend
+def test_weights_unchanged_block_stamps_once(gen):
+    """Inside ops.weights_unchanged a bound layer compares its weights' stamps on first use
+    only (the promise is the caller's: a change inside the block runs the old, still held
+    weights, never freed memory); the next block sees the change and re-packs."""
+    layer, bound = _bound_layer_case(gen)
     with torch.inference_mode():
         before = bound()
     with ops.weights_unchanged():
@@ -744,14 +750,7 @@ def test_weights_unchanged_block_stamps_once(gen):
 def test_weights_unchanged_block_rechecks_after_a_failed_check(gen):
     """A check that fails inside a block fails again on the next call (the layer is not marked
     checked), and the weights that pass it next are the ones that run."""
-    from eagle_kernels.runtime.layers import layer_step
-
-    layer, cache, x, rope, mask = _layer_case(gen)
-
-    def bound():
-        fresh = _fresh(cache)
-        return layer(x, rope, fresh, mask, step=layer_step(x, rope, fresh, mask))
-
+    layer, bound = _bound_layer_case(gen)
     with torch.inference_mode():
         before = bound()
     down = layer.mlp.down_proj.weight
