@@ -57,11 +57,11 @@ def weights_unchanged() -> Iterator[None]:
     Inside it, a :class:`LayerWeights` compares its tensors' stamps (storage pointers and
     version counters) on first use only, not on every call. The generation loop runs a whole
     ``generate`` call in one block (nothing else runs between its steps): stamping the 30
-    layers' tensors cost ~0.1-0.2 ms of a 4.5 ms decode step on 2 cores, their metadata being out of
-    cache after each step's weight stream. Every outermost block starts a new epoch, so
-    weights changed between blocks are re-checked and re-packed as usual; a nested block is
-    part of the outer one (so do not yield from inside a block: a generator suspended in one
-    keeps it open for whatever its consumer runs meanwhile).
+    layers' tensors cost ~0.1-0.2 ms of a 4.5 ms decode step on 2 cores, their metadata
+    being out of cache after each step's weight stream. Every outermost block starts a new
+    epoch, so weights changed between blocks are re-checked and re-packed as usual; a nested
+    block is part of the outer one (so do not yield from inside a block: a generator
+    suspended in one keeps it open for whatever its consumer runs meanwhile).
     """
     if _UNCHANGED.epoch >= 0:  # inside an outer block: its promise covers this one
         yield
