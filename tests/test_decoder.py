@@ -754,6 +754,9 @@ def test_weights_unchanged_block_rechecks_after_a_failed_check(gen):
     with torch.inference_mode():
         before = bound()
     down = layer.mlp.down_proj.weight
+    # Kept alive: a new storage at the freed one's address with an equal version counter would
+    # look unchanged (a .data write bumps neither, see LayerWeights.kernel_pointers).
+    original = down.data
     with ops.weights_unchanged():
         with torch.no_grad():
             down.data = torch.randn(64, 95)  # a size the kernel would read wrongly
@@ -764,3 +767,4 @@ def test_weights_unchanged_block_rechecks_after_a_failed_check(gen):
             down.data = torch.randn(64, 96)
         with torch.inference_mode():
             assert not torch.equal(bound(), before)
+    assert original.shape == (64, 96)
