@@ -95,12 +95,12 @@ def cpu_section(run: Path, report: dict) -> list[str]:
                 f"{floors['fp32_memory_floor_ms']} ms)" if "fp32_weight_bytes" in floors else "")
              + f"; one token is {floors['token_gflop']} GFLOP."
              + (f" Timing: {floors['timing']}, floors included." if "timing" in floors else ""),
-             "", "| what | tree | nodes | ms | floor ms | x floor | x AR step | ms / draft step | "
-             "cycle x AR step |", "|---|---|---|---|---|---|---|---|---|"]
+             "", "| what | tree | nodes | context | ms | floor ms | x floor | x AR step | "
+             "ms / draft step | cycle x AR step |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
-            "what", "tree", "nodes", "ms", "floor_ms", "x_floor", "x_ar_step", "step_ms",
-            "cycle_x_ar_step")) + " |")
+            "what", "tree", "nodes", "context", "ms", "floor_ms", "x_floor", "x_ar_step",
+            "step_ms", "cycle_x_ar_step")) + " |")
     return lines + [""]
 
 

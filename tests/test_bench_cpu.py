@@ -1,9 +1,13 @@
 """bench/e2e/bench_cpu.py --smoke runs on the real default model here and writes its files."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import torch
 
 from package_support import default_model_or_skip
 
@@ -17,5 +21,24 @@ def test_bench_cpu_smoke(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "cpu.json").read_text())
     assert report["floors"]["memory_floor_ms"] > 0 and report["floors"]["gemm_gflop_s"] > 0
-    assert {row["what"] for row in report["rows"]} == {"ar_step", "verify", "draft"}
+    assert {row["what"] for row in report["rows"]} == {"ar_step", "ar_step_long", "verify",
+                                                        "draft"}
+    long = next(row for row in report["rows"] if row["what"] == "ar_step_long")
+    assert long["context"] == 32 and long["floor_ms"] > report["floors"]["memory_floor_ms"]
     assert (tmp_path / "cpu.csv").is_file() and (tmp_path / "cpu.png").stat().st_size > 0
+
+
+def test_cache_bytes_counts_what_the_kv_cache_holds_per_token():
+    """ar_step_long's floor adds cache_bytes: every layer's K and V rows of `context` tokens,
+    as KVCache.allocate lays them out (GQA heads, the model's head_dim, its dtype)."""
+    from eagle_kernels.runtime.kv_cache import KVCache
+
+    spec = importlib.util.spec_from_file_location("bench_cpu_module", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = SimpleNamespace(num_key_value_heads=3, num_attention_heads=9, hidden_size=576,
+                             num_hidden_layers=5, head_dim=64)
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = KVCache.allocate(5, 1, 40, 3, 64, dtype, "cpu")
+        held = sum(t.numel() * t.element_size() for t in cache.all_tensors())
+        assert bench.cache_bytes(SimpleNamespace(config=config, dtype=dtype), 40) == held

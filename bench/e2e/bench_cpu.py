@@ -14,8 +14,11 @@ measurement below (floors included) timed in the same interleaved rounds, median
   GEMM rate on an
   in-cache matrix (the faster of torch's matmul and ours, [64 x 1536] x [1536 x 576]) ->
   compute floor(N) = FLOPs of N tokens / that rate;
-* ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax), against
-  the memory floor;
+* ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax, inside
+  ``ops.weights_unchanged()`` as the engine's loop), against the memory floor;
+* ``ar_step_long``: the same step after 1024 and 2048 tokens of context, against a floor that
+  adds the K / V rows the attention reads (fp32 cache: context x layers x 2 x kv width x 4
+  bytes) to the weights: what longer chats cost;
 * ``verify`` for N = 1..64 tree nodes (a random EAGLE-like tree's real packed mask): against
   the AR step and against max(memory floor, compute floor(N));
 * ``draft``: drafting as a cycle runs it (head forwards, top-k, expand, rerank) per candidate
@@ -43,10 +46,12 @@ from common import append_rows, environment  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
+from eagle_kernels.runtime.layers import head_dim_of  # noqa: E402
 from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, cycle_calls,  # noqa: E402
                                                interleaved_medians)
 
 VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+LONG_CONTEXTS = (1024, 2048)  # ar_step_long
 
 
 # The in-cache GEMM is timed this many times per call: the call before it streams the weights
@@ -158,6 +163,14 @@ def ar_step_call(target, context: int):
     return run
 
 
+def cache_bytes(target, context: int) -> int:
+    """Bytes of K and V a decode step's attention reads after ``context`` tokens."""
+    config = target.config
+    kv_width = config.num_key_value_heads * head_dim_of(config)
+    element = torch.empty((), dtype=target.dtype).element_size()
+    return context * config.num_hidden_layers * 2 * kv_width * element
+
+
 def timed_together(target, head, args) -> dict:
     """Median seconds of every measurement, all taken in the same interleaved rounds: this VM's
     speed drifts 20-40 % within minutes, and a ratio between two things timed minutes apart
@@ -165,9 +178,11 @@ def timed_together(target, head, args) -> dict:
     draw = torch.Generator().manual_seed(0)
     stream_bytes, streams = bandwidth_calls(args.bandwidth_mb)
     gemm_flops, gemms = gemm_calls()
-    with torch.inference_mode(), no_value_checks():
+    # weights_unchanged: the engine runs its loop in one such block (weights stamped once).
+    with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
         groups = {"streams": streams, "gemms": gemms,
                   "ar": [ar_step_call(target, args.context)],
+                  "long": [ar_step_call(target, context) for context in args.long_contexts],
                   "verify": [verify_call(target, nodes, args.context, draw)
                              for nodes in args.nodes],
                   "cycles": [call for tree in args.trees
@@ -189,8 +204,13 @@ def measure(generator, args) -> tuple[list[dict], dict]:
     weight_bytes, fp32_bytes = step_bytes(target, packed=True), step_bytes(target)
     memory_floor = weight_bytes / bandwidth
     flops = token_flops(target, args.context)
-    rows = [{"what": "ar_step", "nodes": 1, "ms": ar * 1e3, "floor_ms": memory_floor * 1e3,
-             "x_floor": ar / memory_floor, "x_ar_step": 1.0}]
+    rows = [{"what": "ar_step", "nodes": 1, "context": args.context, "ms": ar * 1e3,
+             "floor_ms": memory_floor * 1e3, "x_floor": ar / memory_floor, "x_ar_step": 1.0}]
+    for context, seconds in zip(args.long_contexts, timed["long"]):
+        floor = (weight_bytes + cache_bytes(target, context)) / bandwidth
+        rows.append({"what": "ar_step_long", "nodes": 1, "context": context, "ms": seconds * 1e3,
+                     "floor_ms": floor * 1e3, "x_floor": seconds / floor,
+                     "x_ar_step": seconds / ar})
     for nodes, seconds in zip(args.nodes, timed["verify"]):
         floor = max(memory_floor, nodes * flops / rate)
         rows.append({"what": "verify", "nodes": nodes, "ms": seconds * 1e3,
@@ -203,8 +223,8 @@ def measure(generator, args) -> tuple[list[dict], dict]:
                      "nodes": tree.total_tokens, "ms": draft * 1e3, "step_ms": per_step * 1e3,
                      "x_ar_step": per_step / ar, "verify_ms": verify * 1e3,
                      "cycle_x_ar_step": (draft + verify) / ar})
-    columns = ("what", "tree", "nodes", "ms", "floor_ms", "x_floor", "x_ar_step", "step_ms",
-               "verify_ms", "cycle_x_ar_step")
+    columns = ("what", "tree", "nodes", "context", "ms", "floor_ms", "x_floor", "x_ar_step",
+               "step_ms", "verify_ms", "cycle_x_ar_step")
     rows = [{key: (round(row[key], 4) if isinstance(row.get(key), float) else row.get(key, ""))
              for key in columns} for row in rows]
     floors = {"read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
@@ -233,7 +253,8 @@ def print_report(rows: list[dict], floors: dict) -> None:
             print(f"draft {row['tree']:>9}: {row['ms']:8.2f} ms ({row['step_ms']:.2f} ms/step = "
                   f"{row['x_ar_step']:.2f} x AR step); cycle {row['cycle_x_ar_step']:.2f} x AR")
         else:
-            print(f"{row['what']:>7} N={row['nodes']:>3}: {row['ms']:8.2f} ms = "
+            at = f" context {row['context']}" if row["what"] == "ar_step_long" else ""
+            print(f"{row['what']:>7} N={row['nodes']:>3}{at}: {row['ms']:8.2f} ms = "
                   f"{row['x_floor']:.2f} x floor ({row['floor_ms']:.1f} ms), "
                   f"{row['x_ar_step']:.2f} x AR step")
 
@@ -275,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny: proves the script runs")
     args = parser.parse_args(argv)
     args.nodes, args.trees, args.bandwidth_mb = VERIFY_NODES, CANDIDATE_TREES, 1024
+    args.long_contexts = LONG_CONTEXTS
     if args.smoke:
         args.nodes, args.trees, args.bandwidth_mb = (1, 4), CANDIDATE_TREES[:2], 64
+        args.long_contexts = (32,)
         args.repeats, args.prompts, args.max_new_tokens, args.context = 1, 1, 4, 16
     from eagle_kernels.runtime.api import from_pretrained
 
