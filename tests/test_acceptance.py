@@ -317,7 +317,7 @@ def test_bad_inputs(gen):
     with pytest.raises(ValueError, match="parents: trees must be topologically ordered"):
         ops.stochastic_accept_tree(GOLDEN_TOKENS, torch.tensor([[-1, 0, 0, 1, 1, 6, 5]],
                                                                dtype=torch.int32), *args[2:])
-    with pytest.raises(ValueError, match="temperature: expected > 0"):
+    with pytest.raises(ValueError, match="temperature: expected a finite value > 0"):
         ops.stochastic_accept_tree(*args, temperature=0.0)
     with pytest.raises(ValueError, match="top_p: expected values in"):
         ops.stochastic_accept_tree(*args, top_p=1.5)

@@ -11,6 +11,7 @@ from eagle_kernels import ops
 from eagle_kernels.runtime.drafting import causal_tree_mask
 from eagle_kernels.runtime.layers import layer_step
 from eagle_kernels.ops import reference
+from eagle_kernels.ops._validate import no_value_checks
 
 from cpu_support import each_cpu_isa, needs_cpu_backend
 
@@ -136,11 +137,16 @@ def test_apply_rope_cpu_is_the_reference_bit_for_bit(gen, heads, dim):
 
 @needs_cpu_backend
 def test_apply_rope_cpu_stays_in_bounds_for_out_of_range_positions(gen):
-    """Positions outside the table are a caller bug; the kernel clamps them (no OOB read)."""
+    """Positions outside the table are a caller bug: refused with value checks on (every
+    backend), and with checks off the cpu kernel clamps them (no OOB read)."""
     x = torch.randn(1, 3, 2, 8, generator=gen)
     cos, sin = torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)
     positions = torch.tensor([[-5, 2, 1000]])
-    out = ops.apply_rope(x, positions, cos, sin, backend="cpu")
+    for backend in ("cpu", "torch"):
+        with pytest.raises(ValueError, match=r"positions: expected values in \[0, 4\)"):
+            ops.apply_rope(x, positions, cos, sin, backend=backend)
+    with no_value_checks():
+        out = ops.apply_rope(x, positions, cos, sin, backend="cpu")
     clamped = reference.apply_rope(x, positions.clamp(0, 3), cos, sin)
     assert torch.equal(out, clamped)
 

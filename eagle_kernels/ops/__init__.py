@@ -17,10 +17,10 @@ from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_back
                     weights_unchanged)
 from .kv import compact_kv
 from .loss import soft_cross_entropy
-from .reference import AcceptResult, DraftTree, pack_tree_mask, unpack_tree_mask
+from .reference import AcceptResult, DraftTree
 from .sampling import target_probs
 from .topk import eagle2_expand, topk_log_softmax
-from .tree import build_tree, eagle2_rerank
+from .tree import build_tree, eagle2_rerank, pack_tree_mask, unpack_tree_mask
 
 __all__ = [
     "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DecoderStep", "DraftTree",

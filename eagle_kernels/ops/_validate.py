@@ -9,6 +9,7 @@ being captured or when ``EAGLE_KERNELS_CHECK_VALUES=0``.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from typing import Iterable, Sequence
 
@@ -79,9 +80,20 @@ def check_int(name: str, value, low: int, high: int | None = None) -> int:
 
 
 def check_eps(name: str, value) -> float:
-    """Check an epsilon argument (a real number >= 0, not a bool); returns it as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"{name}: expected a float >= 0, got {value!r}")
+    """Check an epsilon argument (a finite real number >= 0, not a bool); returns a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a float >= 0, got {type(value).__name__}")
+    if not 0 <= value < math.inf:  # NaN fails too
+        raise ValueError(f"{name}: expected a finite float >= 0, got {value!r}")
+    return float(value)
+
+
+def check_positive(name: str, value) -> float:
+    """Check a finite real number > 0 (a scale, a temperature), not a bool; returns a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a float > 0, got {type(value).__name__}")
+    if not 0 < value < math.inf:  # NaN fails too
+        raise ValueError(f"{name}: expected a finite float > 0, got {value!r}")
     return float(value)
 
 

@@ -66,6 +66,7 @@ def greedy_accept_tree(tokens, paths, target_logits, backend: str = "auto") -> A
     """
     batch, num_nodes, _ = _check_tree_logits(tokens, target_logits)
     check_tensor("paths", paths, (torch.int32,), (batch, None, None), tokens.device)
+    check_int("paths.shape[1] (path count)", paths.shape[1], 1)
     check_int("paths.shape[2] (max_depth + 1)", paths.shape[2], 1)
     check_range("paths", paths, -1, num_nodes, " (node indices, -1 for padding)")
     if value_checks_enabled() and bool((paths[:, :1, 0] != 0).any()):

@@ -41,8 +41,8 @@ import torch
 from . import reference
 from ._backend import cpu_extension, cuda_extension, cuda_limit, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._validate import (FLOAT_DTYPES, check_int, check_range, check_same_device, check_tensor,
-                        value_checks_enabled)
+from ._validate import (FLOAT_DTYPES, check_int, check_positive, check_range, check_same_device,
+                        check_tensor, value_checks_enabled)
 
 
 def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale: float | None = None,
@@ -67,6 +67,7 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale: float |
     check_tensor("q", q, FLOAT_DTYPES, (None, None, None, None))
     batch, num_queries, q_heads, head_dim = q.shape
     check_int("q.shape[1] (query count)", num_queries, 1)
+    check_int("q.shape[3] (head_dim)", head_dim, 1)
     check_tensor("k_cache", k_cache, (q.dtype,), (batch, None, None, head_dim), q.device)
     check_tensor("v_cache", v_cache, (q.dtype,), tuple(k_cache.shape), q.device)
     kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
@@ -81,8 +82,8 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale: float |
     check_same_device(q=q, k_cache=k_cache, cache_lens=cache_lens)
     check_range("cache_lens", cache_lens, 0, max_len - tree_keys + 1,
                 f" (prefix plus {tree_keys} tree keys must fit max_len {max_len})")
-    if sm_scale is not None and not isinstance(sm_scale, (int, float)):
-        raise TypeError(f"sm_scale: expected a float, got {type(sm_scale).__name__}")
+    if sm_scale is not None:
+        sm_scale = check_positive("sm_scale", sm_scale)
     if value_checks_enabled() and tree_keys % 32:
         spare = reference.unpack_tree_mask(tree_mask, reference.mask_words(tree_keys) * 32)
         if bool(spare[..., tree_keys:].any()):

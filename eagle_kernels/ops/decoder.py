@@ -17,6 +17,8 @@ construction. torch's GEMMs give no such guarantee (their blocking follows the r
 
 from __future__ import annotations
 
+import math
+
 import warnings
 import weakref
 from typing import Sequence
@@ -25,7 +27,7 @@ import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import check_eps, check_tensor
+from ._validate import check_eps, check_range, check_tensor
 
 def _check_input(name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
     check_tensor(name, x, (torch.float16, torch.bfloat16, torch.float32))
@@ -135,6 +137,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
     check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
     if cos.shape[0] == 0 and x.numel():
         raise ValueError("cos: expected at least one row (the tables positions index)")
+    check_range("positions", positions, 0, cos.shape[0], " (rows of the cos/sin tables)")
     _, implementation = resolve("apply_rope", backend, x.device, dtype=x.dtype)
     return implementation(x, positions, cos, sin)
 
@@ -420,7 +423,8 @@ _PACKS = _PackedWeights()
 
 
 def _rows(x: torch.Tensor) -> int:
-    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+    """Rows of x [..., K]: the product of its leading sizes (also when K is 0)."""
+    return math.prod(x.shape[:-1])
 
 
 def _linear_group_cpu(x, weights, biases):

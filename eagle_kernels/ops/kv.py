@@ -57,6 +57,7 @@ def compact_kv(caches: Sequence[torch.Tensor], cache_lens, accepted_nodes, num_a
     check_tensor("num_accepted", num_accepted, (torch.int32,), (batch,), first.device)
     width = accepted_nodes.shape[1]
     check_range("num_accepted", num_accepted, 0, width, " (accepted_nodes has that many columns)")
+    check_range("cache_lens", cache_lens, 0, max_len + 1, f" (max_len {max_len})")
     if value_checks_enabled():
         _check_accepted_path(cache_lens, accepted_nodes, num_accepted, max_len)
     _, implementation = resolve("compact_kv", backend, first.device)

@@ -33,7 +33,7 @@ import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import check_eps, check_range, check_tensor, value_checks_enabled
+from ._validate import check_eps, check_positive, check_range, check_tensor, value_checks_enabled
 from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -375,7 +375,7 @@ class DecoderStep:
                 layer.q_width // self.head_dim, self.kv_heads, self.head_dim, *self._sizes]
 
     def _scale(self, sm_scale: float | None) -> float:
-        return self.head_dim**-0.5 if sm_scale is None else float(sm_scale)
+        return self.head_dim**-0.5 if sm_scale is None else check_positive("sm_scale", sm_scale)
 
     def _run_cpu(self, layer, x, k_cache, v_cache, residual, sm_scale) -> torch.Tensor:
         out = torch.empty(self.batch, self.count, layer.hidden, dtype=x.dtype)

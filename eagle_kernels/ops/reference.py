@@ -349,7 +349,7 @@ def build_tree(
         ancestors[:, node] = ancestors[rows, parent_index[:, node]]
         ancestors[:, node, node] = True
     depth = ancestors.sum(-1).to(torch.int32) - 1
-    if num_nodes > 1 and int(depth.max()) >= width:
+    if num_nodes > 1 and batch and int(depth.max()) >= width:
         raise ValueError(f"max_depth: expected >= the tree depth {int(depth.max())}, "
                          f"got {width - 1}")
 

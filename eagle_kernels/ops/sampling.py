@@ -29,6 +29,8 @@ falls within rounding of a boundary (the tests check exactly that).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import reference
@@ -45,16 +47,19 @@ def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p) 
     for name, value, dtypes in specs:
         if isinstance(value, torch.Tensor):
             check_tensor(name, value, dtypes, (batch,), device)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name}: expected a number or a [B] tensor, got "
-                            f"{type(value).__name__}")
+        elif isinstance(value, bool) or not isinstance(value, int if name == "top_k" else (int, float)):
+            kind = "an int" if name == "top_k" else "a number"
+            raise TypeError(f"{name}: expected {kind} or a [B] tensor, got {type(value).__name__}")
     if not value_checks_enabled():
         return
-    if bool(torch.as_tensor(temperature <= 0).any()):
-        raise ValueError("temperature: expected > 0 (use the greedy ops for temperature 0)")
+    # Written as "not (inside)" so that NaN, which fails every comparison, is refused too.
+    if bool(torch.as_tensor(~(torch.as_tensor(temperature) > 0)
+                            | ~(torch.as_tensor(temperature) < math.inf)).any()):
+        raise ValueError("temperature: expected a finite value > 0 (use the greedy ops for "
+                         "temperature 0)")
     if bool(torch.as_tensor(top_k < 0).any()):
         raise ValueError("top_k: expected >= 0 (0 disables top-k)")
-    if bool(torch.as_tensor((top_p <= 0) | (top_p > 1)).any()):
+    if bool(torch.as_tensor(~((torch.as_tensor(top_p) > 0) & (torch.as_tensor(top_p) <= 1))).any()):
         raise ValueError("top_p: expected values in (0, 1] (1 disables top-p)")
 
 

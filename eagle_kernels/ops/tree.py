@@ -39,11 +39,33 @@ def tree_depth(parents: torch.Tensor) -> torch.Tensor:
     return depth
 
 
+def pack_tree_mask(dense: torch.Tensor) -> torch.Tensor:
+    """[..., K] bool visibility -> [..., ceil(K / 32)] int32 words, key j bit j % 32 of word
+    j // 32 (checked :func:`reference.pack_tree_mask`)."""
+    check_tensor("dense", dense, (torch.bool,), contiguous=False)
+    if dense.dim() < 1:
+        raise ValueError("dense: expected shape [..., num_keys], got a 0-d tensor")
+    return reference.pack_tree_mask(dense)
+
+
+def unpack_tree_mask(packed: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """[..., W] int32 words -> [..., num_keys] bool, num_keys <= 32 W (checked
+    :func:`reference.unpack_tree_mask`)."""
+    check_tensor("packed", packed, (torch.int32,), contiguous=False)
+    if packed.dim() < 1:
+        raise ValueError("packed: expected shape [..., words], got a 0-d tensor")
+    check_int("num_keys", num_keys, 0, packed.shape[-1] * reference.MASK_WORD_BITS)
+    return reference.unpack_tree_mask(packed, num_keys)
+
+
 def check_max_depth(parents: torch.Tensor, max_depth: int | None) -> int:
     """Resolve ``max_depth`` (default N - 1) and, with value checks on, that trees fit in it."""
     num_nodes = parents.shape[1]
-    max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0)
-    if value_checks_enabled() and num_nodes > 1:
+    # A tree of N nodes is at most N - 1 deep; a larger bound only pads the paths with -1
+    # (fixed shapes), up to MAX_PADDED_DEPTH: a typo must not size a buffer of petabytes.
+    max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0,
+                          max(num_nodes - 1, MAX_PADDED_DEPTH))
+    if value_checks_enabled() and num_nodes > 1 and parents.shape[0]:
         deepest = int(tree_depth(parents).max())
         if deepest > max_depth:
             raise ValueError(f"max_depth: expected >= the tree depth {deepest}, got {max_depth}")
@@ -160,6 +182,7 @@ def _build_tree_cuda(parents: torch.Tensor, max_depth: int):
 # Triton kernel
 # --------------------------------------------------------------------------------------------
 
+MAX_PADDED_DEPTH = 1024  # the largest max_depth accepted beyond a tree's N - 1 (paths padding)
 TRITON_MAX_NODES = 1024  # the mask walk keeps an [N, ceil(N / 32)] int32 tile in registers
 PATH_COLUMNS = 32  # path padding is written this many columns at a time
 

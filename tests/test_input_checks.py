@@ -1,0 +1,109 @@
+"""Bad arguments to the public ops get a clear error naming the argument (or, for sizes that
+are legal, the reference's result): the cases an audit of the public surface found silent,
+wrong or failing deep inside torch."""
+
+import math
+
+import pytest
+import torch
+
+from eagle_kernels import ops
+from eagle_kernels.ops import reference
+from eagle_kernels.ops._validate import check_eps, check_positive
+
+from cpu_support import needs_cpu_backend
+
+
+@needs_cpu_backend
+def test_linear_of_width_zero_is_the_bias_on_every_backend():
+    """K = 0: every output is its bias (zero without one); the cpu path returned uninitialised
+    memory before."""
+    x, w, bias = torch.randn(2, 0), torch.randn(3, 0), torch.tensor([1.0, 2.0, 3.0])
+    for backend in ("cpu", "torch"):
+        assert torch.equal(ops.linear(x, w, bias, backend=backend), bias.expand(2, 3))
+        assert torch.equal(ops.linear(x, w, backend=backend), torch.zeros(2, 3))
+
+
+def test_compact_kv_refuses_negative_cache_lens():
+    cache = torch.arange(8.0).view(1, 8, 1, 1)
+    args = (torch.tensor([-2], dtype=torch.int32), torch.tensor([[0, 3]], dtype=torch.int32),
+            torch.tensor([1], dtype=torch.int32))
+    for backend in ("cpu", "torch"):
+        with pytest.raises(ValueError, match=r"cache_lens: expected values in \[0, 9\)"):
+            ops.compact_kv([cache.clone()], *args, backend=backend)
+
+
+@pytest.mark.parametrize("name,value,error", [
+    ("temperature", math.nan, ValueError), ("temperature", math.inf, ValueError),
+    ("top_p", math.nan, ValueError), ("top_k", 2.5, TypeError), ("temperature", "0.5", TypeError)])
+def test_sampling_parameters_refuse_nan_and_wrong_types(name, value, error):
+    """NaN passed `temperature <= 0` (every comparison with NaN is False): all-NaN probs."""
+    with pytest.raises(error, match=name):
+        ops.target_probs(torch.randn(2, 10), **{name: value})
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p"])
+def test_sampling_tensors_refuse_a_nan_entry(name):
+    with pytest.raises(ValueError, match=name):
+        ops.target_probs(torch.randn(2, 10), **{name: torch.tensor([0.5, math.nan])})
+
+
+def test_float_scalars_refuse_nan_inf_and_non_numbers():
+    for check in (check_eps, check_positive):
+        for bad in (math.nan, math.inf, -1.0):
+            with pytest.raises(ValueError, match="eps"):
+                check("eps", bad)
+        for bad in ("1e-6", True, torch.tensor(1e-6)):
+            with pytest.raises(TypeError, match="eps"):
+                check("eps", bad)
+    assert check_eps("eps", 0) == 0.0 and check_positive("scale", 2) == 2.0
+    with pytest.raises(ValueError, match="eps"):
+        check_positive("eps", 0.0)
+
+
+def test_tree_attention_refuses_bad_scales_and_zero_head_dim():
+    q = torch.randn(1, 1, 2, 8)
+    k = v = torch.randn(1, 4, 2, 8)
+    lens, mask = torch.tensor([2], dtype=torch.int32), torch.ones(1, 1, 1, dtype=torch.int32)
+    for scale, error in ((math.nan, ValueError), (True, TypeError), (-0.5, ValueError)):
+        with pytest.raises(error, match="sm_scale"):
+            ops.tree_attention(q, k, v, lens, mask, sm_scale=scale)
+    empty = torch.randn(1, 4, 2, 0)
+    with pytest.raises(ValueError, match="head_dim"):
+        ops.tree_attention(torch.randn(1, 1, 2, 0), empty, empty, lens, mask)
+
+
+def test_max_depth_is_bounded_and_empty_batches_are_fine():
+    parents = torch.tensor([[-1, 0, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="max_depth"):
+        ops.build_tree(parents, max_depth=10**15)
+    assert ops.build_tree(parents, max_depth=40)[2].shape == (1, 3, 41)  # padding is allowed
+    for backend in ("cpu", "torch"):
+        depth, mask, paths = ops.build_tree(parents[:0], backend=backend)
+        assert depth.shape == (0, 3) and mask.shape == (0, 3, 1) and paths.shape == (0, 3, 3)
+    result = ops.stochastic_accept_tree(torch.zeros(0, 3, dtype=torch.int64), parents[:0],
+                                        torch.randn(0, 3, 16), torch.rand(0, 3), torch.rand(0))
+    assert result.num_accepted.shape == (0,)
+
+
+def test_greedy_accept_tree_refuses_an_empty_path_list():
+    tokens = torch.zeros(1, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"paths.shape\[1\]"):
+        ops.greedy_accept_tree(tokens, torch.zeros(1, 0, 3, dtype=torch.int32),
+                               torch.randn(1, 3, 10))
+
+
+def test_pack_and_unpack_tree_mask_check_their_arguments():
+    with pytest.raises(ValueError, match="dense: expected dtype bool"):
+        ops.pack_tree_mask(torch.tensor([[2, 0, 0]]))  # was packed as key 1 visible
+    with pytest.raises(ValueError, match="dense"):
+        ops.pack_tree_mask(torch.tensor(True))
+    with pytest.raises(TypeError, match="dense"):
+        ops.pack_tree_mask([[True]])
+    words = ops.pack_tree_mask(torch.tensor([[True, False, True]]))
+    assert torch.equal(ops.unpack_tree_mask(words, 3), torch.tensor([[True, False, True]]))
+    for keys in (-1, 33):
+        with pytest.raises(ValueError, match=r"num_keys: expected an int in \[0, 32\]"):
+            ops.unpack_tree_mask(words, keys)
+    assert torch.equal(ops.pack_tree_mask(torch.zeros(2, 40, dtype=torch.bool)),
+                       reference.pack_tree_mask(torch.zeros(2, 40, dtype=torch.bool)))
