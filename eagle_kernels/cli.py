@@ -32,7 +32,7 @@ def _tree(text: str):
         raise argparse.ArgumentTypeError(f"expected 'auto' or TOP_K,DEPTH,TOTAL_TOKENS, got {text!r}")
     try:
         return TreeConfig(top_k=top_k, depth=depth, total_tokens=total)
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise argparse.ArgumentTypeError(str(error))
 
 
@@ -117,6 +117,28 @@ def _train_parser(commands) -> None:
     train.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _check_train(args) -> None:
+    """The train command's checks that need no model (TrainConfig checks its numbers)."""
+    from .train import TrainConfig
+
+    _check_target(args.target)
+    _check_device(args.device)
+    for name in ("out", "data_dir"):
+        value = getattr(args, name)
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise UserError(f"--{name.replace('_', '-')}: expected a directory (or a new path), "
+                            f"got the file {value}")
+    if args.init_from is not None and not (Path(args.init_from) / "config.json").is_file():
+        raise UserError(f"--init-from: expected an EAGLE-3 head directory with config.json, got "
+                        f"{args.init_from}")
+    names = TrainConfig.__dataclass_fields__
+    try:
+        TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    except (TypeError, ValueError) as error:  # "name: expected ..." -> "--name: expected ..."
+        name, _, rest = str(error).partition(":")
+        raise UserError(f"--{name.replace('_', '-')}:{rest}") from None
+
+
 def run_train(args) -> int:
     from .runtime.api import load_target_and_tokenizer
     from .train import TrainConfig, train
@@ -152,6 +174,8 @@ def _check_device(device: str) -> None:
         parsed = torch.device(device)
     except RuntimeError:
         raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device: {device} requested, but this PyTorch sees no CUDA device")
 
@@ -223,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "train":
-            _check_target(args.target)
-            _check_device(args.device)
+            _check_train(args)
             return run_train(args)
         args.prompt = args.prompt or [DEFAULT_PROMPT]
         _check(args)

@@ -74,6 +74,28 @@ class TrainConfig:
     prepare_only: bool = False         # build the dataset (and cache), train nothing
     extra: dict = field(default_factory=dict)
 
+    # smallest value of each int setting (the others: any int)
+    _INT_MINIMA = {"draft_vocab": 1, "conversations": 0, "skip_conversations": 0, "max_length": 2,
+                   "batch_tokens": 1, "epochs": 1, "warmup_steps": 0, "ttt_steps": 0,
+                   "save_every": 1, "threads": 0, "regenerate_batch": 1,
+                   "regenerate_max_new": 1, "code_prompts": 0, "skip_code_prompts": 0,
+                   "turns": 0}
+
+    def __post_init__(self):
+        for name, low in self._INT_MINIMA.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+            if value < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {value}")
+        for name, low, strict in (("lr", 0.0, True), ("max_minutes", 0.0, False)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+            if not (value > low if strict else value >= low) or value == math.inf:
+                raise ValueError(f"{name}: expected a finite number {'>' if strict else '>='} "
+                                 f"{low:g}, got {value}")
+
 
 # ------------------------------------------------------------------------------- data
 
@@ -383,6 +405,8 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
     if config.threads:
         torch.set_num_threads(config.threads)
     out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: expected a directory (or a new path), got the file {out}")
     out.mkdir(parents=True, exist_ok=True)
     target.requires_grad_(False)
     data_dir = Path(config.data_dir) if config.data_dir else out

@@ -49,6 +49,9 @@ def run_cli(argv, capsys) -> str:
     (["--tree", "2,1,50"], r"argument --tree: total_tokens: expected <= 7"),
     (["--stream", "--compare"], r"--stream takes one prompt"),
     (["--dtype", "int8"], r"argument --dtype: invalid choice"),
+    (["--tree", "1000000,1000000,1000000"], r"argument --tree: top_k: expected an int in \[1, "),
+    (["--tree", "4,2000,8"], r"argument --tree: depth: expected an int in \[0, 1024\]"),
+    (["--device", "meta"], r"--device: expected cpu, cuda or cuda:N, got 'meta'"),
 ])
 def test_generate_user_errors_are_one_line_and_status_2(argv, expected, capsys, no_model):
     err = run_cli(["generate", *argv], capsys)
@@ -65,6 +68,21 @@ def test_train_user_errors_are_one_line_and_status_2(capsys, no_model, tmp_path)
     err = run_cli(["train", "--out", str(tmp_path), "--target", str(tmp_path / "absent")],
                   capsys)
     assert "--target" in err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for argv, expected in ((["--out", str(a_file)], r"--out: expected a directory"),
+                           (["--data-dir", str(a_file)], r"--data-dir: expected a directory"),
+                           (["--threads", "-1"], r"--threads: expected an int >= 0, got -1"),
+                           (["--save-every", "0"], r"--save-every: expected an int >= 1"),
+                           (["--epochs", "0"], r"--epochs: expected an int >= 1"),
+                           (["--regenerate-batch", "0"], r"--regenerate-batch: expected"),
+                           (["--lr", "nan"], r"--lr: expected a finite number > 0"),
+                           (["--max-minutes", "-1"], r"--max-minutes: expected a finite"),
+                           (["--init-from", str(tmp_path / "none")], r"--init-from: expected"),
+                           (["--device", "meta"], r"--device: expected cpu")):
+        argv = argv if argv[0] == "--out" else ["--out", str(tmp_path / "run"), *argv]
+        err = run_cli(["train", *argv], capsys)
+        assert re.search(expected, err), err
 
 
 def test_errors_raised_after_loading_are_one_line_too(capsys, monkeypatch):

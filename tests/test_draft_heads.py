@@ -396,6 +396,46 @@ def test_wrong_shape_raises_naming_it(gen, tmp_path):
         load_draft_head(path, target)
 
 
+def test_d2t_leaving_the_target_vocabulary_raises_naming_it(gen, tmp_path):
+    """An offset that maps a draft id outside the target's vocabulary loaded, then failed
+    inside an embedding lookup at the first generate."""
+    target = tiny_target(gen)
+    state = eagle3_state(gen)
+    state["d2t"][3] = VOCAB  # draft id 3 -> target id 3 + VOCAB
+    path = write_eagle3(tmp_path / "e3", state, eagle3_config())
+    with pytest.raises(ValueError, match=rf"d2t: draft id 3 .* outside .*\[0, {VOCAB}\)"):
+        load_draft_head(path, target)
+
+
+@pytest.mark.parametrize("change,match", [({"rms_norm_eps": -1.0}, "rms_norm_eps"),
+                                          ({"rms_norm_eps": "tiny"}, ".*rms_norm_eps"),
+                                          ({"hidden_act": "gelu"}, "hidden_act")])
+def test_config_the_head_cannot_run_raises_naming_the_file(change, match, gen, tmp_path):
+    """A negative eps failed at generate naming an internal argument; another activation was
+    silently run as SiLU."""
+    target = tiny_target(gen)
+    path = write_eagle3(tmp_path / "e3", eagle3_state(gen), eagle3_config(**change))
+    with pytest.raises(ValueError, match=rf"config\.json: {match}"):
+        load_draft_head(path, target)
+
+
+def test_unreadable_files_and_non_finite_weights_raise_naming_the_file(gen, tmp_path):
+    target = tiny_target(gen)
+    state = eagle3_state(gen)
+    state["norm.weight"] = torch.full_like(state["norm.weight"], float("nan"))
+    path = write_eagle3(tmp_path / "nan", state, eagle3_config())
+    with pytest.raises(ValueError, match=r"norm\.weight holds NaN or inf"):
+        load_draft_head(path, target)
+    path = write_eagle3(tmp_path / "json", eagle3_state(gen), eagle3_config())
+    (path / "config.json").write_text("{'not': json}")
+    with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
+        load_draft_head(path, target)
+    path = write_eagle3(tmp_path / "bytes", eagle3_state(gen), eagle3_config())
+    (path / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match=r"model\.safetensors: not a readable safetensors"):
+        load_draft_head(path, target)
+
+
 @pytest.mark.parametrize("kind", [EAGLE1, EAGLE3])
 def test_vocab_size_differing_from_target_raises(kind, gen, tmp_path):
     target = tiny_target(gen)

@@ -1,6 +1,6 @@
-"""Bad arguments to the public ops get a clear error naming the argument (or, for sizes that
-are legal, the reference's result): the cases an audit of the public surface found silent,
-wrong or failing deep inside torch."""
+"""Bad arguments to the public ops and the runtime API get a clear error naming the argument
+(or, for sizes that are legal, the reference's result): the cases an audit of the public
+surface found silent, wrong or failing deep inside torch."""
 
 import math
 
@@ -107,3 +107,55 @@ def test_pack_and_unpack_tree_mask_check_their_arguments():
             ops.unpack_tree_mask(words, keys)
     assert torch.equal(ops.pack_tree_mask(torch.zeros(2, 40, dtype=torch.bool)),
                        reference.pack_tree_mask(torch.zeros(2, 40, dtype=torch.bool)))
+
+
+# ------------------------------------------------------------------------------- runtime API
+
+
+def test_tree_config_is_bounded_and_takes_ints_only():
+    """An unbounded tree from the CLI (1000000,1000000,1000000) grew to 24 GB before the OOM
+    killer stopped it; a bool passed as an int."""
+    from eagle_kernels.runtime.drafting import TREE_MAX_TOKENS, TREE_MAX_TOP_K, TreeConfig
+
+    for kwargs in ({"top_k": TREE_MAX_TOP_K + 1}, {"depth": TREE_MAX_TOKENS + 1},
+                   {"total_tokens": TREE_MAX_TOKENS + 1}, {"top_k": 0}, {"depth": -1}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            TreeConfig(**{"top_k": 4, "depth": 2, "total_tokens": 8, **kwargs})
+    with pytest.raises(TypeError, match="top_k: expected an int, got bool"):
+        TreeConfig(True, 1, 2)
+    assert TreeConfig(TREE_MAX_TOP_K, 1, 8).total_tokens == 8
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"temperature": "0.5"}, TypeError, "temperature"), ({"temperature": math.nan}, ValueError,
+                                                         "temperature"),
+    ({"top_p": "0.9"}, TypeError, "top_p"), ({"top_k": 10**30}, ValueError, "top_k"),
+    ({"top_k": True}, TypeError, "top_k"), ({"seed": "abc"}, TypeError, "seed"),
+    ({"seed": 1.5}, TypeError, "seed"), ({"seed": 2**70}, ValueError, "seed")])
+def test_sampling_config_names_the_bad_setting(kwargs, error, match):
+    from eagle_kernels.runtime.generation import SamplingConfig
+
+    with pytest.raises(error, match=match):
+        SamplingConfig(**kwargs)
+
+
+def test_prompts_and_load_arguments_are_checked_before_anything_loads(tmp_path):
+    from eagle_kernels.runtime.api import _check_load_args, _prompt_list
+
+    assert _prompt_list(("a", "b")) == ["a", "b"]
+    for prompts, match in ((123, "prompts: expected a str or a sequence"),
+                           (b"Hi", "prompts: expected a str or a sequence"),
+                           (["a", None], r"prompts\[1\]: expected a str, got NoneType")):
+        with pytest.raises(TypeError, match=match):
+            _prompt_list(prompts)
+    for kwargs, error, match in (
+            ({"target": str(tmp_path / "absent")}, ValueError, "target: .*no such file"),
+            ({"target": 12}, TypeError, "target: expected a path"),
+            ({"device": "gpu"}, ValueError, "device: expected 'cpu'"),
+            ({"device": "meta"}, ValueError, "device: expected 'cpu'"),
+            ({"dtype": "float32"}, TypeError, "dtype: expected one of"),
+            ({"dtype": torch.float64}, TypeError, "dtype: expected one of")):
+        args = {"target": None, "dtype": torch.float32, "device": "cpu", **kwargs}
+        with pytest.raises(error, match=match):
+            _check_load_args(args["target"], args["dtype"], args["device"])
+    assert _check_load_args(None, torch.float32, "cpu") == torch.device("cpu")

@@ -29,6 +29,7 @@ from .model import TargetModel, load_target
 from .tree_budget import choose_tree
 
 DRAFT_WEIGHTS = ("auto", "exact", "q8_0")  # how the head's weights are kept (from_pretrained)
+TARGET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the target runs in
 BUNDLED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 DEFAULT_HEAD = BUNDLED_HEADS / "smollm2-135m-instruct-eagle3"
 
@@ -41,10 +42,47 @@ class TextOutput:
     stats: GenerationStats
 
 
+def _prompt_list(prompts) -> list[str]:
+    """``prompts`` as a list of str, or a TypeError naming what came."""
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts: expected a str or a sequence of str, got "
+                        f"{type(prompts).__name__}")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompts[{index}]: expected a str, got {type(prompt).__name__}")
+    return list(prompts)
+
+
+def _check_load_args(target, dtype, device) -> torch.device:
+    """from_pretrained's target / dtype / device, before anything loads."""
+    if target is not None:
+        if not isinstance(target, (str, os.PathLike)):
+            raise TypeError(f"target: expected a path (str or os.PathLike) or None, got "
+                            f"{type(target).__name__}")
+        path = Path(target)
+        if not (path.suffix == ".gguf" and path.is_file()) and not (path / "config.json").is_file():
+            raise ValueError(f"target: expected a checkpoint directory with config.json or a "
+                             f".gguf file, got {target}"
+                             + ("" if path.exists() else " (no such file or directory)"))
+    if dtype not in TARGET_DTYPES:
+        raise TypeError(f"dtype: expected one of {', '.join(map(str, TARGET_DTYPES))}, got "
+                        f"{dtype!r}")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested, but this PyTorch sees no CUDA device")
+    return parsed
+
+
 def load_target_and_tokenizer(target, dtype, device):
     """(model, tokenizer, whether it is the default model: the one the bundled head is for)."""
     from transformers import AutoTokenizer
 
+    _check_load_args(target, dtype, device)
     is_default = target is None
     if is_default:
         from .default_model import default_model_dir
@@ -155,7 +193,7 @@ class EagleGenerator:
                  seed: int | None = None, chat: bool = True,
                  speculative: bool = True) -> TextOutput:
         """Generate replies for one prompt or a batch (prompts of any lengths)."""
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        prompts = [prompts] if isinstance(prompts, str) else _prompt_list(prompts)
         ids = [self.encode(p, chat) for p in prompts]
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
         out = self.engine.generate(ids, max_new_tokens, sampling, self.eos_token_ids(), speculative)
@@ -167,6 +205,9 @@ class EagleGenerator:
                speculative: bool = True) -> "TextStream":
         """Iterate over the reply's text as it grows (one piece per cycle); the returned
         :class:`TextStream`'s ``output`` holds the whole :class:`TextOutput` once exhausted."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt: expected one str (stream takes one prompt; generate takes a "
+                            f"batch), got {type(prompt).__name__}")
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
         tokens = self.engine.stream([self.encode(prompt, chat)], max_new_tokens, sampling,
                                     self.eos_token_ids(), speculative)

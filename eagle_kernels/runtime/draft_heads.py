@@ -21,6 +21,7 @@ draft vocabulary.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -168,12 +169,26 @@ def round_head_to_q8_0(head: DraftHead) -> int:
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     if (path / "model.safetensors").is_file():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path / "model.safetensors"))
+        try:
+            return load_file(str(path / "model.safetensors"))
+        except SafetensorError as error:
+            raise ValueError(f"draft checkpoint {path / 'model.safetensors'}: not a readable "
+                             f"safetensors file ({error})") from None
     if (path / "pytorch_model.bin").is_file():
         return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise ValueError(f"draft: expected model.safetensors or pytorch_model.bin in {path}")
+
+
+def _config_field_error() -> type:
+    """The error newer transformers raise for a config field of the wrong type."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ValueError
+    return StrictDataclassError
 
 
 def _head_config(raw: dict):
@@ -181,6 +196,34 @@ def _head_config(raw: dict):
 
     raw = {k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
     return LlamaConfig(**raw)
+
+
+def _check_head_config(path: Path, config) -> None:
+    """What the head's layer runs with: a SiLU MLP and a finite eps >= 0."""
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"draft {path / 'config.json'}: hidden_act: expected 'silu' (the only "
+                         f"activation the head runs), got {act!r}")
+    eps = config.rms_norm_eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"draft {path / 'config.json'}: rms_norm_eps: expected a finite float "
+                         f">= 0, got {eps!r}")
+
+
+def _check_weights(path: Path, state: dict, target_vocab: int) -> None:
+    """Finite weights, and every d2t offset landing inside the target's vocabulary."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"draft checkpoint {path}: {name} holds NaN or inf values")
+    d2t = state.get("d2t")
+    if d2t is not None:
+        ids = torch.arange(d2t.shape[0]) + d2t.to(torch.int64).flatten()
+        bad = (ids < 0) | (ids >= target_vocab)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(f"draft checkpoint {path}: d2t: draft id {i} + offset "
+                             f"{int(d2t.flatten()[i])} = {int(ids[i])} is outside the target's "
+                             f"vocabulary [0, {target_vocab})")
 
 
 def _check_against_target(kind: str, config, state: dict, target: TargetModel) -> None:
@@ -212,11 +255,23 @@ def load_draft_head(path: str | os.PathLike, target: TargetModel) -> DraftHead:
     if not (path / "config.json").is_file():
         raise ValueError(f"draft: expected a directory with config.json, got {path}")
     with open(path / "config.json") as handle:
-        raw = json.load(handle)
+        try:
+            raw = json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"draft {path / 'config.json'}: not valid JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"draft {path / 'config.json'}: expected a JSON object, got "
+                         f"{type(raw).__name__}")
     state = _read_weights(path)
     kind = EAGLE3 if any(k.startswith("midlayer.") for k in state) else EAGLE1
-    config = _head_config(raw)
+    try:
+        config = _head_config(raw)
+    except (TypeError, ValueError, _config_field_error()) as error:  # transformers' checks
+        message = " ".join(str(error).split())
+        raise ValueError(f"draft {path / 'config.json'}: {message}") from None
+    _check_head_config(path, config)
     _check_against_target(kind, config, state, target)
+    _check_weights(path, state, target.vocab_size)
     state.pop("embed_tokens.weight", None)
     if kind == EAGLE3:
         head = Eagle3Head(config, target)

@@ -29,6 +29,10 @@ from .draft_heads import DraftHead
 from .kv_cache import KVCache
 
 
+TREE_MAX_TOKENS = 1024  # nodes a tree may keep (the Triton tree kernels' limit), and its depth
+TREE_MAX_TOP_K = 64     # children per node: top_k^2 * depth candidates are scored per tree
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """EAGLE-2 tree settings: children per node, expansion steps, nodes kept (root included).
@@ -42,12 +46,13 @@ class TreeConfig:
     total_tokens: int = 60
 
     def __post_init__(self):
-        for name in ("top_k", "total_tokens"):
+        for name, low, high in (("top_k", 1, TREE_MAX_TOP_K), ("depth", 0, TREE_MAX_TOKENS),
+                                ("total_tokens", 1, TREE_MAX_TOKENS)):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        if not isinstance(self.depth, int) or self.depth < 0:
-            raise ValueError(f"depth: expected an int >= 0, got {self.depth!r}")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+            if not low <= value <= high:
+                raise ValueError(f"{name}: expected an int in [{low}, {high}], got {value}")
         if self.total_tokens - 1 > self.num_candidates:
             raise ValueError(f"total_tokens: expected <= {self.num_candidates + 1} (1 + the "
                              f"{self.num_candidates} candidates top_k={self.top_k}, "

@@ -32,6 +32,8 @@ Host reads (what makes a cycle wait for the device; on a CPU they cost nothing):
 
 from __future__ import annotations
 
+import math
+
 import functools
 import time
 from dataclasses import dataclass, field
@@ -58,12 +60,23 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature: expected >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k: expected an int >= 0, got {self.top_k!r}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+        if not 0 <= self.temperature < math.inf:  # NaN fails too
+            raise ValueError(f"temperature: expected a finite value >= 0, got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise TypeError(f"top_k: expected an int, got {type(self.top_k).__name__}")
+        if not 0 <= self.top_k < 2**31:  # 0: off; at most an int32 (any vocabulary is smaller)
+            raise ValueError(f"top_k: expected an int in [0, 2^31), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: expected 0 < top_p <= 1, got {self.top_p}")
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int)):
+            raise TypeError(f"seed: expected an int or None, got {type(self.seed).__name__}")
+        if self.seed is not None and not -2**63 <= self.seed < 2**64:
+            raise ValueError(f"seed: expected a 64-bit int, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -358,7 +371,8 @@ class Engine:
         prompts = [list(map(int, p)) for p in prompts]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: expected at least one non-empty token list")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
         vocab = self.target.vocab_size
         if any(t < 0 or t >= vocab for p in prompts for t in p):
