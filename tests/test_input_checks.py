@@ -159,3 +159,46 @@ def test_prompts_and_load_arguments_are_checked_before_anything_loads(tmp_path):
         with pytest.raises(error, match=match):
             _check_load_args(args["target"], args["dtype"], args["device"])
     assert _check_load_args(None, torch.float32, "cpu") == torch.device("cpu")
+
+
+def test_token_lists_refuse_floats_and_strings_instead_of_truncating():
+    """Engine.generate([[1.7, 2.2]]) ran prompt [1, 2]; eos_token_ids="2" failed in torch."""
+    import numpy as np
+
+    from eagle_kernels.runtime.generation import _token_list
+
+    assert _token_list("p", [1, 2]) == [1, 2] and _token_list("p", (3,)) == [3]
+    assert _token_list("p", torch.tensor([4, 5])) == [4, 5]
+    assert _token_list("p", np.array([6, 7])) == [6, 7] and _token_list("eos", {2}) == [2]
+    for ids, error, match in (([1.7, 2.2], TypeError, r"p\[0\]: expected an int token id"),
+                              ("2", TypeError, "p: expected a sequence of token ids"),
+                              ([True], TypeError, r"p\[0\]"),
+                              (np.array([1.5]), TypeError, r"p\[0\]"),
+                              (torch.tensor([1.0]), ValueError, "1-D integer tensor")):
+        with pytest.raises(error, match=match):
+            _token_list("p", ids)
+
+
+def test_decoder_step_and_from_hf_name_wrong_types():
+    from eagle_kernels.ops.layer import DecoderStep
+    from eagle_kernels.runtime.hf import from_hf
+
+    def step(**change):
+        args = dict(batch=1, count=1, positions=torch.zeros(1, 1, dtype=torch.int64),
+                    cos=torch.ones(4, 8), sin=torch.ones(4, 8), cache_shape=(1, 4, 1, 8),
+                    cache_lens=torch.zeros(1, dtype=torch.int32),
+                    tree_mask=torch.ones(1, 1, 1, dtype=torch.int32), tree_offset=0,
+                    dtype=torch.float32, device="cpu")
+        return DecoderStep(**{**args, **change})
+
+    step()
+    for change, match in (({"batch": "1"}, "batch: expected an int"),
+                          ({"cache_shape": None}, "cache_shape")):
+        with pytest.raises(TypeError, match=match):
+            step(**change)
+    for kwargs, error, match in (({"tokenizer": None}, TypeError, "tokenizer"),
+                                 ({"dtype": "float32"}, TypeError, "dtype: expected a torch"),
+                                 ({"device": "gpu"}, ValueError, "device: expected")):
+        args = {"model": torch.nn.Linear(1, 1), "tokenizer": lambda text: text, **kwargs}
+        with pytest.raises(error, match=match):
+            from_hf(**args)

@@ -33,7 +33,8 @@ import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import check_eps, check_positive, check_range, check_tensor, value_checks_enabled
+from ._validate import (check_eps, check_int, check_positive, check_range, check_tensor,
+                        value_checks_enabled)
 from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -219,9 +220,11 @@ class DecoderStep:
                  sin: torch.Tensor, cache_shape: Sequence[int], cache_lens: torch.Tensor,
                  tree_mask: torch.Tensor, tree_offset: int, dtype: torch.dtype,
                  device: torch.device):
-        for name, value in (("batch", batch), ("count", count)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+        check_int("batch", batch, 0)
+        check_int("count", count, 0)
+        if not isinstance(cache_shape, (tuple, list, torch.Size)):
+            raise TypeError(f"cache_shape: expected (B, max_len, Hkv, D), got "
+                            f"{type(cache_shape).__name__}")
         device = torch.device(device)
         if len(cache_shape) != 4 or cache_shape[0] != batch or min(cache_shape[2:]) < 1:
             raise ValueError(f"k_cache: expected shape [{batch}, max_len, Hkv >= 1, D >= 1], got "

@@ -32,9 +32,9 @@ Host reads (what makes a cycle wait for the device; on a CPU they cost nothing):
 
 from __future__ import annotations
 
-import math
-
 import functools
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -48,6 +48,25 @@ from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_r
 from .graphs import GraphedStep
 from .model import TargetModel
 from .tree_budget import AdaptiveTree
+
+
+def _token_list(name: str, ids) -> list[int]:
+    """``ids`` (a sequence of ints, or a 1-D integer tensor) as a list of int; a float or a
+    string is refused, not truncated."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex():
+            raise ValueError(f"{name}: expected a 1-D integer tensor, got {ids.dtype} of shape "
+                             f"{list(ids.shape)}")
+        return ids.tolist()
+    if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes)):  # a NumPy array
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset)):
+        raise TypeError(f"{name}: expected a sequence of token ids, got {type(ids).__name__}")
+    for index, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise TypeError(f"{name}[{index}]: expected an int token id, got "
+                            f"{type(token).__name__}")
+    return [int(token) for token in ids]
 
 
 @dataclass(frozen=True)
@@ -368,9 +387,14 @@ class Engine:
 
     def _start_call(self, prompts, max_new_tokens, sampling, eos_token_ids, speculative,
                     max_length, emit) -> GenerationStream:
-        prompts = [list(map(int, p)) for p in prompts]
+        prompts = [_token_list(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: expected at least one non-empty token list")
+        eos_token_ids = _token_list("eos_token_ids", eos_token_ids)
+        if max_length is not None and (isinstance(max_length, bool)
+                                       or not isinstance(max_length, int) or max_length < 2):
+            raise ValueError(f"max_length: expected None (the model's limit) or an int >= 2, "
+                             f"got {max_length!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
