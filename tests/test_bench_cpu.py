@@ -37,8 +37,8 @@ def test_cache_bytes_counts_what_the_kv_cache_holds_per_token():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     config = SimpleNamespace(num_key_value_heads=3, num_attention_heads=9, hidden_size=576,
-                             num_hidden_layers=5, head_dim=64)
+                             num_hidden_layers=5, head_dim=32)  # not hidden / heads (64)
     for dtype in (torch.float32, torch.bfloat16):
-        cache = KVCache.allocate(5, 1, 40, 3, 64, dtype, "cpu")
+        cache = KVCache.allocate(5, 1, 40, 3, 32, dtype, "cpu")
         held = sum(t.numel() * t.element_size() for t in cache.all_tensors())
         assert bench.cache_bytes(SimpleNamespace(config=config, dtype=dtype), 40) == held

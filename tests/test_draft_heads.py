@@ -409,10 +409,10 @@ def test_d2t_leaving_the_target_vocabulary_raises_naming_it(gen, tmp_path):
 
 @pytest.mark.parametrize("change,match", [({"rms_norm_eps": -1.0}, "rms_norm_eps"),
                                           ({"rms_norm_eps": "tiny"}, ".*rms_norm_eps"),
-                                          ({"hidden_act": "gelu"}, "hidden_act")])
+                                          ({"hidden_act": "no_such_act"}, "hidden_act")])
 def test_config_the_head_cannot_run_raises_naming_the_file(change, match, gen, tmp_path):
-    """A negative eps failed at generate naming an internal argument; another activation was
-    silently run as SiLU."""
+    """A negative eps failed at generate naming an internal argument; an unknown activation
+    failed with a bare KeyError."""
     target = tiny_target(gen)
     path = write_eagle3(tmp_path / "e3", eagle3_state(gen), eagle3_config(**change))
     with pytest.raises(ValueError, match=rf"config\.json: {match}"):

@@ -73,10 +73,16 @@ def test_tree_attention_refuses_bad_scales_and_zero_head_dim():
         ops.tree_attention(torch.randn(1, 1, 2, 0), empty, empty, lens, mask)
 
 
+@needs_cpu_backend
 def test_max_depth_is_bounded_and_empty_batches_are_fine():
     parents = torch.tensor([[-1, 0, 1]], dtype=torch.int32)
     with pytest.raises(ValueError, match="max_depth"):
         ops.build_tree(parents, max_depth=10**15)
+    scores = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="max_depth"):
+        ops.eagle2_rerank(torch.zeros(1, dtype=torch.int64), torch.zeros(1, 2, dtype=torch.int64),
+                          scores, torch.tensor([[-1, -1]], dtype=torch.int32), 3,
+                          max_depth=10**15)
     assert ops.build_tree(parents, max_depth=40)[2].shape == (1, 3, 41)  # padding is allowed
     for backend in ("cpu", "torch"):
         depth, mask, paths = ops.build_tree(parents[:0], backend=backend)
@@ -153,8 +159,9 @@ def test_prompts_and_load_arguments_are_checked_before_anything_loads(tmp_path):
             ({"target": 12}, TypeError, "target: expected a path"),
             ({"device": "gpu"}, ValueError, "device: expected 'cpu'"),
             ({"device": "meta"}, ValueError, "device: expected 'cpu'"),
-            ({"dtype": "float32"}, TypeError, "dtype: expected one of"),
-            ({"dtype": torch.float64}, TypeError, "dtype: expected one of")):
+            ({"device": 1.5}, TypeError, "device: expected a str"),
+            ({"dtype": "float32"}, TypeError, "dtype: expected a torch.dtype"),
+            ({"dtype": torch.float64}, ValueError, "dtype: expected one of")):
         args = {"target": None, "dtype": torch.float32, "device": "cpu", **kwargs}
         with pytest.raises(error, match=match):
             _check_load_args(args["target"], args["dtype"], args["device"])
@@ -170,11 +177,13 @@ def test_token_lists_refuse_floats_and_strings_instead_of_truncating():
     assert _token_list("p", [1, 2]) == [1, 2] and _token_list("p", (3,)) == [3]
     assert _token_list("p", torch.tensor([4, 5])) == [4, 5]
     assert _token_list("p", np.array([6, 7])) == [6, 7] and _token_list("eos", {2}) == [2]
+    assert _token_list("p", list(torch.tensor([8, 9]))) == [8, 9]  # 0-d integer tensors
     for ids, error, match in (([1.7, 2.2], TypeError, r"p\[0\]: expected an int token id"),
                               ("2", TypeError, "p: expected a sequence of token ids"),
                               ([True], TypeError, r"p\[0\]"),
                               (np.array([1.5]), TypeError, r"p\[0\]"),
-                              (torch.tensor([1.0]), ValueError, "1-D integer tensor")):
+                              (torch.tensor([1.0]), ValueError, "1-D integer tensor"),
+                              (torch.tensor([True]), ValueError, "1-D integer tensor")):
         with pytest.raises(error, match=match):
             _token_list("p", ids)
 

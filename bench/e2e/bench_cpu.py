@@ -254,7 +254,7 @@ def print_report(rows: list[dict], floors: dict) -> None:
                   f"{row['x_ar_step']:.2f} x AR step); cycle {row['cycle_x_ar_step']:.2f} x AR")
         else:
             at = f" context {row['context']}" if row["what"] == "ar_step_long" else ""
-            print(f"{row['what']:>7} N={row['nodes']:>3}{at}: {row['ms']:8.2f} ms = "
+            print(f"{row['what']:>12} N={row['nodes']:>3}{at}: {row['ms']:8.2f} ms = "
                   f"{row['x_floor']:.2f} x floor ({row['floor_ms']:.1f} ms), "
                   f"{row['x_ar_step']:.2f} x AR step")
 

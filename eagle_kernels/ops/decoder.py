@@ -18,7 +18,6 @@ construction. torch's GEMMs give no such guarantee (their blocking follows the r
 from __future__ import annotations
 
 import math
-
 import warnings
 import weakref
 from typing import Sequence

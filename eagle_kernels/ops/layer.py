@@ -230,8 +230,7 @@ class DecoderStep:
             raise ValueError(f"k_cache: expected shape [{batch}, max_len, Hkv >= 1, D >= 1], got "
                              f"{list(cache_shape)}")
         _, max_len, kv_heads, head_dim = cache_shape
-        if isinstance(tree_offset, bool) or not isinstance(tree_offset, int) or tree_offset < 0:
-            raise ValueError(f"tree_offset: expected an int >= 0, got {tree_offset!r}")
+        check_int("tree_offset", tree_offset, 0)
         tree_keys = tree_offset + count
         check_tensor("positions", positions, (torch.int64,), (batch, count), device)
         check_tensor("cos", cos, (dtype,), (None, head_dim), device)

@@ -47,7 +47,8 @@ def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p) 
     for name, value, dtypes in specs:
         if isinstance(value, torch.Tensor):
             check_tensor(name, value, dtypes, (batch,), device)
-        elif isinstance(value, bool) or not isinstance(value, int if name == "top_k" else (int, float)):
+        elif isinstance(value, bool) or not isinstance(
+                value, int if name == "top_k" else (int, float)):
             kind = "an int" if name == "top_k" else "a number"
             raise TypeError(f"{name}: expected {kind} or a [B] tensor, got {type(value).__name__}")
     if not value_checks_enabled():

@@ -139,7 +139,8 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
     check_parents("candidate_parents (as tree with the root prepended)", with_root)
     if value_checks_enabled() and bool(torch.isnan(candidate_scores).any()):
         raise ValueError("candidate_scores: expected no NaN")
-    max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0)
+    max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0,
+                          max(num_nodes - 1, MAX_PADDED_DEPTH))
     name, implementation = resolve("eagle2_rerank", backend, device, candidates=candidates,
                                    num_nodes=num_nodes)
     tree, selected = implementation(root_tokens, candidate_tokens, candidate_scores,

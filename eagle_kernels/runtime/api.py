@@ -64,12 +64,16 @@ def _check_load_args(target, dtype, device) -> torch.device:
             raise ValueError(f"target: expected a checkpoint directory with config.json or a "
                              f".gguf file, got {target}"
                              + ("" if path.exists() else " (no such file or directory)"))
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch.dtype, got {type(dtype).__name__}")
     if dtype not in TARGET_DTYPES:
-        raise TypeError(f"dtype: expected one of {', '.join(map(str, TARGET_DTYPES))}, got "
-                        f"{dtype!r}")
+        raise ValueError(f"dtype: expected one of {', '.join(map(str, TARGET_DTYPES))}, got "
+                         f"{dtype}")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device: expected a str or torch.device, got {type(device).__name__}")
     try:
         parsed = torch.device(device)
-    except (RuntimeError, TypeError):
+    except RuntimeError:
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
     if parsed.type not in ("cpu", "cuda"):
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")

@@ -199,11 +199,14 @@ def _head_config(raw: dict):
 
 
 def _check_head_config(path: Path, config) -> None:
-    """What the head's layer runs with: a SiLU MLP and a finite eps >= 0."""
+    """What the head's layer runs with: an activation transformers knows (SiLU runs fused, any
+    other op by op) and a finite eps >= 0."""
+    from transformers.activations import ACT2FN
+
     act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"draft {path / 'config.json'}: hidden_act: expected 'silu' (the only "
-                         f"activation the head runs), got {act!r}")
+    if not isinstance(act, str) or act not in ACT2FN:
+        raise ValueError(f"draft {path / 'config.json'}: hidden_act: expected an activation "
+                         f"name transformers knows (e.g. 'silu'), got {act!r}")
     eps = config.rms_norm_eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
         raise ValueError(f"draft {path / 'config.json'}: rms_norm_eps: expected a finite float "

@@ -42,7 +42,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .. import ops
-from ..ops._validate import no_value_checks
+from ..ops._validate import check_int, no_value_checks
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
 from .graphs import GraphedStep
@@ -54,7 +54,8 @@ def _token_list(name: str, ids) -> list[int]:
     """``ids`` (a sequence of ints, or a 1-D integer tensor) as a list of int; a float or a
     string is refused, not truncated."""
     if isinstance(ids, torch.Tensor):
-        if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex():
+        if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() \
+                or ids.dtype == torch.bool:
             raise ValueError(f"{name}: expected a 1-D integer tensor, got {ids.dtype} of shape "
                              f"{list(ids.shape)}")
         return ids.tolist()
@@ -62,7 +63,12 @@ def _token_list(name: str, ids) -> list[int]:
         ids = ids.tolist()
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset)):
         raise TypeError(f"{name}: expected a sequence of token ids, got {type(ids).__name__}")
+    if all(type(token) is int for token in ids):  # the common case, checked fast
+        return list(ids)
     for index, token in enumerate(ids):
+        if isinstance(token, torch.Tensor) and token.dim() == 0 and not (
+                token.is_floating_point() or token.is_complex() or token.dtype == torch.bool):
+            continue  # list(tensor) gives 0-d integer tensors
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise TypeError(f"{name}[{index}]: expected an int token id, got "
                             f"{type(token).__name__}")
@@ -391,13 +397,9 @@ class Engine:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: expected at least one non-empty token list")
         eos_token_ids = _token_list("eos_token_ids", eos_token_ids)
-        if max_length is not None and (isinstance(max_length, bool)
-                                       or not isinstance(max_length, int) or max_length < 2):
-            raise ValueError(f"max_length: expected None (the model's limit) or an int >= 2, "
-                             f"got {max_length!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-                or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+        if max_length is not None:
+            check_int("max_length (None: the model's limit)", max_length, 2)
+        check_int("max_new_tokens", max_new_tokens, 1)
         vocab = self.target.vocab_size
         if any(t < 0 or t >= vocab for p in prompts for t in p):
             raise ValueError(f"prompts: token ids must lie in [0, {vocab})")

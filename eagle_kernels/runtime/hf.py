@@ -86,15 +86,18 @@ def from_hf(model, tokenizer, draft: str | None = None, tree: TreeConfig | str |
     dtype, device : optional checks only: sharing the weights means running in the model's
         own dtype and device, so a different value raises (move the HF model first).
     """
-    if tokenizer is None or not callable(tokenizer):
+    if not callable(tokenizer):
         raise TypeError(f"tokenizer: expected the model's tokenizer (callable), got "
                         f"{type(tokenizer).__name__}")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype or None, got {type(dtype).__name__}")
     if device is not None:
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device: expected a str, torch.device or None, got "
+                            f"{type(device).__name__}")
         try:
             torch.device(device)
-        except (RuntimeError, TypeError):
+        except RuntimeError:
             raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") \
                 from None
     target = target_from_hf(model)

@@ -24,6 +24,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .. import ops
+from ..ops._validate import check_range, no_value_checks
 from .kv_cache import KVCache
 
 
@@ -145,6 +146,7 @@ class RotaryEmbedding(nn.Module):
         indexed, so a position's rotation is the same bits in every pass, whatever the other
         positions of the call.
         """
+        check_range("positions", positions, 0, size, " (rows of the rotary tables)")
         key = (dtype, positions.device)
         cached = self._tables.get(key)
         if cached is None or cached[0].shape[0] < size:
@@ -166,7 +168,8 @@ class Rope(NamedTuple):
         """Rotate ``x`` [B, T, H, D] (see :func:`eagle_kernels.ops.apply_rope`)."""
         if differentiable(x):
             return ops.reference.apply_rope(x, self.positions, self.cos, self.sin)
-        return ops.apply_rope(x.contiguous(), self.positions, self.cos, self.sin)
+        with no_value_checks():  # positions were range-checked once, by tables()
+            return ops.apply_rope(x.contiguous(), self.positions, self.cos, self.sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
