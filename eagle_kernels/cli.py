@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .ops._validate import check_device, check_model_path
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_PROMPT = "What is speculative decoding, and why does it make language models faster?"
 
@@ -117,8 +119,9 @@ def _train_parser(commands) -> None:
     train.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _check_train(args) -> None:
-    """The train command's checks that need no model (TrainConfig checks its numbers)."""
+def _check_train(args):
+    """The train command's checks that need no model; returns its TrainConfig (which checks
+    its numbers)."""
     from .train import TrainConfig
 
     _check_target(args.target)
@@ -133,18 +136,17 @@ def _check_train(args) -> None:
                         f"{args.init_from}")
     names = TrainConfig.__dataclass_fields__
     try:
-        TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+        return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
     except (TypeError, ValueError) as error:  # "name: expected ..." -> "--name: expected ..."
         name, _, rest = str(error).partition(":")
         raise UserError(f"--{name.replace('_', '-')}:{rest}") from None
 
 
-def run_train(args) -> int:
+def run_train(args, config) -> int:
+    """Train with ``config`` (the :func:`_check_train` of ``args``)."""
     from .runtime.api import load_target_and_tokenizer
-    from .train import TrainConfig, train
+    from .train import train
 
-    names = TrainConfig.__dataclass_fields__
-    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
     config.extra = {"command": " ".join(sys.argv)}
     target, tokenizer, _ = load_target_and_tokenizer(args.target, torch.float32, args.device)
     summary = train(config, target, tokenizer)
@@ -157,27 +159,17 @@ SPECIAL_DRAFTS = ("none", "random-eagle3", "random-eagle1")
 
 def _check_target(target: str | None) -> None:
     """Fail fast (before any model loads) on a target that cannot be one."""
-    if target is None:
-        return
-    path = Path(target)
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise UserError(f"--target: no such GGUF file: {target}")
-    elif not (path / "config.json").is_file():
-        raise UserError(f"--target: expected a checkpoint directory with config.json or a "
-                        f".gguf file, got {target}"
-                        + ("" if path.exists() else " (no such file or directory)"))
+    try:
+        check_model_path("--target", target)
+    except ValueError as error:
+        raise UserError(str(error)) from None
 
 
 def _check_device(device: str) -> None:
     try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}") from None
-    if parsed.type not in ("cpu", "cuda"):
-        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device: {device} requested, but this PyTorch sees no CUDA device")
+        check_device("--device", device)
+    except ValueError as error:
+        raise UserError(str(error)) from None
 
 
 def _check(args) -> None:
@@ -247,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "train":
-            _check_train(args)
-            return run_train(args)
+            return run_train(args, _check_train(args))
         args.prompt = args.prompt or [DEFAULT_PROMPT]
         _check(args)
         return generate(args)

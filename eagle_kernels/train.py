@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .ops._validate import no_value_checks
+from .ops._validate import check_eps, check_int, check_positive, no_value_checks
 from .runtime.draft_heads import EAGLE1, EAGLE3, new_draft_head, save_draft_head
 from .runtime.model import TargetModel
 from .runtime import training
@@ -83,18 +83,9 @@ class TrainConfig:
 
     def __post_init__(self):
         for name, low in self._INT_MINIMA.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-            if value < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {value}")
-        for name, low, strict in (("lr", 0.0, True), ("max_minutes", 0.0, False)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-            if not (value > low if strict else value >= low) or value == math.inf:
-                raise ValueError(f"{name}: expected a finite number {'>' if strict else '>='} "
-                                 f"{low:g}, got {value}")
+            check_int(name, getattr(self, name), low)
+        check_positive("lr", self.lr)
+        check_eps("max_minutes", self.max_minutes)  # a finite number >= 0 (0: no limit)
 
 
 # ------------------------------------------------------------------------------- data

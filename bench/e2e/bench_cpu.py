@@ -167,8 +167,7 @@ def cache_bytes(target, context: int) -> int:
     """Bytes of K and V a decode step's attention reads after ``context`` tokens."""
     config = target.config
     kv_width = config.num_key_value_heads * head_dim_of(config)
-    element = torch.empty((), dtype=target.dtype).element_size()
-    return context * config.num_hidden_layers * 2 * kv_width * element
+    return context * config.num_hidden_layers * 2 * kv_width * target.dtype.itemsize
 
 
 def timed_together(target, head, args) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -74,8 +75,8 @@ def check_int(name: str, value, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name}: expected an int in {bound}, got {value}")
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name}: expected an int {bound}, got {value}")
     return value
 
 
@@ -95,6 +96,39 @@ def check_positive(name: str, value) -> float:
     if not 0 < value < math.inf:  # NaN fails too
         raise ValueError(f"{name}: expected a finite float > 0, got {value!r}")
     return float(value)
+
+
+def check_device(name: str, device) -> torch.device:
+    """A device the package runs on (cpu, cuda or cuda:N, the latter only with a GPU)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name}: expected a str or torch.device, got {type(device).__name__}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: expected cpu, cuda or cuda:N, got {device!r}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}: {device} requested, but this PyTorch sees no CUDA device")
+    return parsed
+
+
+def check_model_path(name: str, path) -> None:
+    """A model to load: a checkpoint directory with config.json or a .gguf file (None: the
+    default model), checked before anything loads."""
+    if path is None:
+        return
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a path (str or os.PathLike) or None, got "
+                        f"{type(path).__name__}")
+    found = Path(path)
+    if found.suffix == ".gguf":
+        if not found.is_file():
+            raise ValueError(f"{name}: no such GGUF file: {path}")
+    elif not (found / "config.json").is_file():
+        raise ValueError(f"{name}: expected a checkpoint directory with config.json or a .gguf "
+                         f"file, got {path}"
+                         + ("" if found.exists() else " (no such file or directory)"))
 
 
 def check_range(name: str, value: torch.Tensor, low: int, high: int, what: str = "") -> None:

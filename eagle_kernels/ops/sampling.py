@@ -54,13 +54,13 @@ def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p) 
     if not value_checks_enabled():
         return
     # Written as "not (inside)" so that NaN, which fails every comparison, is refused too.
-    if bool(torch.as_tensor(~(torch.as_tensor(temperature) > 0)
-                            | ~(torch.as_tensor(temperature) < math.inf)).any()):
+    temperature, top_p = torch.as_tensor(temperature), torch.as_tensor(top_p)
+    if bool((~((temperature > 0) & (temperature < math.inf))).any()):
         raise ValueError("temperature: expected a finite value > 0 (use the greedy ops for "
                          "temperature 0)")
     if bool(torch.as_tensor(top_k < 0).any()):
         raise ValueError("top_k: expected >= 0 (0 disables top-k)")
-    if bool(torch.as_tensor(~((torch.as_tensor(top_p) > 0) & (torch.as_tensor(top_p) <= 1))).any()):
+    if bool((~((top_p > 0) & (top_p <= 1))).any()):
         raise ValueError("top_p: expected values in (0, 1] (1 disables top-p)")
 
 

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from ..ops._validate import check_device, check_model_path
 from .draft_heads import (EAGLE1, EAGLE3, DraftHead, load_draft_head, new_draft_head,
                           round_head_to_q8_0)
 from .drafting import TreeConfig
@@ -55,31 +56,13 @@ def _prompt_list(prompts) -> list[str]:
 
 def _check_load_args(target, dtype, device) -> torch.device:
     """from_pretrained's target / dtype / device, before anything loads."""
-    if target is not None:
-        if not isinstance(target, (str, os.PathLike)):
-            raise TypeError(f"target: expected a path (str or os.PathLike) or None, got "
-                            f"{type(target).__name__}")
-        path = Path(target)
-        if not (path.suffix == ".gguf" and path.is_file()) and not (path / "config.json").is_file():
-            raise ValueError(f"target: expected a checkpoint directory with config.json or a "
-                             f".gguf file, got {target}"
-                             + ("" if path.exists() else " (no such file or directory)"))
+    check_model_path("target", target)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype, got {type(dtype).__name__}")
     if dtype not in TARGET_DTYPES:
         raise ValueError(f"dtype: expected one of {', '.join(map(str, TARGET_DTYPES))}, got "
                          f"{dtype}")
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device: expected a str or torch.device, got {type(device).__name__}")
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if parsed.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested, but this PyTorch sees no CUDA device")
-    return parsed
+    return check_device("device", device)
 
 
 def load_target_and_tokenizer(target, dtype, device):

@@ -21,13 +21,13 @@ draft vocabulary.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..ops._validate import check_eps
 from .kv_cache import KVCache
 from .layers import (MLP, Attention, DecoderLayer, Linear, RMSNorm, RotaryEmbedding,
                      fused_layer, head_dim_of, layer_step, rope_parameters)
@@ -207,10 +207,10 @@ def _check_head_config(path: Path, config) -> None:
     if not isinstance(act, str) or act not in ACT2FN:
         raise ValueError(f"draft {path / 'config.json'}: hidden_act: expected an activation "
                          f"name transformers knows (e.g. 'silu'), got {act!r}")
-    eps = config.rms_norm_eps
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
-        raise ValueError(f"draft {path / 'config.json'}: rms_norm_eps: expected a finite float "
-                         f">= 0, got {eps!r}")
+    try:
+        check_eps("rms_norm_eps", config.rms_norm_eps)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"draft {path / 'config.json'}: {error}") from None
 
 
 def _check_weights(path: Path, state: dict, target_vocab: int) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
+from ..ops._validate import check_int
 from ..ops.reference import mask_words, pack_tree_mask
 from .draft_heads import DraftHead
 from .kv_cache import KVCache
@@ -46,13 +47,9 @@ class TreeConfig:
     total_tokens: int = 60
 
     def __post_init__(self):
-        for name, low, high in (("top_k", 1, TREE_MAX_TOP_K), ("depth", 0, TREE_MAX_TOKENS),
-                                ("total_tokens", 1, TREE_MAX_TOKENS)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-            if not low <= value <= high:
-                raise ValueError(f"{name}: expected an int in [{low}, {high}], got {value}")
+        check_int("top_k", self.top_k, 1, TREE_MAX_TOP_K)
+        check_int("depth", self.depth, 0, TREE_MAX_TOKENS)
+        check_int("total_tokens", self.total_tokens, 1, TREE_MAX_TOKENS)
         if self.total_tokens - 1 > self.num_candidates:
             raise ValueError(f"total_tokens: expected <= {self.num_candidates + 1} (1 + the "
                              f"{self.num_candidates} candidates top_k={self.top_k}, "

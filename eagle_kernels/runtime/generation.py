@@ -33,7 +33,6 @@ Host reads (what makes a cycle wait for the device; on a CPU they cost nothing):
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .. import ops
-from ..ops._validate import check_int, no_value_checks
+from ..ops._validate import check_eps, check_int, check_positive, no_value_checks
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
 from .graphs import GraphedStep
@@ -85,23 +84,12 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        for name in ("temperature", "top_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-        if not 0 <= self.temperature < math.inf:  # NaN fails too
-            raise ValueError(f"temperature: expected a finite value >= 0, got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise TypeError(f"top_k: expected an int, got {type(self.top_k).__name__}")
-        if not 0 <= self.top_k < 2**31:  # 0: off; at most an int32 (any vocabulary is smaller)
-            raise ValueError(f"top_k: expected an int in [0, 2^31), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
+        check_eps("temperature", self.temperature)  # a finite number >= 0 (0: greedy)
+        check_int("top_k", self.top_k, 0, 2**31 - 1)  # 0: off; an int32 (any vocabulary fits)
+        if check_positive("top_p", self.top_p) > 1:
             raise ValueError(f"top_p: expected 0 < top_p <= 1, got {self.top_p}")
-        if self.seed is not None and (isinstance(self.seed, bool)
-                                      or not isinstance(self.seed, int)):
-            raise TypeError(f"seed: expected an int or None, got {type(self.seed).__name__}")
-        if self.seed is not None and not -2**63 <= self.seed < 2**64:
-            raise ValueError(f"seed: expected a 64-bit int, got {self.seed}")
+        if self.seed is not None:
+            check_int("seed", self.seed, -2**63, 2**64 - 1)  # what torch.manual_seed takes
 
     @property
     def greedy(self) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ops._validate import check_device
 from .api import EagleGenerator, _load_head
 from .drafting import TreeConfig
 from .generation import Engine
@@ -92,14 +93,7 @@ def from_hf(model, tokenizer, draft: str | None = None, tree: TreeConfig | str |
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype or None, got {type(dtype).__name__}")
     if device is not None:
-        if not isinstance(device, (str, torch.device)):
-            raise TypeError(f"device: expected a str, torch.device or None, got "
-                            f"{type(device).__name__}")
-        try:
-            torch.device(device)
-        except RuntimeError:
-            raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") \
-                from None
+        check_device("device", device)
     target = target_from_hf(model)
     if dtype is not None and dtype != target.dtype:
         raise ValueError(f"dtype: the model's weights are {target.dtype}; from_hf shares them "
