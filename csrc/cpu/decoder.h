@@ -63,12 +63,24 @@ constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
 // 64); the decoder stack at 256 keys of context (DRAM-bound) 3-8 rows the same, 12-24 rows
 // -4..-6 %, 64 rows -3 %. fp32 packs: 3 rows +40..+80 % (their 3x2 tile does not spill: kept),
 // 8-32 rows 0..-7 %.
-constexpr int kSingleRowPanels = 8 / kPanelVectors;  // m == 1: 8 chains, memory-bound
+// m == 1: panels per tile. On AVX-512 4 (4 chains; the one-row GEMM is bound by rebuilding Q4
+// weights, not by FMA latency): 8 panels spilled 4 of their 16 scale vectors beside the
+// accumulators. Zen 5 VM, standalone 30-layer stack of SmolLM2-shaped Q4 weights at one row,
+// 3 alternating processes: 8 -> 4 panels with whole-tile tails -8..-12 %; 2 / 3 / 6 panels
+// +15 / +2 / 0 % against 8.
+#if defined(EK_ISA_AVX512)
+constexpr int kSingleRowPanels = 4;
+#else
+constexpr int kSingleRowPanels = 8 / kPanelVectors;
+#endif
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
 
 /// Cache lines a tile asks the memory system for while it computes: `lines` 64-byte lines from
 /// `from`, `per_k` of them per k step (see linear_panels). Never changes what is computed.
+/// A tile issues exactly `per_k` prefetches per k step, the address clamped at the last line
+/// once all are asked for (a branchy countdown per k cost the compute-bound one-row GEMM ~10 %
+/// in L2 and the two-row GEMM 25-30 % from DRAM).
 struct Prefetch {
   const char* from = nullptr;
   int64_t lines = 0, per_k = 0;
@@ -175,6 +187,9 @@ static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
   // would spill the accumulators themselves.
   alignas(64) float total[MR * V * kW];
   for (int i = 0; i < MR * V; ++i) vstore(total + i * kW, vzero());
+  const int64_t prefetches = ahead.lines > 0 ? ahead.per_k : 0;
+  const char* fetch = ahead.from;
+  const char* const last_line = ahead.lines > 0 ? ahead.from + (ahead.lines - 1) * 64 : fetch;
   for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
     const int64_t k1 = k0 + kChunk < k ? k0 + kChunk : k;
     vf acc[MR][V];
@@ -185,9 +200,9 @@ static void panel_tile(const float* x, int64_t ldx, const WT* panels, int64_t k,
       Run<WT> run[J];
       for (int j = 0; j < J; ++j) run[j] = Run<WT>(panels + j * panel_stride, r0);
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = 0; j < ahead.per_k && ahead.lines > 0; ++j, --ahead.lines) {
-          __builtin_prefetch(ahead.from, 0, 2);
-          ahead.from += 64;
+        for (int64_t j = 0; j < prefetches; ++j) {
+          __builtin_prefetch(fetch, 0, 2);
+          fetch = fetch + 64 < last_line ? fetch + 64 : last_line;
         }
         vf w[V];
         for (int j = 0; j < J; ++j)
@@ -265,11 +280,9 @@ static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const
     if (panels == kSingleRowPanels) {
       panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col,
                                       panels_ahead(packed, p + panels, kSingleRowPanels, p1, a.k));
-    } else {
-      for (int j = 0; j < panels; ++j)  // the tail, one panel at a time: same chains
-        panel_tile<1, 1>(a.x, a.ldx, w + j * panel_size<WT>(a.k), a.k,
-                         bias ? bias + j * kPanel : nullptr,
-                         s.y + col + j * kPanel, s.ldy, s.n - col - j * kPanel);
+    } else {  // the tail, one tile: same chains (one panel at a time ran one latency-bound chain)
+      panel_tile_panels<1, kSingleRowPanels>(panels, a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy,
+                                             s.n - col, Prefetch{});
     }
   }
 }
