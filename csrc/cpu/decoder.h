@@ -63,16 +63,6 @@ constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
 // 64); the decoder stack at 256 keys of context (DRAM-bound) 3-8 rows the same, 12-24 rows
 // -4..-6 %, 64 rows -3 %. fp32 packs: 3 rows +40..+80 % (their 3x2 tile does not spill: kept),
 // 8-32 rows 0..-7 %.
-// m == 1: panels per tile. On AVX-512 4 (4 chains; the one-row GEMM is bound by rebuilding Q4
-// weights, not by FMA latency): 8 panels spilled 4 of their 16 scale vectors beside the
-// accumulators. Zen 5 VM, standalone 30-layer stack of SmolLM2-shaped Q4 weights at one row,
-// 3 alternating processes: 8 -> 4 panels with whole-tile tails -8..-12 %; 2 / 3 / 6 panels
-// +15 / +2 / 0 % against 8.
-#if defined(EK_ISA_AVX512)
-constexpr int kSingleRowPanels = 4;
-#else
-constexpr int kSingleRowPanels = 8 / kPanelVectors;
-#endif
 // Below this many multiply-adds a GEMM runs on one thread: waking the team costs more.
 constexpr int64_t kParallelMinMacs = 1 << 16;
 
@@ -265,24 +255,40 @@ static Prefetch panels_ahead(const WT* packed, int64_t p, int64_t count, int64_t
           (lines + k - 1) / k};
 }
 
-/// One row, panels [p0, p1) of a segment (pack `packed`): kSingleRowPanels streams at a time,
+/// m == 1: panels per tile (each an FMA chain; the one-row GEMM is bound by rebuilding narrow
+/// weights and by DRAM, not by FMA latency). Zen 5 VM, AVX-512, against 8 (3 alternating
+/// processes each): Q4, a standalone 30-layer stack of SmolLM2-shaped weights, 4 panels with
+/// whole-tile tails -8..-12 % (8 spilled 4 of their 16 scale vectors beside the
+/// accumulators; 2 / 3 / 6 panels +15 / +2 / 0 %); Q8, the 49152 x 576 lm_head from DRAM, 6
+/// panels -4..-8 % (4 +7 %, 12 within noise). fp32 / bf16 packs keep 8 (not measured since).
+template <typename WT>
+constexpr int single_row_panels() {
+#if defined(EK_ISA_AVX512)
+  if constexpr (std::is_same_v<WT, Q4Byte>) return 4;
+  if constexpr (std::is_same_v<WT, Q8Byte>) return 6;
+#endif
+  return 8 / kPanelVectors;
+}
+
+/// One row, panels [p0, p1) of a segment (pack `packed`): single_row_panels streams at a time,
 /// each tile prefetching the next tile's panels over its k steps. The hardware prefetcher alone
 /// left DRAM idle on a Zen 5 VM: the decoder stack's decode step 6.1-6.5 -> 4.3-4.7 ms with
 /// Q4 packs on AVX-512, 8.7 -> 5.8 ms on AVX2 (one process each way, alternating).
 template <typename WT>
 static void linear_single_row(const LinearArgs& a, const LinearSegment& s, const WT* packed,
                               int64_t p0, int64_t p1) {
-  for (int64_t p = p0; p < p1; p += kSingleRowPanels) {
-    const int panels = static_cast<int>(p1 - p < kSingleRowPanels ? p1 - p : kSingleRowPanels);
+  constexpr int kTile = single_row_panels<WT>();
+  for (int64_t p = p0; p < p1; p += kTile) {
+    const int panels = static_cast<int>(p1 - p < kTile ? p1 - p : kTile);
     const int64_t col = p * kPanel;
     const WT* w = packed + p * panel_size<WT>(a.k);
     const float* bias = s.bias ? s.bias + col : nullptr;
-    if (panels == kSingleRowPanels) {
-      panel_tile<1, kSingleRowPanels>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col,
-                                      panels_ahead(packed, p + panels, kSingleRowPanels, p1, a.k));
+    if (panels == kTile) {
+      panel_tile<1, kTile>(a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col,
+                           panels_ahead(packed, p + panels, kTile, p1, a.k));
     } else {  // the tail, one tile: same chains (one panel at a time ran one latency-bound chain)
-      panel_tile_panels<1, kSingleRowPanels>(panels, a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy,
-                                             s.n - col, Prefetch{});
+      panel_tile_panels<1, kTile>(panels, a.x, a.ldx, w, a.k, bias, s.y + col, s.ldy, s.n - col,
+                                  Prefetch{});
     }
   }
 }
