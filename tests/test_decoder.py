@@ -535,10 +535,12 @@ def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypat
 def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
     """A GGUF Q4_1 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0 and m, q in
     0..15 with 0 and 15 present (as llama.cpp's quantizer makes them), w = fl(d * q + m); the
-    first block of the first row has equal weights (d = 0)."""
+    first block of the first row has equal weights (d = 0). m is the block's minimum, so
+    |m| >= d / 2 here (about 7 d for weights centred on zero; either sign)."""
     blocks = width // 32
     d = (torch.rand(out, blocks, 1, generator=gen) * 0.02 + 1e-4).half().float()
-    m = (torch.randn(out, blocks, 1, generator=gen) * 0.05).half().float()
+    sign = torch.randint(0, 2, (out, blocks, 1), generator=gen).float() * 2 - 1
+    m = (sign * d * (0.5 + 10 * torch.rand(out, blocks, 1, generator=gen))).half().float()
     q = torch.randint(0, 16, (out, blocks, 32), generator=gen).float()
     q[..., 0], q[..., 1] = 0, 15
     d[0, 0], q[0, 0] = 0.0, 0.0  # one block of equal weights: d = 0
@@ -599,10 +601,27 @@ def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypat
 
 
 @needs_cpu_backend
+def test_q4_pack_scales_are_the_kernels(gen):
+    """The packer's per-column scales (ops/decoder.py Q4_SCALES) are the ones the kernels
+    rebuild weights with (kernels.h kQ4LowScale / kQ4HighScale): a pack's a is d times them,
+    columns 0-7 then 8-15 of each panel."""
+    from eagle_kernels import _cpu
+    from eagle_kernels.ops import decoder
+
+    assert tuple(decoder.Q4_SCALES) == tuple(_cpu.Q4_SCALES)
+    exact = q4_exact_weight(gen, 16, 32)
+    _, d, _ = decoder.q4_blocks(exact)
+    a = decoder.pack_q4_exact(exact)[0, 0, :64].view(torch.float32)
+    low, high = decoder.Q4_SCALES
+    assert torch.equal(a, torch.cat([d[:8, 0] * low, d[8:, 0] * high]))
+
+
+@needs_cpu_backend
 def test_q4_block_whose_offset_is_inexact_keeps_a_wider_pack(gen, monkeypatch):
-    """The Q4 pack stores c = m - 16 d in fp32 (the AVX-512 rebuild's offset); a Q4_1 block
-    where that difference is not exact (m = 2^-24 beside d = 1: 28 significant bits) must not
-    be packed in 4 bits, and the wider pack gives the fp32 pack's results bit for bit."""
+    """The Q4 pack stores c = m - a in fp32 (a = 128 d or 2048 d, the AVX-512 rebuild's scale
+    and offset); a Q4_1 block where that difference is not exact (m = 2^-24 beside d = 1: 32+
+    significant bits) must not be packed in 4 bits, and the wider pack gives the fp32 pack's
+    results bit for bit."""
     from eagle_kernels.ops import decoder
 
     exact = q4_exact_weight(gen, 16, 64)

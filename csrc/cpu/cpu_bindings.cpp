@@ -401,6 +401,7 @@ PYBIND11_MODULE(_cpu, module) {
   module.doc() = "eagle_kernels CPU kernels (fp32, OpenMP, AVX-512 / AVX2 / generic at run time)";
   select_default_isa();
   module.attr("SELECT_MAX_K") = cpu::kSelectMaxK;
+  module.attr("Q4_SCALES") = py::make_tuple(cpu::kQ4LowScale, cpu::kQ4HighScale);
   module.def("isa", [] { return std::string(active->isa); },
              "The instruction set the kernels run with.");
   module.def("supported_isas", &supported_isas,

@@ -77,12 +77,13 @@ struct Prefetch {
 };
 
 // Q4 packs (kernels.h PackFormat::kQ4): each panel is k / kQ4BlockK blocks of kQ4BlockBytes:
-// a[16] = 16 d and c[16] = m - 16 d in fp32 (fp16 d and m; c exact, or the weight is not packed
-// so), then kQ4BlockK rows of 8 bytes, byte j holding row's q of column j in its low nibble and
-// of column j + 8 in its high nibble. A weight is fma(d, q, m) = fma(a, 1 + q / 16, c): either
-// product is exact in fp32 (11 significant bits times 4 or 5), so the FMA's one rounding is the
-// GGUF conversion's fl(d * q + m), the weight the fp32 pack would hold, bit for bit. AVX-512
-// builds 1 + q / 16 from the nibble's bits alone (simd.h vq4_weights); the others use d and m.
+// a[16] and c[16] in fp32, a = kQ4LowScale d for columns 0-7 and kQ4HighScale d for 8-15, c =
+// m - a (fp16 d and m; c exact, or the weight is not packed so), then kQ4BlockK rows of 8
+// bytes, byte j holding row's q of column j in its low nibble and of column j + 8 in its high
+// nibble. A weight is fma(d, q, m) = fma(a, 1 + q / scale, c): a * (1 + q / scale) = a + d q
+// exactly, so the FMA's one rounding is the GGUF conversion's fl(d * q + m), the weight the
+// fp32 pack would hold, bit for bit. AVX-512 builds 1 + q / scale from the nibble's bits alone
+// (simd.h vq4_weights); the others use d = a / scale and m = a + c.
 constexpr int64_t kQ4BlockK = 32;
 constexpr int64_t kQ4BlockBytes = 2 * kPanel * 4 + kQ4BlockK * kPanel / 2;
 
@@ -132,7 +133,7 @@ struct Run {
   EK_INLINE vf load(int64_t r, int v) const { return load_wide(rows + r * kPanel + v * kW); }
 };
 template <>
-struct Run<Q4Byte> {  // a = 16 d [16], c = m - 16 d [16] (fp32), then 32 rows of 8 bytes
+struct Run<Q4Byte> {  // a [16], c = m - a [16] (fp32), then 32 rows of 8 bytes
   const uint8_t* rows;
   Q4Scales scales[kPanelVectors];
   Run() = default;
@@ -142,7 +143,8 @@ struct Run<Q4Byte> {  // a = 16 d [16], c = m - 16 d [16] (fp32), then 32 rows o
     // layer weights; the verify of 8 nodes 8.1 -> 16 ms). Time the row groups after touching.
     const Q4Byte* block = panel + r0 / kQ4BlockK * kQ4BlockBytes;
     const float* a = reinterpret_cast<const float*>(block);
-    for (int v = 0; v < kPanelVectors; ++v) scales[v] = vq4_scales(a + v * kW, a + kPanel + v * kW);
+    for (int v = 0; v < kPanelVectors; ++v)
+      scales[v] = vq4_scales(a + v * kW, a + kPanel + v * kW, v);
     rows = &block[2 * kPanel * 4].bits;
   }
   EK_INLINE vf load(int64_t r, int v) const {

@@ -25,12 +25,18 @@ namespace cpu {
 /// A weight packed for the GEMM: [ceil(n / 16), k, 16], panel p holding w[16p : 16p + 16, :]^T
 /// (zero-padded), see decoder.h. Its elements are fp32; or bf16 when every weight is exactly a
 /// bf16 value; or 4-bit blocks when every weight is exactly fl(d * q + m) of a GGUF Q4_1 block
-/// (32 consecutive k, fp16 d and m, q in 0..15, m - 16 d exact in fp32; decoder.h
+/// (32 consecutive k, fp16 d and m, q in 0..15, m - kQ4HighScale d exact in fp32; decoder.h
 /// kQ4BlockBytes); or 8-bit blocks when every weight is exactly d * q of a GGUF Q8_0 block
 /// (fp16 d, q in -128..127; kQ8BlockBytes).
 /// A narrow pack holds the same numbers in fewer bytes and the kernel rebuilds them exactly, so
 /// the results are the fp32 pack's bit for bit.
 enum class PackFormat : unsigned { kF32 = 0, kBf16 = 1, kQ4 = 2, kQ8 = 3 };
+
+/// A Q4 pack's per-column scale a = kQ4LowScale d for columns 0-7 (their q in the low nibbles),
+/// kQ4HighScale d for columns 8-15 (high nibbles), offset c = m - a: the powers of two AVX-512's
+/// rebuild makes 1 + q / scale at (simd.h vq4_weights). Exported as _cpu.Q4_SCALES, which the
+/// tests compare with the Python packer's copy (ops/decoder.py Q4_SCALES).
+constexpr float kQ4LowScale = 128.0f, kQ4HighScale = 2048.0f;
 
 struct PackedWeight {
   const void* data;

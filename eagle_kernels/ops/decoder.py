@@ -149,6 +149,9 @@ PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder.h kPanel)
 PACK_BF16_EXACT = True  # pack exactly-bf16 weights in bf16 (see pack_weight; tests compare both)
 PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight; tests compare both)
 Q4_BLOCK = 32  # k per Q4_1 block (decoder.h kQ4BlockK)
+# A Q4 pack's scale a per column: d times these for columns 0-7 / 8-15 (kernels.h kQ4LowScale /
+# kQ4HighScale, exported as _cpu.Q4_SCALES and compared in the tests)
+Q4_SCALES = (128.0, 2048.0)
 PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight; tests compare both)
 RECOVERY_PROBE_ROWS = 64  # rows a Q4 / Q8 recovery tries first, before the whole weight
 RECOVERY_CHUNK_ROWS = 4096  # rows recovered at a time (bounds the search's temporaries)
@@ -201,7 +204,7 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM).
     In 4-bit Q4_1 blocks (:func:`pack_q4_exact`, uint8) when every element is exactly a GGUF
     Q4_1 value (the default target's layers, dequantized from its GGUF) and every block's
-    m - 16 d is exact in fp32: the same bits from 3/16 of the bytes; in 8-bit Q8_0 blocks
+    offset is exact in fp32: the same bits from 3/16 of the bytes; in 8-bit Q8_0 blocks
     (:func:`pack_q8_exact`, int8) when every element is exactly a Q8_0 value (its embedding,
     the tied lm_head): 9/32 of the bytes."""
     width = w.shape[1]
@@ -313,19 +316,23 @@ def q8_blocks(w: torch.Tensor):
 
 def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
     """The Q4 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder.h kQ4BlockBytes), or None unless every
-    element is exactly a Q4_1 value (:func:`q4_blocks`) and every block's ``m - 16 d`` is exact
-    in fp32: uint8 [ceil(N / 16), K / 32, 384], per panel and block a[16] = 16 d and c[16] =
-    m - 16 d as fp32 bytes, then 32 rows of 8 bytes, byte j holding column j's q in its low
-    nibble and column j + 8's in its high nibble (padding columns: a = c = q = 0, weight 0).
-    The kernel rebuilds fma(a, 1 + q / 16, c) = fl(d * q + m) (AVX-512 makes 1 + q / 16 from the
-    nibble's bits, no conversion). c is exact when d = 0, when |m| and 16 d are both below 0.5
-    (fp16 values are multiples of 2^-24) or within a factor 2^12 of each other: for all 3.3 M
-    blocks of the default target."""
+    element is exactly a Q4_1 value (:func:`q4_blocks`) and every block's offset ``c = m - a``
+    is exact in fp32: uint8 [ceil(N / 16), K / 32, 384], per panel and block a[16] and c[16] as
+    fp32 bytes, ``a = 128 d`` for columns 0-7 and ``2048 d`` for columns 8-15 (Q4_SCALES), then
+    32 rows of 8 bytes, byte j holding column j's q in its low nibble and column j + 8's in its
+    high nibble (padding columns: a = c = q = 0, weight 0). The kernel rebuilds
+    fma(a, 1 + q / scale, c) = fl(d * q + m) (AVX-512 makes 1 + q / scale from the nibble's bits,
+    no conversion). c is exact when d = 0, or when m - a needs at most 24 significant bits:
+    m = 0 or |m| at least about d / 4 (d / 64 for the low-nibble columns). A Q4_1 quantizer's
+    m is its block's minimum and d the block's range / 15, so |m| is about 7 d for weights
+    centred on zero (all 3.3 M blocks of the default target pass); a tensor with one block that
+    does not keeps a wider pack (tested)."""
     blocks = q4_blocks(w)
     if blocks is None:
         return None
     q, d, m = blocks
-    a = 16 * d
+    low, high = Q4_SCALES
+    a = _panel_columns_scaled(d, low, high)
     c = m - a
     if not torch.equal(c.double() + a.double(), m.double()):
         return None
@@ -334,6 +341,14 @@ def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
     panels, per_row = q.shape[:2]
     return torch.cat([_scale_bytes(a), _scale_bytes(c),
                       nibbles.reshape(panels, per_row, Q4_BLOCK * PANEL // 2)], dim=-1).contiguous()
+
+
+def _panel_columns_scaled(d: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """``d`` [N, B] times ``low`` for the rows that become a panel's columns 0-7 (row % 16 < 8),
+    times ``high`` for columns 8-15 (exact: powers of two)."""
+    column = torch.arange(d.shape[0], device=d.device) % PANEL
+    factor = torch.where(column < PANEL // 2, low, high).to(d.dtype)
+    return d * factor.unsqueeze(1)
 
 
 def _padded_rows(t: torch.Tensor) -> torch.Tensor:
