@@ -62,11 +62,14 @@ def _ancestors(parents: torch.Tensor, node: int) -> list[int]:
 def test_tree_node_equals_decode_step_bit_for_bit(gen, num_nodes):
     """Row invariance: node i of a verify tree over prefix L gives exactly the output of a
     one-token decode step at position L + depth(i), whose cache holds the prefix followed by
-    i's ancestors in order (different slots, different neighbours, same visible keys)."""
+    i's ancestors in order (different slots, different neighbours, same visible keys). The
+    value sums' blocks (kernels.h kAttentionValueBlock, 64 positions) close at the same list
+    positions either way: prefix 37 and deep trees cross position 64 among the tree keys,
+    prefix 130 inside the tree's own part-block."""
     batch, q_heads, kv_heads, dim = 2, 9, 3, 64
     parents = random_parents(batch, num_nodes, gen, "deep")
     _, mask, _ = ops.build_tree(parents)
-    lens = torch.tensor([37, 5], dtype=torch.int32)
+    lens = torch.tensor([37, 130], dtype=torch.int32)
     max_len = int(lens.max()) + num_nodes
     k = torch.randn(batch, max_len, kv_heads, dim, generator=gen)
     v = torch.randn(batch, max_len, kv_heads, dim, generator=gen)

@@ -16,7 +16,10 @@
  *   m   = max_t s_t                  exact whatever the order
  *   e_t = exp(s_t - m)               vexp, lane-independent
  *   l   = sum_t e_t                  lane l sums t = l (mod kW), then vhsum
- *   out = (sum_t e_t v_t) * (1 / l)  sequential over t, vectorised over d
+ *   out = (sum_t e_t v_t) * (1 / l)  vectorised over d; over t in blocks of
+ *                                    kAttentionValueBlock list positions (prefix position t,
+ *                                    tree key j of the list at L + j): each block one
+ *                                    sequential chain from zero, the block sums added in order
  *
  * Every step depends only on the visible list, never on which cache slots the keys occupy or
  * on the other queries: a tree node at depth d over prefix L reduces exactly as a decode step
@@ -99,19 +102,23 @@ static float softmax_weights(float* s, int64_t count) {
 }
 
 constexpr int kValueChunks = 8;  ///< vectors of d per pass over the values
+static_assert(kAttentionKeyBlock == kAttentionValueBlock,
+              "a task's key blocks must be its value blocks (attention_task)");
 
 /// partial[d0, d0 + C * kW) += sum_t e[t] * v_t[d] over `count` visible values, each lane a
 /// sequential FMA chain over t continued from `partial` (storing and reloading an fp32 vector
-/// is exact, so splitting t into blocks keeps the bits). C and whether the last vector is whole
-/// are compile-time, so the accumulators stay in registers (a run-time count kept them on the
-/// stack) and whole vectors need no masked load. `partial` is padded to whole vectors.
-template <int C, bool kWholeLast>
+/// is exact, so splitting t into blocks keeps the bits); with kFromZero the chain starts from
+/// zero and is then added to `partial` (a whole value block into its query's total). C and
+/// whether the last vector is whole are compile-time, so the accumulators stay in registers (a
+/// run-time count kept them on the stack) and whole vectors need no masked load. `partial` is
+/// padded to whole vectors.
+template <int C, bool kWholeLast, bool kFromZero>
 static void accumulate_value_chunks(const float* e, int64_t count, const float* prefix_v,
                                     const float* tree_v, const int32_t* tree_slots,
                                     int64_t prefix, int64_t stride, int64_t d0, int last,
                                     float* partial) {
   vf acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = vload(partial + d0 + c * kW);
+  for (int c = 0; c < C; ++c) acc[c] = kFromZero ? vzero() : vload(partial + d0 + c * kW);
   for (int64_t t = 0; t < count; ++t) {
     const float* v = visible_row(prefix_v, tree_v, tree_slots, prefix, stride, t) + d0;
     const vf p = vset1(e[t]);
@@ -119,28 +126,31 @@ static void accumulate_value_chunks(const float* e, int64_t count, const float* 
     acc[C - 1] = vfma(p, kWholeLast ? vload(v + (C - 1) * kW) : vload_n(v + (C - 1) * kW, last),
                       acc[C - 1]);
   }
-  for (int c = 0; c < C; ++c) vstore(partial + d0 + c * kW, acc[c]);
+  for (int c = 0; c < C; ++c)
+    vstore(partial + d0 + c * kW, kFromZero ? vadd(vload(partial + d0 + c * kW), acc[c]) : acc[c]);
 }
 
 /// accumulate_value_chunks<C, ...> for a run-time chunk count in [1, C].
-template <int C>
+template <int C, bool kFromZero>
 static void accumulate_value_chunks_any(int chunks, const float* e, int64_t count,
                                         const float* prefix_v, const float* tree_v,
                                         const int32_t* tree_slots, int64_t prefix,
                                         int64_t stride, int64_t d0, int last, float* partial) {
   if (chunks == C) {
     if (last == kW)
-      return accumulate_value_chunks<C, true>(e, count, prefix_v, tree_v, tree_slots, prefix,
-                                              stride, d0, last, partial);
-    return accumulate_value_chunks<C, false>(e, count, prefix_v, tree_v, tree_slots, prefix,
-                                             stride, d0, last, partial);
+      return accumulate_value_chunks<C, true, kFromZero>(e, count, prefix_v, tree_v, tree_slots,
+                                                         prefix, stride, d0, last, partial);
+    return accumulate_value_chunks<C, false, kFromZero>(e, count, prefix_v, tree_v, tree_slots,
+                                                        prefix, stride, d0, last, partial);
   }
   if constexpr (C > 1)
-    accumulate_value_chunks_any<C - 1>(chunks, e, count, prefix_v, tree_v, tree_slots, prefix,
-                                       stride, d0, last, partial);
+    accumulate_value_chunks_any<C - 1, kFromZero>(chunks, e, count, prefix_v, tree_v,
+                                                  tree_slots, prefix, stride, d0, last, partial);
 }
 
 /// partial[d] += sum_t e[t] * v_t[d] over `count` visible values; d in passes of <= 8 vectors.
+/// kFromZero: the sum is one chain from zero, then added to partial (see above).
+template <bool kFromZero = false>
 static void accumulate_values(const float* e, int64_t count, const float* prefix_v,
                               const float* tree_v, const int32_t* tree_slots, int64_t prefix,
                               int64_t stride, int64_t dim, float* partial) {
@@ -148,8 +158,69 @@ static void accumulate_values(const float* e, int64_t count, const float* prefix
     const int64_t width = dim - d0 < kValueChunks * kW ? dim - d0 : kValueChunks * kW;
     const int chunks = static_cast<int>((width + kW - 1) / kW);
     const int last = static_cast<int>(width - (chunks - 1) * kW);
-    accumulate_value_chunks_any<kValueChunks>(chunks, e, count, prefix_v, tree_v, tree_slots,
-                                              prefix, stride, d0, last, partial);
+    accumulate_value_chunks_any<kValueChunks, kFromZero>(chunks, e, count, prefix_v, tree_v,
+                                                         tree_slots, prefix, stride, d0, last,
+                                                         partial);
+  }
+}
+
+/// A query's value sums while its visible list is walked in order: `total` holds the closed
+/// blocks' sum (in block order), `block` the chain of the block now open (head_dim each,
+/// padded to whole vectors).
+struct ValueSums {
+  float* total;
+  float* block;
+};
+
+EK_INLINE void zero_value_sums(ValueSums sums, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += kW) {
+    vstore(sums.total + d, vzero());
+    vstore(sums.block + d, vzero());
+  }
+}
+
+/// total += block; block = 0: the open block is done.
+EK_INLINE void close_value_block(ValueSums sums, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += kW) {
+    vstore(sums.total + d, vadd(vload(sums.total + d), vload(sums.block + d)));
+    vstore(sums.block + d, vzero());
+  }
+}
+
+/// Values of list positions [position, position + count) into `sums`: entry t of e and of the
+/// rows (visible_row's prefix rows, then tree slots) is position `position + t`. A block closes
+/// where a position is a multiple of kAttentionValueBlock, so walking a query's list in any
+/// number of calls, in order, gives the same bits; so does adding a whole block to the total
+/// directly (accumulate_values<true>) when no block is open: closing an empty block adds +0 to
+/// a total that is never -0 (a chain from +0 of products and sums never gives -0), no change.
+static void accumulate_in_blocks(const float* e, int64_t position, int64_t count,
+                                 const float* prefix_v, const float* tree_v,
+                                 const int32_t* tree_slots, int64_t prefix, int64_t stride,
+                                 int64_t dim, ValueSums sums) {
+  for (int64_t t = 0; t < count;) {
+    const int64_t at = position + t, in_block = at % kAttentionValueBlock;
+    if (at > 0 && in_block == 0) close_value_block(sums, dim);
+    int64_t run = count - t < kAttentionValueBlock - in_block ? count - t
+                                                              : kAttentionValueBlock - in_block;
+    if (t < prefix) {  // prefix rows, never past them in one run
+      if (run > prefix - t) run = prefix - t;
+      accumulate_values(e + t, run, prefix_v + t * stride, nullptr, nullptr, run, stride, dim,
+                        sums.block);
+    } else {
+      accumulate_values(e + t, run, nullptr, tree_v, tree_slots + (t - prefix), 0, stride, dim,
+                        sums.block);
+    }
+    t += run;
+  }
+}
+
+/// out = (total + the open block) * inverse, the query's output row (`dim` floats).
+EK_INLINE void finish_values(ValueSums sums, int64_t dim, float inverse, float* out) {
+  close_value_block(sums, dim);
+  const vf scale = vset1(inverse);
+  for (int64_t d = 0; d < dim; d += kW) {
+    const int n = static_cast<int>(dim - d < kW ? dim - d : kW);
+    vstore_n(out + d, vmul(vload(sums.total + d), scale), n);
   }
 }
 
@@ -179,15 +250,20 @@ struct AttentionTask {
   int64_t b, n0, n1, h0, h1;
 };
 
-/// Where one query of a task keeps its scores and its value sums in the thread's workspace.
+/// Where one query keeps its scores and its value sums (attention_query_floats floats).
 struct QueryScratch {
   float* scores;
-  float* partial;
+  ValueSums sums;
 };
 
+EK_INLINE QueryScratch query_floats(float* at, int64_t max_len, int64_t head_dim) {
+  float* total = at + attention_scores_floats(max_len);
+  return {at, {total, total + attention_row_floats(head_dim)}};
+}
+
 EK_INLINE QueryScratch query_scratch(const AttentionArgs& a, float* workspace, int64_t query) {
-  float* scores = workspace + query * attention_query_floats(a.max_len, a.head_dim);
-  return {scores, scores + attention_scores_floats(a.max_len)};
+  return query_floats(workspace + query * attention_query_floats(a.max_len, a.head_dim),
+                      a.max_len, a.head_dim);
 }
 
 /// Visible tree slots of node `node` (of B * Nq: its mask bits below tree_keys) into `slots`;
@@ -252,54 +328,56 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
     key_scores(a.q + query_offset(q), nullptr, k_tree, slots + node * a.tree_keys, 0,
                visible[node], stride, dim, a.scale, scratch.scores + prefix);
     inverse[q] = count > 0 ? 1.0f / softmax_weights(scratch.scores, count) : 0.0f;
-    for (int64_t d = 0; d < dim; d += kW) vstore(scratch.partial + d, vzero());
+    zero_value_sums(scratch.sums, dim);
   }
+  // Key blocks are value blocks (static_assert above): a whole one goes straight into the
+  // total; the last, part of a block, opens the block the tree keys continue.
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
     prefetch_next_block(v_prefix, t0, keys, prefix, stride, dim);
     for (int64_t q = 0; q < task_queries; ++q) {
       const QueryScratch scratch = query_scratch(a, workspace, q);
-      accumulate_values(scratch.scores + t0, keys, v_prefix + t0 * stride, nullptr, nullptr,
-                        keys, stride, dim, scratch.partial);
+      if (keys == kAttentionValueBlock)
+        accumulate_values<true>(scratch.scores + t0, keys, v_prefix + t0 * stride, nullptr,
+                                nullptr, keys, stride, dim, scratch.sums.total);
+      else
+        accumulate_in_blocks(scratch.scores + t0, t0, keys, v_prefix + t0 * stride, nullptr,
+                             nullptr, keys, stride, dim, scratch.sums);
     }
   }
   // Tree keys' values, then the output (a query that sees no key gets zeros: inverse 0).
   for (int64_t q = 0; q < task_queries; ++q) {
     const int64_t node = q / heads;
     const QueryScratch scratch = query_scratch(a, workspace, q);
-    accumulate_values(scratch.scores + prefix, visible[node], nullptr, v_tree,
-                      slots + node * a.tree_keys, 0, stride, dim, scratch.partial);
-    float* out = a.out + query_offset(q);
-    const vf scale = vset1(inverse[q]);
-    for (int64_t d = 0; d < dim; d += kW) {
-      const int n = static_cast<int>(dim - d < kW ? dim - d : kW);
-      vstore_n(out + d, vmul(vload(scratch.partial + d), scale), n);
-    }
+    accumulate_in_blocks(scratch.scores + prefix, prefix, visible[node], nullptr, v_tree,
+                         slots + node * a.tree_keys, 0, stride, dim, scratch.sums);
+    finish_values(scratch.sums, dim, inverse[q], a.out + query_offset(q));
   }
 }
 
 // ------------------------------------------------------------------------ split attention
 //
-// Few queries per sequence (kernels.h attention_splits): threads share out keys and columns
+// Few queries per sequence (kernels.h attention_splits): threads share out keys and value rows
 // instead of whole queries. Per query the arithmetic is the header's, step for step: each
-// score is key_scores' chain, the softmax runs over the query's whole list, and each value
-// column is one chain over the visible keys in order (prefix blocks, then tree slots), so a
-// split call gives the bits a task call gives.
-
-// Column blocks of whole vectors: two threads never write the same vector of `out`.
-static_assert(kAttentionSplitColumns % kW == 0, "split column blocks must be whole vectors");
+// score is key_scores' chain, the softmax runs over the query's whole list, and the value sums
+// are the same blocks (each one chain from zero) added in the same order, so a split call
+// gives the bits a task call gives.
 
 /// Where a split call keeps its state in the shared workspace (attention_split_floats).
 struct SplitLayout {
-  int64_t per_query;  ///< floats per (sequence, node, head) query: scores, then value sums
-  float* queries;     ///< [B * Nq * Hq, per_query]
-  float* inverse;     ///< [B * Nq * Hq] 1 / softmax sum (0 for a query that sees no key)
-  int32_t* slots;     ///< [B * Nq, tree_keys] visible tree slots of each node
-  int32_t* visible;   ///< [B * Nq] their count
+  int64_t per_query;   ///< floats per (sequence, node, head) query: scores, then value sums
+  int64_t per_blocks;  ///< floats of one query's whole-prefix-block sums
+  float* queries;      ///< [B * Nq * Hq, per_query]
+  float* inverse;      ///< [B * Nq * Hq] 1 / softmax sum (0 for a query that sees no key)
+  float* blocks;       ///< [B * Nq * Hq, per_blocks]: block i's sum at i * row floats
+  int32_t* slots;      ///< [B * Nq, tree_keys] visible tree slots of each node
+  int32_t* visible;    ///< [B * Nq] their count
 
-  float* scores(int64_t query) const { return queries + query * per_query; }
-  float* partial(int64_t query, int64_t max_len) const {
-    return scores(query) + attention_scores_floats(max_len);
+  QueryScratch query(const AttentionArgs& a, int64_t q) const {
+    return query_floats(queries + q * per_query, a.max_len, a.head_dim);
+  }
+  float* block_sum(const AttentionArgs& a, int64_t q, int64_t block) const {
+    return blocks + q * per_blocks + block * attention_row_floats(a.head_dim);
   }
 };
 
@@ -307,9 +385,11 @@ static SplitLayout split_layout(const AttentionArgs& a) {
   const int64_t nodes = a.batch * a.queries, queries = nodes * a.q_heads;
   SplitLayout l;
   l.per_query = attention_query_floats(a.max_len, a.head_dim);
+  l.per_blocks = attention_value_blocks(a.max_len) * attention_row_floats(a.head_dim);
   l.queries = a.workspace;
   l.inverse = l.queries + queries * l.per_query;
-  l.slots = reinterpret_cast<int32_t*>(l.inverse + queries);
+  l.blocks = l.inverse + queries;
+  l.slots = reinterpret_cast<int32_t*>(l.blocks + queries * l.per_blocks);
   l.visible = l.slots + nodes * a.tree_keys;
   return l;
 }
@@ -329,7 +409,34 @@ static void split_block_scores(const AttentionArgs& a, const SplitLayout& l, int
        ++query) {
     const int64_t kv_head = query % a.q_heads / group;
     key_scores(a.q + query * a.head_dim, block + kv_head * a.head_dim, nullptr, nullptr, keys,
-               keys, stride, a.head_dim, a.scale, l.scores(query) + t0);
+               keys, stride, a.head_dim, a.scale, l.query(a, query).scores + t0);
+  }
+}
+
+/// Units of work over sequences' prefixes, `per_unit` positions each (the last of a sequence
+/// short, unless `whole`: then only whole units), and this thread's contiguous share
+/// [first, end) of them; calls `body(b, t0, keys, next_end, first)` for each: next_end where the
+/// thread's next unit of that sequence ends (t0 + keys when it has none), first for its first.
+template <typename Body>
+static void prefix_units(const AttentionArgs& a, int64_t per_unit, bool whole, int64_t thread,
+                         int64_t threads, Body&& body) {
+  auto units_of = [&](int64_t b) {
+    const int64_t prefix = clamped_prefix(a, b);
+    return whole ? prefix / per_unit : (prefix + per_unit - 1) / per_unit;
+  };
+  int64_t units = 0;
+  for (int64_t b = 0; b < a.batch; ++b) units += units_of(b);
+  const int64_t first = units * thread / threads, end = units * (thread + 1) / threads;
+  int64_t unit = 0;
+  for (int64_t b = 0; b < a.batch && unit < end; ++b) {
+    const int64_t prefix = clamped_prefix(a, b), count = units_of(b);
+    for (int64_t i = 0; i < count && unit < end; ++i, ++unit) {
+      if (unit < first) continue;
+      const int64_t t0 = i * per_unit, keys = prefix - t0 < per_unit ? prefix - t0 : per_unit;
+      const bool next = unit + 1 < end && i + 1 < count;
+      const int64_t after = t0 + keys + per_unit < prefix ? t0 + keys + per_unit : prefix;
+      body(b, t0, keys, next ? after : t0 + keys, unit == first);
+    }
   }
 }
 
@@ -337,23 +444,36 @@ static void split_block_scores(const AttentionArgs& a, const SplitLayout& l, int
 /// whole cache rows (every KV head) requested a block ahead, so the rows stream from DRAM.
 static void split_prefix_scores(const AttentionArgs& a, const SplitLayout& l, int64_t thread,
                                 int64_t threads) {
-  const int64_t block = kAttentionKeyBlock, row = a.kv_heads * a.head_dim;
-  int64_t units = 0;
-  for (int64_t b = 0; b < a.batch; ++b) units += (clamped_prefix(a, b) + block - 1) / block;
-  const int64_t first = units * thread / threads, end = units * (thread + 1) / threads;
-  int64_t unit = 0;
-  for (int64_t b = 0; b < a.batch && unit < end; ++b) {
-    const int64_t prefix = clamped_prefix(a, b);
+  const int64_t row = a.kv_heads * a.head_dim;
+  prefix_units(a, kAttentionKeyBlock, false, thread, threads,
+               [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first) {
     const float* rows = a.k_cache + b * a.max_len * row;
-    for (int64_t t0 = 0; t0 < prefix && unit < end; t0 += block, ++unit) {
-      if (unit < first) continue;
-      const int64_t keys = prefix - t0 < block ? prefix - t0 : block;
-      if (unit == first) prefetch_rows(rows, t0, t0 + keys, row, row);
-      const int64_t next_end = t0 + keys + block < prefix ? t0 + keys + block : prefix;
-      if (unit + 1 < end) prefetch_rows(rows, t0 + keys, next_end, row, row);
-      split_block_scores(a, l, b, t0, keys);
+    if (first) prefetch_rows(rows, t0, t0 + keys, row, row);
+    prefetch_rows(rows, t0 + keys, next_end, row, row);
+    split_block_scores(a, l, b, t0, keys);
+  });
+}
+
+/// This thread's share of the whole prefix value blocks: a contiguous run of (sequence, value
+/// block) units, whole rows requested a block ahead; each block's sum (one chain from zero)
+/// for every query of its sequence goes to that query's block_sum.
+static void split_value_blocks(const AttentionArgs& a, const SplitLayout& l, int64_t thread,
+                               int64_t threads) {
+  const int64_t group = a.q_heads / a.kv_heads, row = a.kv_heads * a.head_dim;
+  prefix_units(a, kAttentionValueBlock, true, thread, threads,
+               [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first) {
+    const float* rows = a.v_cache + b * a.max_len * row;
+    if (first) prefetch_rows(rows, t0, t0 + keys, row, row);
+    prefetch_rows(rows, t0 + keys, next_end, row, row);
+    for (int64_t query = b * a.queries * a.q_heads; query < (b + 1) * a.queries * a.q_heads;
+         ++query) {
+      float* sum = l.block_sum(a, query, t0 / kAttentionValueBlock);
+      for (int64_t d = 0; d < a.head_dim; d += kW) vstore(sum + d, vzero());
+      const float* v = rows + t0 * row + query % a.q_heads / group * a.head_dim;
+      accumulate_values(l.query(a, query).scores + t0, keys, v, nullptr, nullptr, keys, row,
+                        a.head_dim, sum);
     }
-  }
+  });
 }
 
 /// Tree scores, the softmax and the zeroed value sums of query `query`.
@@ -364,102 +484,56 @@ static void split_tree_scores_and_softmax(const AttentionArgs& a, const SplitLay
   const int64_t prefix = clamped_prefix(a, b), count = prefix + l.visible[node];
   const float* k_tree =
       a.k_cache + (b * a.max_len + prefix) * stride + query % a.q_heads / group * a.head_dim;
+  const QueryScratch scratch = l.query(a, query);
   key_scores(a.q + query * a.head_dim, nullptr, k_tree, l.slots + node * a.tree_keys, 0,
-             l.visible[node], stride, a.head_dim, a.scale, l.scores(query) + prefix);
-  l.inverse[query] = count > 0 ? 1.0f / softmax_weights(l.scores(query), count) : 0.0f;
-  float* partial = l.partial(query, a.max_len);
-  for (int64_t d = 0; d < a.head_dim; d += kW) vstore(partial + d, vzero());
+             l.visible[node], stride, a.head_dim, a.scale, scratch.scores + prefix);
+  l.inverse[query] = count > 0 ? 1.0f / softmax_weights(scratch.scores, count) : 0.0f;
+  zero_value_sums(scratch.sums, a.head_dim);
 }
 
-/// Columns [d0, d0 + width) of KV head `kv_head`: one column block of a cache row.
-struct ColumnBlock {
-  int64_t kv_head, d0, width;
-  int chunks, last;  ///< vectors, and valid lanes of the last one
-};
-
-static ColumnBlock column_block(const AttentionArgs& a, int64_t index) {
-  const int64_t per_head = (a.head_dim + kAttentionSplitColumns - 1) / kAttentionSplitColumns;
-  ColumnBlock c;
-  c.kv_head = index / per_head;
-  c.d0 = index % per_head * kAttentionSplitColumns;
-  c.width = a.head_dim - c.d0 < kAttentionSplitColumns ? a.head_dim - c.d0 : kAttentionSplitColumns;
-  c.chunks = static_cast<int>((c.width + kW - 1) / kW);
-  c.last = static_cast<int>(c.width - (c.chunks - 1) * kW);
-  return c;
-}
-
-/// Value sums of column blocks [c0, c1) of sequence b's cache rows (a contiguous stretch of
-/// each row), for every query reading them: prefix key blocks in order, each block's rows
-/// requested a block ahead and then used by every column block and query; then each node's
-/// tree slots; then out = sums / softmax sum.
-static void split_values(const AttentionArgs& a, const SplitLayout& l, int64_t b, int64_t c0,
-                         int64_t c1) {
+/// Query `query`'s value sums from its whole prefix blocks' sums (in order, as the open
+/// block closes each), then its last part-block of prefix rows and its tree keys, and its
+/// output row.
+static void split_finish_query(const AttentionArgs& a, const SplitLayout& l, int64_t query) {
+  const int64_t node = query / a.q_heads, b = node / a.queries;
   const int64_t group = a.q_heads / a.kv_heads, stride = a.kv_heads * a.head_dim;
-  const int64_t prefix = clamped_prefix(a, b), block = kAttentionKeyBlock;
-  const float* v_rows = a.v_cache + b * a.max_len * stride;
-  const int64_t from = column_block(a, c0).kv_head * a.head_dim + column_block(a, c0).d0;
-  const ColumnBlock end = column_block(a, c1 - 1);
-  const int64_t columns = end.kv_head * a.head_dim + end.d0 + end.width - from;
-  auto each_query = [&](auto&& body) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const ColumnBlock col = column_block(a, c);
-      for (int64_t node = 0; node < a.queries; ++node)
-        for (int64_t h = 0; h < group; ++h)
-          body(col, (b * a.queries + node) * a.q_heads + col.kv_head * group + h);
-    }
-  };
-  for (int64_t t0 = 0; t0 < prefix; t0 += block) {
-    const int64_t keys = prefix - t0 < block ? prefix - t0 : block;
-    prefetch_next_block(v_rows + from, t0, keys, prefix, stride, columns);
-    each_query([&](const ColumnBlock& col, int64_t query) {
-      accumulate_value_chunks_any<kValueChunks>(
-          col.chunks, l.scores(query) + t0, keys, v_rows + t0 * stride + col.kv_head * a.head_dim,
-          nullptr, nullptr, keys, stride, col.d0, col.last, l.partial(query, a.max_len));
-    });
+  const int64_t prefix = clamped_prefix(a, b), whole = prefix / kAttentionValueBlock;
+  const QueryScratch scratch = l.query(a, query);
+  for (int64_t i = 0; i < whole; ++i) {
+    const float* sum = l.block_sum(a, query, i);
+    for (int64_t d = 0; d < a.head_dim; d += kW)
+      vstore(scratch.sums.total + d, vadd(vload(scratch.sums.total + d), vload(sum + d)));
   }
-  each_query([&](const ColumnBlock& col, int64_t query) {
-    const int64_t node = query / a.q_heads;
-    float* partial = l.partial(query, a.max_len);
-    accumulate_value_chunks_any<kValueChunks>(
-        col.chunks, l.scores(query) + prefix, l.visible[node], nullptr,
-        v_rows + prefix * stride + col.kv_head * a.head_dim, l.slots + node * a.tree_keys, 0,
-        stride, col.d0, col.last, partial);
-    const vf scale = vset1(l.inverse[query]);
-    float* out = a.out + query * a.head_dim;
-    for (int64_t d = col.d0; d < col.d0 + col.width; d += kW) {
-      const int n = static_cast<int>(col.d0 + col.width - d < kW ? col.d0 + col.width - d : kW);
-      vstore_n(out + d, vmul(vload(partial + d), scale), n);
-    }
-  });
+  const int64_t t0 = whole * kAttentionValueBlock;
+  const float* v = a.v_cache + b * a.max_len * stride + query % a.q_heads / group * a.head_dim;
+  accumulate_in_blocks(scratch.scores + t0, t0, prefix - t0, v + t0 * stride, nullptr, nullptr,
+                       prefix - t0, stride, a.head_dim, scratch.sums);
+  accumulate_in_blocks(scratch.scores + prefix, prefix, l.visible[node], nullptr,
+                       v + prefix * stride, l.slots + node * a.tree_keys, 0, stride, a.head_dim,
+                       scratch.sums);
+  finish_values(scratch.sums, a.head_dim, l.inverse[query], a.out + query * a.head_dim);
 }
 
 /// The split plan: tree slots, prefix scores (key blocks shared out), tree scores and softmax
-/// (queries shared out), then value sums ((sequence, KV head, column block) units shared out);
-/// each phase waits for the one before.
+/// (queries shared out), whole prefix value blocks (shared out), then each query's sums and
+/// output (queries shared out); each phase waits for the one before.
 static void tree_attention_split(const AttentionArgs& a) {
   const SplitLayout l = split_layout(a);
   const int64_t nodes = a.batch * a.queries, queries = nodes * a.q_heads;
-  const int64_t row_blocks =
-      a.kv_heads * ((a.head_dim + kAttentionSplitColumns - 1) / kAttentionSplitColumns);
 #pragma omp parallel num_threads(a.threads)
   {
+    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
 #pragma omp for schedule(static)
     for (int64_t node = 0; node < nodes; ++node)
       l.visible[node] = node_tree_slots(a, node, l.slots + node * a.tree_keys);
-    split_prefix_scores(a, l, omp_get_thread_num(), omp_get_num_threads());
+    split_prefix_scores(a, l, thread, threads);
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t query = 0; query < queries; ++query) split_tree_scores_and_softmax(a, l, query);
-    // Values: this thread's contiguous stretch of (sequence, column block) units.
-    const int64_t units = a.batch * row_blocks, thread = omp_get_thread_num();
-    const int64_t first = units * thread / omp_get_num_threads();
-    const int64_t end = units * (thread + 1) / omp_get_num_threads();
-    for (int64_t unit = first; unit < end;) {
-      const int64_t b = unit / row_blocks;
-      const int64_t stop = (b + 1) * row_blocks < end ? (b + 1) * row_blocks : end;
-      split_values(a, l, b, unit - b * row_blocks, stop - b * row_blocks);
-      unit = stop;
-    }
+    split_value_blocks(a, l, thread, threads);
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t query = 0; query < queries; ++query) split_finish_query(a, l, query);
   }
 }
 

@@ -8,9 +8,10 @@
  *
  * Row invariance. Each output row of every kernel here is computed by code that does not depend
  * on how many rows are computed with it, nor on the thread count: GEMM columns are split across
- * threads, never the reduction; each GEMM output is one sequential FMA chain over k
- * (decoder.h); attention reduces over a query's visible keys in position order (prefix, then
- * tree ancestors by index), whatever the other queries are. So a token's logits in a verify
+ * threads, never the reduction; each GEMM output adds fixed chunks of k in order, each one
+ * sequential FMA chain (decoder.h); attention reduces over a query's visible keys in position
+ * order (prefix, then tree ancestors by index), its value sums in fixed blocks of positions
+ * (kAttentionValueBlock), whatever the other queries are. So a token's logits in a verify
  * pass over N tree nodes equal, bit for bit, its logits in a one-token decode step over the
  * same prefix.
  */
@@ -317,13 +318,22 @@ static inline AttentionTaskShape attention_task_shape(const AttentionPlan& plan,
   return {(queries + blocks - 1) / blocks, plan.heads};
 }
 
+/// A query's value sums go over its visible list (the prefix, then its tree keys at positions
+/// L, L + 1, ...) in blocks of this many positions, aligned at position 0: each block's sum one
+/// FMA chain per lane from zero, the block sums added in block order (attention.h). Fixed, so
+/// every plan, thread count and row count gives the same bits, and whole prefix blocks can be
+/// summed by whichever thread reads their rows (split attention).
+constexpr int64_t kAttentionValueBlock = 64;
+
 /// Floats of attention workspace: one query's scores (padded to whole vectors, the softmax
-/// pads with -inf), then its value sums (head_dim padded); a thread holds the queries of one
-/// task, then each node's visible tree slots (static: every translation unit, each compiled for
-/// its own instruction set, keeps a private copy).
+/// pads with -inf), then its value sums (the closed blocks' total, then the open block's
+/// chain; head_dim padded each); a thread holds the queries of one task, then each node's
+/// visible tree slots (static: every translation unit, each compiled for its own instruction
+/// set, keeps a private copy).
 static inline int64_t attention_scores_floats(int64_t max_len) { return (max_len + 16) / 16 * 16; }
+static inline int64_t attention_row_floats(int64_t head_dim) { return (head_dim + 15) / 16 * 16; }
 static inline int64_t attention_query_floats(int64_t max_len, int64_t head_dim) {
-  return attention_scores_floats(max_len) + (head_dim + 15) / 16 * 16;
+  return attention_scores_floats(max_len) + 2 * attention_row_floats(head_dim);
 }
 static inline int64_t attention_workspace_floats(int64_t max_len, int64_t tree_keys,
                                                  int64_t head_dim, AttentionTaskShape task) {
@@ -333,30 +343,38 @@ static inline int64_t attention_workspace_floats(int64_t max_len, int64_t tree_k
 // Split attention (attention.h tree_attention_split): calls with at most
 // kAttentionSplitMaxQueries query nodes per sequence share the keys out instead: each thread
 // scores a contiguous run of prefix key blocks for every query head, then sums the values of a
-// contiguous stretch of every cache row (blocks of kAttentionSplitColumns columns) in one pass
-// over the rows. A decode step had 9 one-head tasks, each walking its KV head's 256-byte rows
-// (768 bytes apart) from DRAM at ~8-11 GB/s. Same arithmetic per query (only who computes
-// which score or column changes). Measured (SmolLM2 layer stack, one process, alternating):
-// decode -1.5 % at context 256, -18 % at 1024, -26 % at 2048; 2 nodes at 1024 -7 %, 3 nodes
-// -3 % (at 512 -7 %); 4 nodes +5 % at 1024 and the same at 512, 8 nodes +4 % (kept on tasks).
-// Attention alone, caches from DRAM: context 512 decode 104 -> 44 us, batch 4 252 -> 128 us;
-// at 1024 one pass per thread over the value rows 93 us against 132 us for one pass per
-// column block (the same in the layer stack).
+// contiguous run of whole value blocks (kAttentionValueBlock rows, every KV head) for every
+// query; the blocks' sums and each query's last part-block and tree keys are added after.
+// A decode step had 9 one-head tasks, each walking its KV head's 256-byte rows (768 bytes
+// apart) from DRAM at ~8-11 GB/s. Same arithmetic per query (only who computes which score or
+// block changes). Measured (SmolLM2 layer stack, one process, alternating): decode -1.5 % at
+// context 256, -18 % at 1024, -26 % at 2048; 2 nodes at 1024 -7 %, 3 nodes -3 % (at 512 -7 %);
+// 4 nodes +5 % at 1024 and the same at 512, 8 nodes +4 % (kept on tasks). Attention alone,
+// caches from DRAM: context 512 decode 104 -> 44 us, batch 4 252 -> 128 us. Values in whole
+// rows instead of each thread a stretch of columns of every row (Zen 5 VM, 30 layers' caches
+// at context 1024 from DRAM between weight streams): the value pass 0.98 -> 0.5-0.6 ms.
 constexpr int64_t kAttentionSplitMaxQueries = 3;
-constexpr int64_t kAttentionSplitColumns = 32;  ///< a multiple of every ISA's vector width
 
 static inline bool attention_splits(int64_t queries, int64_t threads) {
   return threads > 1 && queries <= kAttentionSplitMaxQueries;
 }
 
+/// Whole value blocks that fit in `max_len` positions (a split call's per-query block sums).
+static inline int64_t attention_value_blocks(int64_t max_len) {
+  return max_len / kAttentionValueBlock;
+}
+
 /// Floats of split attention's shared workspace: per (sequence, node, head) query its scores
-/// and value sums (attention_query_floats) and 1 / sum; per (sequence, node) its visible tree
+/// and value sums (attention_query_floats), 1 / sum and its whole prefix blocks' sums
+/// (attention_value_blocks rows of head_dim, padded); per (sequence, node) its visible tree
 /// slots (tree_keys) and their count (int32 in float slots).
 static inline int64_t attention_split_floats(int64_t batch, int64_t queries, int64_t q_heads,
                                              int64_t max_len, int64_t tree_keys,
                                              int64_t head_dim) {
   const int64_t nodes = batch * queries;
-  return nodes * (q_heads * (attention_query_floats(max_len, head_dim) + 1) + tree_keys + 1) + 16;
+  const int64_t per_query = attention_query_floats(max_len, head_dim) + 1 +
+                            attention_value_blocks(max_len) * attention_row_floats(head_dim);
+  return nodes * (q_heads * per_query + tree_keys + 1) + 16;
 }
 
 /// Floats of workspace tree_attention needs for these sizes on `threads` threads: the split

@@ -416,7 +416,8 @@ def _tree_attention_cuda(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, t
 
 def _tree_attention_cpu(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys):
     """cpu backend: fp32; each query reduces over its visible keys in position order (prefix,
-    then ancestors), so a node's output equals a decode step's at its position bit for bit."""
+    then ancestors; value sums in fixed blocks of positions), so a node's output equals a
+    decode step's at its position bit for bit."""
     batch, num_queries, q_heads, head_dim = q.shape
     out = torch.empty_like(q)
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
