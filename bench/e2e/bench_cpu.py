@@ -15,13 +15,13 @@ measurement below (floors included) timed in the same interleaved rounds, median
   in-cache matrix (the faster of torch's matmul and ours, [64 x 1536] x [1536 x 576]) ->
   compute floor(N) = FLOPs of N tokens / that rate;
 * ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax, inside
-  ``ops.weights_unchanged()`` as the engine's loop, STEPS_IN_A_ROW steps back to back as
-  decoding runs them), against the memory floor;
+  ``ops.weights_unchanged()`` as the engine's loop, timed after the first of steps run back
+  to back as decoding runs them: InARow), against the memory floor;
 * ``ar_step_long``: the same step after 1024 and 2048 tokens of context, against a floor that
   adds the K / V rows the attention reads (fp32 cache: context x layers x 2 x kv width x 4
   bytes) to the weights: what longer chats cost;
 * ``verify`` for N = 1..64 tree nodes (a random EAGLE-like tree's real packed mask, also
-  STEPS_IN_A_ROW back to back): against the AR step and against max(memory floor, compute
+  timed in a row): against the AR step and against max(memory floor, compute
   floor(N));
 * ``draft``: drafting as a cycle runs it (head forwards, top-k, expand, rerank) per candidate
   tree, per step against the AR step;
@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -53,12 +55,14 @@ from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, cycle_calls,  # 
                                                interleaved_medians)
 
 VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-# AR steps and verify passes are timed this many back to back per round (their median / this):
-# a decoding loop runs step after step, and one step timed right after the round's other calls
-# (a 256 MB stream, a 64-node verify) ran 18 % slower than each of 8 in a row (4.5 against
-# 3.7 ms; the engine's loop timed 3.9 ms at the same moment). A cycle's drafting stays timed
-# once, after the call before it: in a cycle it follows the target's weight stream, which
-# evicts the head's weights; drafting again and again would find them in L3.
+# AR steps and verify passes run 1 + STEPS_IN_A_ROW times back to back per round and the
+# last STEPS_IN_A_ROW are timed (their mean; medians over rounds): a decoding loop runs step
+# after step, and one step timed right after the round's other calls ran 18 % slower than each
+# of 8 in a row (4.5 against 3.7 ms; the engine's own loop timed 3.9 ms then); the first of a
+# row after the in-cache GEMMs still cost the AR step ~0.4 ms against verify(1). A cycle's
+# drafting stays timed once, after the call before it: in a cycle it follows the target's
+# weight stream, which evicts the head's weights; drafting again and again would find them in
+# L3.
 STEPS_IN_A_ROW = 4
 LONG_CONTEXTS = (1024, 2048)  # ar_step_long
 
@@ -172,12 +176,22 @@ def ar_step_call(target, context: int):
     return run
 
 
-def in_a_row(call):
-    """``call`` run STEPS_IN_A_ROW times back to back, as one call to time."""
-    def run():
+class InARow:
+    """``call`` run 1 + STEPS_IN_A_ROW times back to back, as one call of a timing round; the
+    mean seconds of the last STEPS_IN_A_ROW go to ``seconds`` (one entry per round)."""
+
+    def __init__(self, call):
+        self.call, self.seconds = call, []
+
+    def __call__(self):
+        self.call()
+        start = time.perf_counter()
         for _ in range(STEPS_IN_A_ROW):
-            call()
-    return run
+            self.call()
+        self.seconds.append((time.perf_counter() - start) / STEPS_IN_A_ROW)
+
+    def median(self) -> float:
+        return statistics.median(self.seconds)
 
 
 def cache_bytes(target, context: int) -> int:
@@ -197,18 +211,18 @@ def timed_together(target, head, args) -> dict:
     # weights_unchanged: the engine runs its loop in one such block (weights stamped once).
     with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
         groups = {"streams": streams, "gemms": gemms,
-                  "ar": [in_a_row(ar_step_call(target, args.context))],
-                  "long": [in_a_row(ar_step_call(target, context))
+                  "ar": [InARow(ar_step_call(target, args.context))],
+                  "long": [InARow(ar_step_call(target, context))
                            for context in args.long_contexts],
-                  "verify": [in_a_row(verify_call(target, nodes, args.context, draw))
+                  "verify": [InARow(verify_call(target, nodes, args.context, draw))
                              for nodes in args.nodes],
                   "cycles": [call for tree in args.trees
                              for call in cycle_calls(target, head, tree, args.context, 1)]}
         seconds = iter(interleaved_medians([call for calls in groups.values() for call in calls],
                                            args.repeats, target.device))
         timed = {name: [next(seconds) for _ in calls] for name, calls in groups.items()}
-    for name in ("ar", "long", "verify"):
-        timed[name] = [seconds / STEPS_IN_A_ROW for seconds in timed[name]]
+    for name in ("ar", "long", "verify"):  # the steps in a row, without the first
+        timed[name] = [call.median() for call in groups[name]]
     timed["bandwidth"] = stream_bytes / min(timed["streams"])
     timed["gemm_rate"] = gemm_flops / min(timed["gemms"])
     return timed
@@ -253,7 +267,8 @@ def measure(generator, args) -> tuple[list[dict], dict]:
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
               "timing": f"medians of {args.repeats} interleaved rounds; AR steps and verify "
-                        f"passes {STEPS_IN_A_ROW} in a row per round"}
+                        f"passes: the last {STEPS_IN_A_ROW} of {STEPS_IN_A_ROW + 1} in a row "
+                        f"per round"}
     return rows, floors
 
 
