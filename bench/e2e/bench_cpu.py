@@ -55,15 +55,15 @@ from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, cycle_calls,  # 
                                                interleaved_medians)
 
 VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-# AR steps and verify passes run 1 + STEPS_IN_A_ROW times back to back per round and the
-# last STEPS_IN_A_ROW are timed (their mean; medians over rounds): a decoding loop runs step
+# AR steps and verify passes run WARM_STEPS + STEPS_IN_A_ROW times back to back per round and
+# the last STEPS_IN_A_ROW are timed (their mean; medians over rounds): a decoding loop runs step
 # after step, and one step timed right after the round's other calls ran 18 % slower than each
-# of 8 in a row (4.5 against 3.7 ms; the engine's own loop timed 3.9 ms then); the first of a
-# row after the in-cache GEMMs still cost the AR step ~0.4 ms against verify(1). A cycle's
+# of 8 in a row (4.5 against 3.7 ms; the engine's own loop timed 3.9 ms then). A cycle's
 # drafting stays timed once, after the call before it: in a cycle it follows the target's
 # weight stream, which evicts the head's weights; drafting again and again would find them in
 # L3.
 STEPS_IN_A_ROW = 4
+WARM_STEPS = 3
 LONG_CONTEXTS = (1024, 2048)  # ar_step_long
 
 
@@ -177,14 +177,15 @@ def ar_step_call(target, context: int):
 
 
 class InARow:
-    """``call`` run 1 + STEPS_IN_A_ROW times back to back, as one call of a timing round; the
-    mean seconds of the last STEPS_IN_A_ROW go to ``seconds`` (one entry per round)."""
+    """``call`` run WARM_STEPS + STEPS_IN_A_ROW times back to back, as one call of a timing
+    round; the mean seconds of the last STEPS_IN_A_ROW go to ``seconds`` (one per round)."""
 
     def __init__(self, call):
         self.call, self.seconds = call, []
 
     def __call__(self):
-        self.call()
+        for _ in range(WARM_STEPS):
+            self.call()
         start = time.perf_counter()
         for _ in range(STEPS_IN_A_ROW):
             self.call()
@@ -211,11 +212,14 @@ def timed_together(target, head, args) -> dict:
     # weights_unchanged: the engine runs its loop in one such block (weights stamped once).
     with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
         groups = {"streams": streams, "gemms": gemms,
-                  "ar": [InARow(ar_step_call(target, args.context))],
+                  # the first calls after the streams and GEMMs ran ~3-5 % slow even after 3
+                  # warm-up steps: the long contexts take that place, the AR step follows
+                  # verify (the ratios to it are then not flattered)
                   "long": [InARow(ar_step_call(target, context))
                            for context in args.long_contexts],
                   "verify": [InARow(verify_call(target, nodes, args.context, draw))
                              for nodes in args.nodes],
+                  "ar": [InARow(ar_step_call(target, args.context))],
                   "cycles": [call for tree in args.trees
                              for call in cycle_calls(target, head, tree, args.context, 1)]}
         seconds = iter(interleaved_medians([call for calls in groups.values() for call in calls],
@@ -267,8 +271,8 @@ def measure(generator, args) -> tuple[list[dict], dict]:
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
               "timing": f"medians of {args.repeats} interleaved rounds; AR steps and verify "
-                        f"passes: the last {STEPS_IN_A_ROW} of {STEPS_IN_A_ROW + 1} in a row "
-                        f"per round"}
+                        f"passes: the last {STEPS_IN_A_ROW} of "
+                        f"{WARM_STEPS + STEPS_IN_A_ROW} in a row per round"}
     return rows, floors
 
 
