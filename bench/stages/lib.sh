@@ -14,8 +14,9 @@ PY=${PYTHON:-python3}
 DRY_RUN=${EAGLE_STAGE_DRY_RUN:-0}
 OUT=${OUT:-bench/results/local}
 limit() { "$PY" bench/device_limits.py get "$1"; }
-BUDGET_S=$(limit STAGE_BUDGET_S)
-RESERVE_S=$(limit PACK_RESERVE_S)
+# bench/gpu_suite.sh lease sets both to share one run among the stages.
+BUDGET_S=${EAGLE_STAGE_BUDGET_S:-$(limit STAGE_BUDGET_S)}
+RESERVE_S=${EAGLE_PACK_RESERVE_S:-$(limit PACK_RESERVE_S)}
 WORK=build/stage-work/$STAGE         # everything the tarball holds
 mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK/logs"
 export TRITON_CACHE_DIR=$PWD/build/triton-cache
@@ -67,6 +68,10 @@ print('gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no
 build_or_restore() {
   if [ "$DRY_RUN" = 1 ]; then
     step build 60 "$PY" -c "import eagle_kernels; print('dry run: the existing build')"
+    return
+  fi
+  if [ "${EAGLE_LEASE_BUILT:-0}" = 1 ] && "$PY" -c "import eagle_kernels._C" 2>/dev/null; then
+    step build 30 "$PY" -c "print('built by stage 1 of this lease, in place')"
     return
   fi
   if [ -f .carry/build/build.tar.gz ] && step restore-build 60 "$PY" bench/stages/build_carry.py restore; then

@@ -15,7 +15,9 @@ step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
 
 # GPU tests only (-m gpu: nothing CPU-only collected). In the dry run they are collected and
 # skip (no CUDA device), which proves the selection and the XML.
-step gpu-tests 200 "$PY" -m pytest tests -m gpu -q -rfEs -p no:cacheprovider \
+# Several workers where pytest-xdist is there: Triton compiles each kernel on the host's CPUs.
+workers=(); [ "$DRY_RUN" = 0 ] && "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
+step gpu-tests 200 "$PY" -m pytest tests -m gpu -q -rfEs -p no:cacheprovider "${workers[@]}" \
   --junitxml="$WORK/gpu-tests.xml"
 
 if [ "$DRY_RUN" = 1 ]; then
