@@ -1,7 +1,8 @@
 """One pass of every kernel against the torch reference: what compute-sanitizer watches.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python bench/sanitize_kernels.py
-    python bench/sanitize_kernels.py [--device cpu|cuda]
+    python bench/sanitize_kernels.py [--device cpu|cuda] [--op NAME ...]
+    python bench/sanitize_kernels.py --memcheck-each TSV   # one memcheck process per op
 
 For every op of :func:`eagle_kernels.ops.op_backends` and every non-torch backend registered for
 it, the op runs once on small, valid inputs with awkward sizes (vocabularies, node counts and
@@ -14,6 +15,9 @@ Exit status 1 on any mismatch, error or op without example inputs here, else 0.
 
 Why: the unit tests check values; memcheck (out-of-bounds and misaligned accesses, which can
 leave values right by luck) is too slow for the whole test suite, so it gets this one pass.
+A bad access leaves the CUDA context unusable, hiding every op after it: ``--memcheck-each``
+runs memcheck once per op, in its own process, and writes ``op<TAB>clean|failed`` rows (the
+verdict reads them per op).
 Without a GPU the Triton kernels run in the interpreter (``TRITON_INTERPRET=1``, set below
 before eagle_kernels is imported), so CI proves the script itself works.
 """
@@ -216,9 +220,10 @@ def _skip_reason(backend: str, device: torch.device) -> str | None:
     return None
 
 
-def check_all(device: torch.device, seed: int = 0) -> list[tuple[str, str, str, str]]:
-    """(op, backend, status, detail) for every op and GPU backend (cuda, triton; the cpu
-    backend is proven by the test suite on CPU); status is one of
+def check_all(device: torch.device, seed: int = 0,
+              only: list[str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(op, backend, status, detail) for every op (or those in ``only``) and GPU backend (cuda,
+    triton; the cpu backend is proven by the test suite on CPU); status is one of
     ok / MISMATCH / ERROR / skipped / MISSING (no example inputs here)."""
     gen = torch.Generator().manual_seed(seed)
     cases: dict[str, Case] = {}
@@ -226,6 +231,8 @@ def check_all(device: torch.device, seed: int = 0) -> list[tuple[str, str, str, 
         cases.update(family(device, gen))
     results = []
     for op, backends in ops.op_backends().items():
+        if only and op not in only:
+            continue
         if op not in cases:
             if not {"cuda", "triton"} & set(backends):
                 continue  # no GPU kernel (e.g. the cpu backend's decoder ops): nothing to check
@@ -341,6 +348,35 @@ def write_verdict_rows(path: str, device: torch.device, seed: int) -> int:
     return 1 if any(row["status"] in ("wrong", "error") for row in rows) else 0
 
 
+def gpu_ops() -> list[str]:
+    """Ops with a cuda or triton kernel: what memcheck covers."""
+    return [op for op, backends in ops.op_backends().items() if {"cuda", "triton"} & set(backends)]
+
+
+def memcheck_each(path: str, seed: int, timeout_s: float = 60.0) -> int:
+    """One compute-sanitizer memcheck process per GPU op; ``op<TAB>clean|failed`` rows to
+    ``path``, each process's output to stdout; 1 if any op failed."""
+    import subprocess
+
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # no pool hides an overrun
+    rows = []
+    for op in gpu_ops():
+        command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
+                   sys.executable, __file__, "--seed", str(seed), "--op", op]
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True,
+                                  timeout=timeout_s)
+            status, output = ("clean" if done.returncode == 0 else "failed"), done.stdout + done.stderr
+        except subprocess.TimeoutExpired as expired:
+            status, output = "failed", f"timed out after {timeout_s:.0f} s: {expired.stdout or ''}"
+        rows.append((op, status))
+        print(f"== {op}: memcheck {status}\n{output}", flush=True)
+    with open(path, "w") as handle:
+        handle.writelines(f"{op}\t{status}\n" for op, status in rows)
+    print("\n".join(f"{op:<24} {status}" for op, status in rows))
+    return 1 if any(status != "clean" for _, status in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print one line per (op, backend); 1 on any mismatch, error or missing op, else 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -349,7 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
     parser.add_argument("--verdict", metavar="JSON",
                         help="instead: every op at every dtype it takes, rows to JSON")
+    parser.add_argument("--op", action="append", choices=gpu_ops(),
+                        help="check only this op (repeatable)")
+    parser.add_argument("--memcheck-each", metavar="TSV",
+                        help="instead: one compute-sanitizer memcheck process per op")
     args = parser.parse_args(argv)
+    if args.memcheck_each:
+        return memcheck_each(args.memcheck_each, args.seed)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
@@ -357,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         return write_verdict_rows(args.verdict, device, args.seed)
     print(f"device {device}; {_backend.backend_status('triton').reason}; "
           f"{_backend.backend_status('cuda').reason}")
-    results = check_all(device, args.seed)
+    results = check_all(device, args.seed, args.op)
     for op, backend, status, detail in results:
         print(f"{op:<24} {backend:<7} {status}" + (f": {detail}" if detail else ""), flush=True)
     failed = [r for r in results if r[2] in ("MISMATCH", "ERROR", "MISSING")]

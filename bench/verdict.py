@@ -11,7 +11,9 @@ Evidence read from the folders given (each stage's unpacked tarball):
 * ``gpu-tests.xml``: pytest -m gpu; a failure in a family's test file counts against that
   family's ops (against every op for files of no one family), for the backend its parameters
   name (both GPU backends when they name none);
-* ``steps.tsv``: the stage's steps; a memcheck step that did not pass proves nothing;
+* ``memcheck.tsv``: ``op<TAB>clean|failed`` per op (bench/sanitize_kernels.py --memcheck-each);
+  without it, ``steps.tsv``'s memcheck step for every op (a step that did not pass proves
+  nothing);
 * ``*.csv`` with ``op``, ``backend``, ``dtype``, ``speedup_vs_torch`` columns: the kernel
   benchmarks; an entry's speedup is the median over its rows (of its dtype when there are any).
 
@@ -93,7 +95,14 @@ def test_tally(folders: list[Path]) -> list[tuple[tuple | None, tuple, str]]:
     return tally
 
 
-def memcheck_status(folders: list[Path]) -> str:
+def memcheck_status(folders: list[Path], op: str) -> str:
+    """clean / failed / not run for ``op``: its own row of a per-op pass, else the step's."""
+    for path in _find(folders, "memcheck.tsv"):
+        for line in path.read_text().splitlines():
+            name, status = line.split("\t")[:2]
+            if name == op:
+                return status
+        return "not run"
     for path in _find(folders, "steps.tsv"):
         for line in path.read_text().splitlines()[1:]:
             name, status = line.split("\t")[:2]
@@ -133,12 +142,13 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
     from eagle_kernels.ops._backend import verdict_allows
 
     checks, device = kernel_checks(folders)
-    tally, memcheck, timed = test_tally(folders), memcheck_status(folders), speedups(folders)
+    tally, timed = test_tally(folders), speedups(folders)
     kernels = []
     for row in checks:
         if row["backend"] not in GPU_BACKENDS:
             continue
         passed, failed = _tests_for(tally, row["op"], row["backend"])
+        memcheck = memcheck_status(folders, row["op"])
         proven = (device.startswith("cuda") and row["status"] == "correct" and passed > 0
                   and failed == 0 and memcheck == "clean")
         entry = dict(op=row["op"], backend=row["backend"], dtype=row["dtype"], proven=proven,

@@ -25,6 +25,16 @@ namespace eagle_kernels {
 /// ceil(a / b) for positive b.
 EK_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/// Bytes of one array of `count` elements of `element_bytes` in dynamic shared memory, rounded
+/// up to 16. nvcc reads the tail of an unrolled loop over such an array with 16-byte loads
+/// (LDS.128) and discards the half past the last element (seen in eagle2_expand's rank count
+/// on sm_90a: compute-sanitizer memcheck reported the read past an odd count of int64 keys).
+/// Each array starting and ending on a 16-byte boundary keeps those reads inside the block's
+/// allocation (the dynamic shared-memory base is 16-byte aligned).
+EK_HOST_DEVICE int64_t shared_span(int64_t count, int64_t element_bytes) {
+  return ceil_div(count * element_bytes, 16) * 16;
+}
+
 /// Bits per packed tree-mask word: node j is bit (j % 32) of word (j / 32).
 constexpr int kMaskWordBits = 32;
 

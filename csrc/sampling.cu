@@ -169,12 +169,13 @@ __global__ void __launch_bounds__(kMaxThreads) accept_tree_kernel(
     const float* temperature, int64_t* output_tokens, int32_t* num_accepted,
     int32_t* accepted_nodes, int num_nodes, int64_t vocab, int width) {
   EK_BLOCK();
-  extern __shared__ int64_t per_node[];  // removed [N] int64, then probs [N] float
+  extern __shared__ int64_t per_node[];  // removed [N] int64, then probs [N] float (shared_span)
   __shared__ int state[3];
+  float* probs = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(per_node) +
+                                          shared_span(num_nodes, sizeof(int64_t)));
   accept_tree_at(block, tokens, parents, logits, accept_u, bonus_u, m, kkey, tau, z,
                  temperature, output_tokens, num_accepted, accepted_nodes, blockIdx.x,
-                 num_nodes, vocab, width, reinterpret_cast<float*>(per_node + num_nodes),
-                 per_node, state);
+                 num_nodes, vocab, width, probs, per_node, state);
 }
 
 template <typename T>
@@ -184,11 +185,13 @@ __global__ void __launch_bounds__(kMaxThreads) accept_chain_kernel(
     const float* temperature, int64_t* output_tokens, int32_t* num_accepted,
     int32_t* accepted_nodes, int num_nodes, int64_t vocab) {
   EK_BLOCK();
-  extern __shared__ float per_chain_node[];  // probs [N], then draft [N]
+  extern __shared__ float per_chain_node[];  // probs [N], then draft [N] (shared_span)
   __shared__ int state[3];
+  float* draft = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(per_chain_node) +
+                                          shared_span(num_nodes, sizeof(float)));
   accept_chain_at(block, tokens, draft_probs, logits, accept_u, bonus_u, m, kkey, tau, z,
                   temperature, output_tokens, num_accepted, accepted_nodes, blockIdx.x,
-                  num_nodes, vocab, per_chain_node, per_chain_node + num_nodes, state);
+                  num_nodes, vocab, per_chain_node, draft, state);
 }
 
 #undef EK_BLOCK
@@ -245,7 +248,8 @@ cudaError_t launch_stochastic_accept_tree(
     return cudaErrorInvalidValue;
   }
   if (batch == 0) return cudaSuccess;
-  const size_t shared = static_cast<size_t>(num_nodes) * (sizeof(int64_t) + sizeof(float));
+  const size_t shared = static_cast<size_t>(shared_span(num_nodes, sizeof(int64_t)) +
+                                            shared_span(num_nodes, sizeof(float)));
   dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     accept_tree_kernel<T><<<static_cast<unsigned>(batch), sampling_threads(vocab), shared,
@@ -267,7 +271,7 @@ cudaError_t launch_stochastic_accept_chain(
     return cudaErrorInvalidValue;
   }
   if (batch == 0) return cudaSuccess;
-  const size_t shared = static_cast<size_t>(num_nodes) * 2 * sizeof(float);
+  const size_t shared = static_cast<size_t>(2 * shared_span(num_nodes, sizeof(float)));
   dispatch_dtype(dtype_code, [&](auto tag) {
     using T = decltype(tag);
     accept_chain_kernel<T><<<static_cast<unsigned>(batch), sampling_threads(vocab), shared,

@@ -157,7 +157,7 @@ __global__ void expand_kernel(const float* __restrict__ frontier,
                               const float* __restrict__ children, float* __restrict__ candidates,
                               int64_t* __restrict__ next_index, float* __restrict__ next_scores,
                               int64_t K, int64_t C, int64_t top_k) {
-  extern __shared__ int64_t keys[];  // [K * C]
+  extern __shared__ int64_t keys[];  // [K * C], padded to 16 bytes (shared_span)
   const int64_t tree = blockIdx.x;
   const int64_t count = K * C;
   const float* tree_frontier = frontier + tree * K;
@@ -207,7 +207,8 @@ cudaError_t launch_eagle2_expand(const float* frontier, const float* children, f
   if (batch == 0) return cudaSuccess;
   const int64_t count = frontier_size * num_children;
   const int threads = static_cast<int>(std::min<int64_t>(256, ceil_div(count, 32) * 32));
-  expand_kernel<<<static_cast<unsigned>(batch), threads, sizeof(int64_t) * count, stream>>>(
+  const size_t shared_bytes = static_cast<size_t>(shared_span(count, sizeof(int64_t)));
+  expand_kernel<<<static_cast<unsigned>(batch), threads, shared_bytes, stream>>>(
       frontier, children, candidates, next_index, next_scores, frontier_size, num_children,
       top_k);
   return cudaGetLastError();

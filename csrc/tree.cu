@@ -90,7 +90,7 @@ __device__ void build_tree_block(const int32_t* tree_parents, int32_t* tree_dept
 __global__ void build_tree_kernel(const int32_t* __restrict__ parents, int32_t* __restrict__ depth,
                                   int32_t* __restrict__ tree_mask, int32_t* __restrict__ paths,
                                   int num_nodes, int words, int width) {
-  extern __shared__ int32_t leaf_rank[];  // [num_nodes] leaf flags, then inclusive ranks
+  extern __shared__ int32_t leaf_rank[];  // [num_nodes] leaf flags, then ranks (shared_span)
   __shared__ int32_t warp_totals[32];
   const int64_t tree_index = blockIdx.x;
   build_tree_block(parents + tree_index * num_nodes, depth + tree_index * num_nodes,
@@ -115,9 +115,13 @@ __global__ void rerank_kernel(const int64_t* __restrict__ root_tokens,
                               int32_t* parents, int32_t* depth, float* scores, int32_t* tree_mask,
                               int32_t* paths, int64_t* selected, int candidates, int num_nodes,
                               int words, int width) {
-  extern __shared__ int64_t keys[];  // [M] keys, then [M] kept / node numbers, then [N] ranks
-  int32_t* node_of = reinterpret_cast<int32_t*>(keys + candidates);
-  int32_t* leaf_rank = node_of + candidates;
+  // [M] keys, then [M] kept / node numbers, then [N] ranks, each padded to 16 bytes
+  extern __shared__ __align__(16) unsigned char rerank_shared[];
+  int64_t* keys = reinterpret_cast<int64_t*>(rerank_shared);
+  int32_t* node_of = reinterpret_cast<int32_t*>(rerank_shared +
+                                                shared_span(candidates, sizeof(int64_t)));
+  int32_t* leaf_rank = reinterpret_cast<int32_t*>(reinterpret_cast<unsigned char*>(node_of) +
+                                                  shared_span(candidates, sizeof(int32_t)));
   __shared__ int32_t warp_totals[32];
   const int64_t b = blockIdx.x;
   const tree::CandidateSet set{cand_tokens + b * candidates, cand_scores + b * candidates,
@@ -192,7 +196,7 @@ cudaError_t launch_build_tree(const int32_t* parents, int32_t* depth, int32_t* t
   if (tree::size_error(batch, num_nodes, max_depth) != nullptr) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   const int words = static_cast<int>(ceil_div(num_nodes, kMaskWordBits));
-  const size_t shared_bytes = sizeof(int32_t) * static_cast<size_t>(num_nodes);
+  const size_t shared_bytes = static_cast<size_t>(shared_span(num_nodes, sizeof(int32_t)));
   build_tree_kernel<<<static_cast<unsigned>(batch), tree_threads(num_nodes), shared_bytes,
                       stream>>>(parents, depth, tree_mask, paths, static_cast<int>(num_nodes),
                                 words, static_cast<int>(max_depth + 1));
@@ -222,8 +226,9 @@ cudaError_t launch_eagle2_rerank(const int64_t* root_tokens, const int64_t* cand
   }
   if (batch == 0) return cudaSuccess;
   const int words = static_cast<int>(ceil_div(num_nodes, kMaskWordBits));
-  const size_t shared_bytes = (sizeof(int64_t) + sizeof(int32_t)) * size_t(candidates) +
-                              sizeof(int32_t) * size_t(num_nodes);
+  const size_t shared_bytes = static_cast<size_t>(shared_span(candidates, sizeof(int64_t)) +
+                                                 shared_span(candidates, sizeof(int32_t)) +
+                                                 shared_span(num_nodes, sizeof(int32_t)));
   rerank_kernel<<<static_cast<unsigned>(batch), 256, shared_bytes, stream>>>(
       root_tokens, cand_tokens, cand_scores, cand_parents, tokens, parents, depth, scores,
       tree_mask, paths, selected, static_cast<int>(candidates), static_cast<int>(num_nodes),

@@ -57,6 +57,13 @@ def test_environment_forces_a_backend(monkeypatch):
     monkeypatch.setenv(_backend.BACKEND_ENV, "cuda")
     with pytest.raises(ValueError, match="backend: 'cuda'"):
         ops.build_tree(PARENTS)
+    # an op the forced backend lacks runs its torch reference (its inner ops forced in turn);
+    # asked for by name, the same backend is refused
+    monkeypatch.setitem(_backend._REGISTRY, "torch_only_op",
+                        {"torch": _backend._Implementation(lambda: None, True)})
+    assert _backend.resolve("torch_only_op", "auto", torch.device("cpu"))[0] == "torch"
+    with pytest.raises(ValueError, match="torch_only_op has no 'cuda' implementation"):
+        _backend.resolve("torch_only_op", "cuda", torch.device("cpu"))
     # an explicit argument beats the environment
     assert ops.build_tree(PARENTS, backend="torch")[0].tolist() == [[0, 1, 1]]
     monkeypatch.setenv(_backend.BACKEND_ENV, "fastest")

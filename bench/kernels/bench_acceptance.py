@@ -62,6 +62,8 @@ def runnable_backends(op, device):
             continue
         if name == "cuda" and device.type != "cuda":
             continue
+        if name == "cpu" and device.type != "cpu":
+            continue  # the C++ kernels take CPU tensors only
         names.append(name)
     return names
 

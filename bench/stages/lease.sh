@@ -4,6 +4,8 @@
 # and each stage's budget is what is left of SECONDS minus a floor kept for the stages after it.
 #   run(command="bash bench/gpu_suite.sh lease 540", timeout_s=570)    (no carried paths)
 # $OUT ends with stage 1's three files and stages 2-3's two each (7 of the 8 that come back).
+# A second lease on the same GPU: EAGLE_STAGE_TAG=b (stage1b, ...; lib.sh), and
+# EAGLE_BENCH_FAMILIES / EAGLE_CYCLE_BACKENDS to rerun only what failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 total=${1:-540}
@@ -16,9 +18,10 @@ stage() {
   echo "== $1: budget ${budget}s of ${total}s"
   EAGLE_STAGE_BUDGET_S=$budget bash "bench/gpu_suite.sh" "$1"
 }
-stage stage1 330 220
+# Floors shrink with a shorter lease: stage 1's evidence comes first.
+stage stage1 330 $(( total * 3 / 10 < 220 ? total * 3 / 10 : 220 ))
 export EAGLE_LEASE_BUILT=1
-stage stage2 150 110
+stage stage2 150 $(( total / 5 < 110 ? total / 5 : 110 ))
 # No verdict of this GPU is committed yet, so auto would run the torch reference twice.
 export EAGLE_CYCLE_BACKENDS=${EAGLE_CYCLE_BACKENDS:-torch triton cuda}
 stage stage3 300 0

@@ -8,8 +8,11 @@
 #   finish                         writes $OUT/summary-$STAGE.txt and $OUT/$STAGE.tar.gz
 # EAGLE_STAGE_DRY_RUN=1 (bash bench/gpu_suite.sh rehearse) runs the same steps at tiny sizes on
 # CPU: no build, no sanitizer, no nvidia-smi; DRY_RUN is 1 then, else 0.
+# EAGLE_STAGE_TAG (e.g. "b") names a second run of a stage on the same GPU (stage1b, ...), so
+# bench/collect_results.py keeps both runs' evidence apart.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+STAGE=$STAGE${EAGLE_STAGE_TAG:-}
 PY=${PYTHON:-python3}
 DRY_RUN=${EAGLE_STAGE_DRY_RUN:-0}
 OUT=${OUT:-bench/results/local}

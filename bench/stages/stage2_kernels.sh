@@ -10,7 +10,7 @@ environment
 build_or_restore
 smoke=(); [ "$DRY_RUN" = 1 ] && smoke=(--smoke)
 device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
-checked=build/stage-work/stage1/kernel-check.json
+checked=build/stage-work/stage1${EAGLE_STAGE_TAG:-}/kernel-check.json
 if [ "${EAGLE_LEASE_BUILT:-0}" = 1 ] && [ -f "$checked" ]; then
   # One lease, one GPU: stage 1's check a minute ago is this stage's correctness evidence.
   step kernel-check 10 cp "$checked" "$WORK/kernel-check.json"
@@ -18,7 +18,8 @@ else
   step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
     --verdict "$WORK/kernel-check.json"
 fi
-for family in attention acceptance topk kv; do  # the attention bar first
+# EAGLE_BENCH_FAMILIES: a subset (a rerun of the families whose benchmark failed before).
+for family in ${EAGLE_BENCH_FAMILIES:-attention acceptance topk kv}; do  # the attention bar first
   step "bench_$family" 75 "$PY" "bench/kernels/bench_$family.py" --out "$WORK/kernels" "${smoke[@]}"
 done
 step verdict 30 "$PY" bench/verdict.py stage "$WORK" --table "$WORK/summary-extra.txt"

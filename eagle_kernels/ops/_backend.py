@@ -8,8 +8,10 @@ Every op has up to four backends with one signature and one contract:
 * ``"torch"``  the reference ops of :mod:`eagle_kernels.ops.reference` (any device).
 
 ``backend="auto"`` (the default of every public op) takes the environment variable
-``EAGLE_KERNELS_BACKEND`` when it is set, which forces one backend for every op (useful in tests
-and benchmarks); otherwise the first of cuda, triton, cpu, torch that is available here,
+``EAGLE_KERNELS_BACKEND`` when it is set, which forces one backend for every op that has it
+(useful in tests and benchmarks; an op the forced backend lacks, such as the whole-layer
+``decoder_layer`` or ``soft_cross_entropy`` under ``cuda``, runs its torch reference, whose inner
+ops are forced in turn); otherwise the first of cuda, triton, cpu, torch that is available here,
 supports the inputs' device, supports the inputs themselves and is enabled for ``auto`` for
 this op.
 
@@ -275,6 +277,8 @@ def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, 
                 return name, impl.fn
         return "torch", implementations["torch"].fn
     impl = implementations.get(requested)
+    if impl is None and backend == "auto":  # forced by the environment, not asked by name
+        return "torch", implementations["torch"].fn
     if impl is None:
         raise ValueError(f"backend: {op} has no {requested!r} implementation "
                          f"(it has: {sorted(implementations)})")
