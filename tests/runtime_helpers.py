@@ -65,11 +65,24 @@ class OracleHead(Eagle3Head):
     def wrap(cls, head: Eagle3Head, reference: list[list[int]]) -> "OracleHead":
         head.__class__ = cls
         head.reference = reference
+        head._boosted = {}  # device -> [B, L] int64: the boosted token per position, or -1
         return head
 
     def forward(self, tokens, hidden, positions, cache, tree_mask, tree_offset: int = 0):
         self._cache, self._positions = cache, positions
         return super().forward(tokens, hidden, positions, cache, tree_mask, tree_offset)
+
+    def _boosted_tokens(self, device: torch.device) -> torch.Tensor:
+        """reference[b][q] where the hash picks (b, q), else -1; a device table, so boosting
+        reads no value on the host and the cycle stays capturable in a CUDA graph (first
+        built in the eager warm-up runs that precede a capture)."""
+        if device not in self._boosted:
+            width = max(len(ref) for ref in self.reference)
+            table = [[ref[q] if q < len(ref) and
+                      zlib.crc32(f"{b}:{q}".encode()) % 1000 < self.hit_rate * 1000 else -1
+                      for q in range(width)] for b, ref in enumerate(self.reference)]
+            self._boosted[device] = torch.tensor(table, dtype=torch.int64, device=device)
+        return self._boosted[device]
 
     def draft_logits(self, out_hidden):
         logits = super().draft_logits(out_hidden)
@@ -77,14 +90,13 @@ class OracleHead(Eagle3Head):
             targets = (self._cache.lens.to(torch.int64) + 1).unsqueeze(1)
             rows = logits.unsqueeze(1)
         else:  # frontier at head position p predicts target position p + 2
-            targets = self._positions + 2
+            targets = self._positions.to(torch.int64) + 2
             rows = logits
-        for b in range(rows.shape[0]):
-            for j in range(rows.shape[1]):
-                q = int(targets[b, j])
-                hit = zlib.crc32(f"{b}:{q}".encode()) % 1000 < self.hit_rate * 1000
-                if q < len(self.reference[b]) and hit:
-                    rows[b, j, self.reference[b][q]] += self.boost
+        table = self._boosted_tokens(logits.device)[:rows.shape[0]]
+        inside = (targets >= 0) & (targets < table.shape[1])
+        token = table.gather(1, targets.clamp(0, table.shape[1] - 1))
+        boost = ((token >= 0) & inside).to(rows.dtype) * self.boost  # 0 adds nothing
+        rows.scatter_add_(2, token.clamp(min=0).unsqueeze(-1), boost.unsqueeze(-1))
         return logits
 
 

@@ -20,10 +20,14 @@ def _prompts(gen):
     return [torch.randint(0, 299, (n,), generator=gen).tolist() for n in (5, 23, 2)]
 
 
-@pytest.mark.parametrize("backend", ["triton", "cuda"])
-def test_graph_replay_equals_eager(gen, monkeypatch, backend):
+# The cuda attention kernel takes fp16 / bf16 only, so its run is in bf16. There the verify pass's
+# cuBLAS GEMMs round differently from the decode step's (not row-invariant on the GPU yet), so
+# greedy speculative == autoregressive is asserted only for the fp32 run; graph == eager is
+# asserted for both.
+@pytest.mark.parametrize("backend, dtype", [("triton", torch.float32), ("cuda", torch.bfloat16)])
+def test_graph_replay_equals_eager(gen, monkeypatch, backend, dtype):
     monkeypatch.setenv(BACKEND_ENV, backend)
-    target = tiny_target().cuda()
+    target = tiny_target().to("cuda", dtype)
     prompts = _prompts(gen)
     base = Engine(target, cuda_graphs=False).generate(prompts, 40, speculative=False)
     reference = [p + t for p, t in zip(prompts, base.tokens)]
@@ -35,7 +39,7 @@ def test_graph_replay_equals_eager(gen, monkeypatch, backend):
             if graphs:
                 assert engine.graph_status == "captured", engine.graph_status
         assert runs[0] == runs[1]
-        if sampling.greedy:
+        if sampling.greedy and dtype == torch.float32:
             assert runs[0] == base.tokens
     graphed_ar = Engine(target, cuda_graphs=True)
     assert graphed_ar.generate(prompts, 40, speculative=False).tokens == base.tokens

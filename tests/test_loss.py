@@ -326,7 +326,10 @@ def test_gpu_bf16_large(gen, vocab):
     rows = 2048
     x, y, weights = random_case(gen, rows, vocab, torch.bfloat16, device="cuda")
     check_triton_case(x, y, weights, f"GPU T={rows} V={vocab} {seed_note(gen)}")
-    # memory: beyond the inputs, only grad_x ([T, V] in x's dtype) and [T]-sized statistics
+    # memory: beyond the inputs, only grad_x ([T, V] in x's dtype), [T]-sized statistics and
+    # reduction scratch. Measured on an H200 (2026-11-26): grad_x + 1.04 MiB at both vocabularies.
+    # 4 MiB of slack still catches any [T, V] temporary (the smallest, a bool mask, is T V bytes:
+    # 62.5 MiB here; the value checks used to make three of them)
     leaf = x.clone().requires_grad_(True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -334,4 +337,4 @@ def test_gpu_bf16_large(gen, vocab):
     (ops.soft_cross_entropy(leaf, y, backend="triton") * weights).sum().backward()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    assert extra <= leaf.numel() * leaf.element_size() + (1 << 20), extra
+    assert extra <= leaf.numel() * leaf.element_size() + (4 << 20), extra
