@@ -366,7 +366,8 @@ def memcheck_each(path: str, seed: int, timeout_s: float = 60.0) -> int:
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True,
                                   timeout=timeout_s)
-            status, output = ("clean" if done.returncode == 0 else "failed"), done.stdout + done.stderr
+            status = "clean" if done.returncode == 0 else "failed"
+            output = done.stdout + done.stderr
         except subprocess.TimeoutExpired as expired:
             status, output = "failed", f"timed out after {timeout_s:.0f} s: {expired.stdout or ''}"
         rows.append((op, status))

@@ -76,3 +76,47 @@ static void greedy_accept(const GreedyAcceptArgs& a) {
   for (int64_t r = 0; r < rows; ++r) a.target_ids[r] = row_argmax(a.logits + r * a.vocab, a.vocab);
   for (int64_t b = 0; b < a.batch; ++b) greedy_accept_one(a, b);
 }
+
+static bool is_stop_token(int64_t token, const int64_t* eos, int64_t num_eos) {
+  for (int64_t e = 0; e < num_eos; ++e)
+    if (token == eos[e]) return true;
+  return false;
+}
+
+static inline int64_t clamp_count(int64_t count, int64_t low, int64_t high) {
+  return count < low ? low : count > high ? high : count;
+}
+
+/// The decode loop's bookkeeping for every row (RecordArgs, kernels.h); the same result as
+/// the torch version in generation.py for valid input.
+static void record_tokens(const RecordArgs& a) {
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t* tokens = a.new_tokens + b * a.width;
+    const int64_t offered = a.counts != nullptr ? a.counts[b] : 1;
+    int64_t count = a.done[b] ? 0 : clamp_count(offered, 0, a.width);
+    bool hit_eos = false;
+    for (int64_t j = 0; j < count; ++j) {
+      if (is_stop_token(tokens[j], a.eos, a.num_eos)) {
+        count = j + 1, hit_eos = true;
+        break;
+      }
+    }
+    const int64_t start = clamp_count(a.generated[b], 0, a.out_width);
+    count = clamp_count(count, 0, a.budgets[b] - a.generated[b]);
+    count = clamp_count(count, 0, a.out_width - start);
+    for (int64_t j = 0; j < count; ++j) a.out[b * a.out_width + start + j] = tokens[j];
+    a.generated[b] += count;
+    a.done[b] = a.done[b] || hit_eos || a.generated[b] >= a.budgets[b];
+    a.recorded[b] = count;
+  }
+}
+
+/// The greedy autoregressive step's choice and bookkeeping (GreedyStepArgs, kernels.h).
+static void greedy_step(const GreedyStepArgs& a) {
+  for (int64_t b = 0; b < a.record.batch; ++b) {
+    a.active[b] = a.record.done[b] ? 0 : 1;
+    a.lens[b] += static_cast<int32_t>(a.active[b]);
+    a.root[b] = row_argmax(a.logits + b * a.vocab, a.vocab);
+  }
+  record_tokens(a.record);
+}

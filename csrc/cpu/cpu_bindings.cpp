@@ -373,6 +373,43 @@ void compact_kv(const std::vector<std::uintptr_t>& caches, const std::vector<int
   active->compact_kv(args);
 }
 
+/// `state`: the call's generated [B] int64, done [B] bool, out [B, out_width] int64, budgets
+/// [B] int64 and eos [num_eos] int64 (eagle_kernels/runtime/generation.py _Call).
+cpu::RecordArgs record_args(const std::vector<std::uintptr_t>& state, int64_t batch,
+                            int64_t out_width, int64_t num_eos) {
+  if (state.size() != 5) throw std::invalid_argument("state: expected 5 pointers");
+  if (batch < 0 || out_width < 0 || num_eos < 0)
+    throw std::invalid_argument("record: expected batch, out_width, num_eos >= 0");
+  return {nullptr, nullptr, as_ptr<const int64_t>(state[4]), as_ptr<const int64_t>(state[3]),
+          as_ptr<int64_t>(state[0]), as_ptr<bool>(state[1]), as_ptr<int64_t>(state[2]),
+          nullptr, batch, 1, num_eos, out_width};
+}
+
+void record_tokens(std::uintptr_t new_tokens, std::uintptr_t counts, std::uintptr_t recorded,
+                   const std::vector<std::uintptr_t>& state, int64_t batch, int64_t width,
+                   int64_t out_width, int64_t num_eos) {
+  if (width < 1) throw std::invalid_argument("record_tokens: expected width >= 1");
+  cpu::RecordArgs args = record_args(state, batch, out_width, num_eos);
+  args.new_tokens = as_ptr<const int64_t>(new_tokens);
+  args.counts = as_ptr<const int64_t>(counts);
+  args.recorded = as_ptr<int64_t>(recorded);
+  args.width = width;
+  active->record_tokens(args);
+}
+
+void greedy_step(std::uintptr_t logits, std::uintptr_t lens, std::uintptr_t root,
+                 std::uintptr_t active_rows, std::uintptr_t recorded,
+                 const std::vector<std::uintptr_t>& state, int64_t batch, int64_t vocab,
+                 int64_t out_width, int64_t num_eos) {
+  if (vocab < 1) throw std::invalid_argument("greedy_step: expected vocab >= 1");
+  cpu::GreedyStepArgs args{as_ptr<const float>(logits), as_ptr<int32_t>(lens),
+                           as_ptr<int64_t>(root), as_ptr<int64_t>(active_rows), vocab,
+                           record_args(state, batch, out_width, num_eos)};
+  args.record.new_tokens = args.root;
+  args.record.recorded = as_ptr<int64_t>(recorded);
+  active->greedy_step(args);
+}
+
 cpu::SoftCrossEntropyArgs soft_ce_args(std::uintptr_t x, std::uintptr_t y, std::uintptr_t stats,
                                        int64_t rows, int64_t vocab, int threads) {
   return {as_ptr<const float>(x), as_ptr<const float>(y), nullptr, as_ptr<float>(stats),
@@ -463,4 +500,12 @@ PYBIND11_MODULE(_cpu, module) {
              py::arg("paths"), py::arg("target_ids"), py::arg("outputs"), py::arg("batch"),
              py::arg("nodes"), py::arg("vocab"), py::arg("num_paths"), py::arg("width"),
              py::arg("threads") = 0, "Greedy tree / chain acceptance (csrc/cpu/acceptance.h).");
+  module.def("record_tokens", &record_tokens, py::arg("new_tokens"), py::arg("counts"),
+             py::arg("recorded"), py::arg("state"), py::arg("batch"), py::arg("width"),
+             py::arg("out_width"), py::arg("num_eos"),
+             "The decode loop's token bookkeeping (csrc/cpu/acceptance.h).");
+  module.def("greedy_step", &greedy_step, py::arg("logits"), py::arg("lens"), py::arg("root"),
+             py::arg("active"), py::arg("recorded"), py::arg("state"), py::arg("batch"),
+             py::arg("vocab"), py::arg("out_width"), py::arg("num_eos"),
+             "Greedy step: argmax, cache lengths, bookkeeping (csrc/cpu/acceptance.h).");
 }

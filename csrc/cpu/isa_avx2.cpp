@@ -16,7 +16,8 @@ const KernelTable& avx2_kernels() {
                                  avx2::soft_ce_backward,
                                  avx2::topk_log_softmax, avx2::eagle2_expand,
                                  avx2::build_tree, avx2::eagle2_rerank,
-                                 avx2::greedy_accept, avx2::compact_kv};
+                                 avx2::greedy_accept, avx2::compact_kv,
+                                 avx2::record_tokens, avx2::greedy_step};
   return table;
 }
 }  // namespace cpu

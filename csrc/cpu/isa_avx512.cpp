@@ -19,7 +19,8 @@ const KernelTable& avx512_kernels() {
                                  avx512::soft_ce_backward,
                                  avx512::topk_log_softmax, avx512::eagle2_expand,
                                  avx512::build_tree, avx512::eagle2_rerank,
-                                 avx512::greedy_accept, avx512::compact_kv};
+                                 avx512::greedy_accept, avx512::compact_kv,
+                                 avx512::record_tokens, avx512::greedy_step};
   return table;
 }
 }  // namespace cpu

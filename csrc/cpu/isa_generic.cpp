@@ -13,7 +13,8 @@ const KernelTable& generic_kernels() {
                                  generic::soft_ce_backward,
                                  generic::topk_log_softmax, generic::eagle2_expand,
                                  generic::build_tree, generic::eagle2_rerank,
-                                 generic::greedy_accept, generic::compact_kv};
+                                 generic::greedy_accept, generic::compact_kv,
+                                 generic::record_tokens, generic::greedy_step};
   return table;
 }
 }  // namespace cpu

@@ -206,6 +206,35 @@ struct GreedyAcceptArgs {
   int threads;
 };
 
+/// record_tokens (acceptance.h): the decode loop's bookkeeping (eagle_kernels/runtime/
+/// generation.py _Call.record) in one call: row b offers counts[b] of new_tokens[b]; done rows
+/// take none, a row stops after its first EOS and at its budget; the taken tokens go to
+/// out[b, generated[b]:], then generated and done advance. Every count is clamped into the
+/// buffers, so no input reads or writes out of bounds.
+struct RecordArgs {
+  const int64_t* new_tokens;  ///< [batch, width]
+  const int64_t* counts;      ///< [batch] tokens offered (null: one each)
+  const int64_t* eos;         ///< [num_eos] stop tokens
+  const int64_t* budgets;     ///< [batch] new tokens allowed in all
+  int64_t* generated;         ///< [batch] new tokens so far (advanced)
+  bool* done;                 ///< [batch] (set on EOS or a spent budget)
+  int64_t* out;               ///< [batch, out_width] the call's output buffer
+  int64_t* recorded;          ///< [batch] out: tokens taken this time
+  int64_t batch, width, num_eos, out_width;
+};
+
+/// greedy_step (acceptance.h): the greedy autoregressive step's choice and bookkeeping in one
+/// call: root[b] = argmax of logits[b] (greedy_accept_chain's rule), active[b] = !done[b]
+/// before the step, lens[b] += active[b], then record_tokens of root with count 1.
+struct GreedyStepArgs {
+  const float* logits;  ///< [batch, vocab]
+  int32_t* lens;        ///< [batch] target cache lengths (advanced for active rows)
+  int64_t* root;        ///< [batch] out: the chosen tokens (record.new_tokens points here)
+  int64_t* active;      ///< [batch] out: 1 for rows active in this step
+  int64_t vocab;
+  RecordArgs record;    ///< new_tokens = root, width 1, counts null (one each)
+};
+
 /// compact_kv (kv.h): the accepted path's rows of every cache [batch, max_len, row] moved next
 /// to the committed prefix.
 struct CompactKvArgs {
@@ -407,6 +436,8 @@ struct KernelTable {
   void (*eagle2_rerank)(const RerankArgs&);
   void (*greedy_accept)(const GreedyAcceptArgs&);
   void (*compact_kv)(const CompactKvArgs&);
+  void (*record_tokens)(const RecordArgs&);
+  void (*greedy_step)(const GreedyStepArgs&);
 };
 
 // Defined in isa_<name>.cpp; avx512 and avx2 exist only on x86-64.

@@ -119,6 +119,16 @@ def cpu_extension():
     return sys.modules.get(CPU_MODULE) or importlib.import_module(CPU_MODULE)
 
 
+def cpu_bookkeeping(device: torch.device):
+    """The ``_cpu`` module where the runtime's per-step bookkeeping (token recording, the greedy
+    step's choice) should run in C++: CPU tensors, the cpu backend built, and not forced off by
+    ``EAGLE_KERNELS_BACKEND``; else None (the torch version runs, e.g. on a GPU, where it is
+    captured in the CUDA graph)."""
+    if device.type != "cpu" or _requested_backend("auto") not in ("auto", "cpu"):
+        return None
+    return cpu_extension() if backend_status("cpu").available else None
+
+
 def cpu_float32_only(dtype: torch.dtype | None = None, **_) -> str | None:
     """The cpu kernels' support rule: float32 tensors only (no dtype stated: not chosen)."""
     if dtype is None:

@@ -41,6 +41,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .. import ops
+from ..ops._backend import cpu_bookkeeping
 from ..ops._validate import check_eps, check_int, check_positive, no_value_checks
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
@@ -169,6 +170,12 @@ class _Call:
         self.stats = stats
         self.output: GenerationOutput | None = None
         self._step_columns: dict[int, torch.Tensor] = {}  # see _steps
+        self._zero_uniforms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # see uniforms
+        # On CPU one C++ call does record()'s dozen tensor ops (each costs 10-20 us inside the
+        # loop, where every step's weight stream has evicted the interpreter's working set).
+        self.native = cpu_bookkeeping(self.out.device)
+        self._state = [t.data_ptr() for t in (self.generated, self.done, self.out, self.budgets,
+                                              self.eos)]
         self.rng = None
         if not sampling.greedy:
             self.rng = torch.Generator(device=device)
@@ -180,6 +187,14 @@ class _Call:
 
         Returns the counts actually recorded (0 for finished sequences).
         """
+        if self.native is not None:
+            new_tokens = new_tokens.contiguous()
+            counts = counts.to(torch.int64).contiguous()
+            recorded = torch.empty_like(self.generated)
+            self.native.record_tokens(new_tokens.data_ptr(), counts.data_ptr(),
+                                      recorded.data_ptr(), self._state, len(recorded),
+                                      new_tokens.shape[1], self.out.shape[1], len(self.eos))
+            return recorded
         steps = self._steps(new_tokens.shape[1])
         counts = torch.where(self.done, 0, counts.to(torch.int64))
         is_eos = (steps < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
@@ -203,8 +218,29 @@ class _Call:
             self._step_columns[width] = steps
         return steps
 
+    def greedy_step(self, logits: torch.Tensor, lens: torch.Tensor):
+        """The greedy step's root = argmax(logits [B, V]), active rows, lens += active and
+        record(root) in one C++ call (``self.native`` only): (root, counts, active) [B] int64."""
+        batch, vocab = logits.shape
+        root, recorded, active = (torch.empty_like(self.generated) for _ in range(3))
+        self.native.greedy_step(logits.contiguous().data_ptr(), lens.data_ptr(), root.data_ptr(),
+                                active.data_ptr(), recorded.data_ptr(), self._state, batch,
+                                vocab, self.out.shape[1], len(self.eos))
+        return root, recorded, active
+
     def uniforms(self, *shape) -> torch.Tensor:
         return torch.rand(*shape, generator=self.rng, device=self.out.device)
+
+    def zero_uniforms(self, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeros [B, nodes] and [B], made once per width (nothing writes them: greedy
+        acceptance ignores its uniforms, and a graph copies them into its own inputs)."""
+        zeros = self._zero_uniforms.get(nodes)
+        if zeros is None:
+            batch = self.out.shape[0]
+            zeros = (torch.zeros(batch, nodes, device=self.out.device),
+                     torch.zeros(batch, device=self.out.device))
+            self._zero_uniforms[nodes] = zeros
+        return zeros
 
 
 class GenerationStream:
@@ -298,10 +334,9 @@ class Engine:
         call's generator would shift its seeded stream, so that the same seed would sample
         differently with and without CUDA graphs.
         """
-        batch = call.out.shape[0]
         if call.sampling.greedy or not draw:
-            return (torch.zeros(batch, nodes, device=self.device),
-                    torch.zeros(batch, device=self.device))
+            return call.zero_uniforms(nodes)
+        batch = call.out.shape[0]
         return call.uniforms(batch, nodes), call.uniforms(batch)
 
     def _accept_root_only(self, logits, call: _Call, accept_u, bonus_u) -> torch.Tensor:
@@ -439,11 +474,15 @@ class Engine:
 
     def _step(self, cache, call: _Call, ones, root, accept_u, bonus_u):
         """One autoregressive step for the whole batch (same model code and ops as a cycle)."""
-        active = ~call.done
         positions = cache.lens.to(torch.int64).unsqueeze(1)
         hidden, _ = self.target(root.unsqueeze(1), positions, cache, ones)
+        logits = self.target.logits(hidden[:, 0])
+        if call.native is not None and call.sampling.greedy and logits.dtype == torch.float32:
+            root, counts, active = call.greedy_step(logits, cache.lens)  # one C++ call on CPU
+            return root, counts, torch.zeros_like(counts), active
+        active = ~call.done
         cache.lens += active.to(torch.int32)
-        root = self._accept_root_only(self.target.logits(hidden[:, 0]), call, accept_u, bonus_u)
+        root = self._accept_root_only(logits, call, accept_u, bonus_u)
         counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
         return root, counts, torch.zeros_like(counts), active.to(torch.int64)
 
