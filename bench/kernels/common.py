@@ -100,6 +100,10 @@ def copy_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024) -
 
 
 def _git_commit() -> str:
+    """HEAD here, or EAGLE_COMMIT when set (a lent GPU's .git can be older than the tree it
+    was sent: bench/stages/lib.sh)."""
+    if os.environ.get("EAGLE_COMMIT"):
+        return os.environ["EAGLE_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True,

@@ -62,7 +62,10 @@ environment() {
 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__); \
 print('gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')"
     command -v nvcc > /dev/null && nvcc --version | tail -1
-    git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /'
+    # The device machine's .git can be older than the tree it was sent (seen on 2026-11-26):
+    # the caller passes the commit it sent as EAGLE_COMMIT=<hash> in the command.
+    if [ -n "${EAGLE_COMMIT:-}" ]; then echo "commit $EAGLE_COMMIT (sent by the caller)"
+    else git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /;s/$/ (the .git there)/'; fi
   } > "$WORK/environment.txt" 2>&1
 }
 
