@@ -32,7 +32,7 @@ from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  #
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
-from eagle_kernels.ops._backend import backend_status, op_backends  # noqa: E402
+from eagle_kernels.ops._backend import _supports_device, backend_status, op_backends  # noqa: E402
 
 FLASHINFER = dict(batch=16, nodes=6, vocab=32000, us=27.0)  # chain of 5 draft tokens, B200
 
@@ -60,10 +60,8 @@ def runnable_backends(op, device):
     for name in op_backends()[op]:
         if not backend_status(name).available:
             continue
-        if name == "cuda" and device.type != "cuda":
+        if not _supports_device(name, device):  # the registry's own rule (cpu: CPU tensors)
             continue
-        if name == "cpu" and device.type != "cpu":
-            continue  # the C++ kernels take CPU tensors only
         names.append(name)
     return names
 
