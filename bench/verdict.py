@@ -95,20 +95,21 @@ def test_tally(folders: list[Path]) -> list[tuple[tuple | None, tuple, str]]:
     return tally
 
 
-def memcheck_status(folders: list[Path], op: str) -> str:
-    """clean / failed / not run for ``op``: its own row of a per-op pass, else the step's."""
+def memcheck_statuses(folders: list[Path]) -> dict[str, str] | str:
+    """Per op, clean / failed from a per-op pass (``memcheck.tsv``; ops it lacks: not run); or,
+    without one, the memcheck step's status for every op (a str)."""
     for path in _find(folders, "memcheck.tsv"):
-        for line in path.read_text().splitlines():
-            name, status = line.split("\t")[:2]
-            if name == op:
-                return status
-        return "not run"
+        return dict(line.split("\t")[:2] for line in path.read_text().splitlines())
     for path in _find(folders, "steps.tsv"):
         for line in path.read_text().splitlines()[1:]:
             name, status = line.split("\t")[:2]
             if name == "memcheck":
                 return "clean" if status == "ok" else "failed"
     return "not run"
+
+
+def _memcheck_for(statuses: dict[str, str] | str, op: str) -> str:
+    return statuses if isinstance(statuses, str) else statuses.get(op, "not run")
 
 
 def speedups(folders: list[Path]) -> dict[tuple[str, str], list[tuple[str, float]]]:
@@ -142,13 +143,13 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
     from eagle_kernels.ops._backend import verdict_allows
 
     checks, device = kernel_checks(folders)
-    tally, timed = test_tally(folders), speedups(folders)
+    tally, memchecks, timed = test_tally(folders), memcheck_statuses(folders), speedups(folders)
     kernels = []
     for row in checks:
         if row["backend"] not in GPU_BACKENDS:
             continue
         passed, failed = _tests_for(tally, row["op"], row["backend"])
-        memcheck = memcheck_status(folders, row["op"])
+        memcheck = _memcheck_for(memchecks, row["op"])
         proven = (device.startswith("cuda") and row["status"] == "correct" and passed > 0
                   and failed == 0 and memcheck == "clean")
         entry = dict(op=row["op"], backend=row["backend"], dtype=row["dtype"], proven=proven,
