@@ -151,6 +151,21 @@ def attention_cases(device, gen, dtype=torch.bfloat16) -> dict[str, Case]:
     return {"tree_attention": _simple("tree_attention", tuple(args), tolerance=(2e-2, 2e-2))}
 
 
+def decoder_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
+    """The decoder's linear (q / k / v of 37 rows, K = 576 in K splits, a bias) and rms_norm
+    (with a residual), scaled so outputs are O(1)."""
+    x = torch.randn(37, 576, generator=gen)
+    weights = [torch.randn(n, 576, generator=gen) / 24 for n in (576, 192, 200)]
+    bias = torch.randn(200, generator=gen)
+    h, residual, norm = (torch.randn(5, 3, 576, generator=gen) for _ in range(3))
+    move = [t.to(dtype).to(device) for t in (x, *weights, bias, h, residual, norm[0, 0])]
+    x, w_q, w_k, w_v, bias, h, residual, norm = move
+    tolerance = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
+    return {"linear": _simple("linear_group", (x, [w_q, w_k, w_v], [None, None, bias]),
+                              tolerance=tolerance),
+            "rms_norm": _simple("rms_norm", (h, norm, 1e-5, residual), tolerance=tolerance)}
+
+
 def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """compact_kv in place over three caches of different dtypes and odd row sizes."""
     batch, max_len, width = 3, 40, 6
@@ -191,7 +206,8 @@ def loss_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
 
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-FAMILIES = (tree_cases, acceptance_cases, topk_cases, attention_cases, kv_cases, loss_cases)
+FAMILIES = (tree_cases, acceptance_cases, topk_cases, attention_cases, decoder_cases, kv_cases,
+            loss_cases)
 
 
 def _compare(got: list, want: list, tolerance) -> str | None:
@@ -260,6 +276,7 @@ def check_all(device: torch.device, seed: int = 0,
 # have no float dtype to choose carry a fixed label instead (compact_kv moves mixed caches).
 FAMILY_DTYPES = {tree_cases: ("int32",), acceptance_cases: FLOAT_DTYPES,
                  topk_cases: FLOAT_DTYPES, attention_cases: FLOAT_DTYPES,
+                 decoder_cases: FLOAT_DTYPES,
                  kv_cases: ("mixed",), loss_cases: FLOAT_DTYPES}
 FIXED_DTYPE = {"eagle2_expand": "float32", "eagle2_rerank": "float32"}
 HALF_TOLERANCE = (1e-2, 1e-2)  # fp16 / bf16 inputs: the floor for every float comparison

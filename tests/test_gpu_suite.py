@@ -87,6 +87,20 @@ def test_the_newest_verdict_counts_and_unproven_or_slower_stays_torch(monkeypatc
     assert not _backend.verdict_allows({"proven": True, "speedup_vs_torch": None})
 
 
+def test_row_invariant_ops_join_auto_by_invariance_not_speed():
+    """linear / rms_norm / tree_attention: the proven triton kernel joins auto even when slower
+    than torch (lossless by construction), a faster kernel that is not row-invariant never."""
+    allows = _backend.verdict_allows
+    for op in ("linear", "rms_norm", "tree_attention"):
+        assert allows({"op": op, "backend": "triton", "proven": True, "speedup_vs_torch": 0.7})
+        assert not allows({"op": op, "backend": "triton", "proven": False,
+                           "speedup_vs_torch": 3.0})
+        assert not allows({"op": op, "backend": "cuda", "proven": True, "speedup_vs_torch": 3.0})
+    assert allows({"op": "build_tree", "backend": "cuda", "proven": True, "speedup_vs_torch": 3.0})
+    assert not allows({"op": "build_tree", "backend": "triton", "proven": True,
+                       "speedup_vs_torch": 0.7})
+
+
 def test_the_interpreter_is_never_chosen_by_auto(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))

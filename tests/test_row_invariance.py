@@ -1,5 +1,6 @@
-"""Lossless by construction: on the cpu backend a token's logits do not depend on how many
-tokens are computed with it.
+"""Lossless by construction: on the cpu backend, and with the Triton kernels (linear, rms_norm,
+tree_attention; on a GPU, or under the interpreter here), a token's logits do not depend on how
+many tokens are computed with it.
 
 The logits of every node of a verify pass over N tree nodes (batch 2, prefixes of different
 lengths, random tree shapes, N 1..64) must equal, bit for bit, the logits of the same token
@@ -10,11 +11,14 @@ autoregressive output for every prompt, not only for the prompts a test happens 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from eagle_kernels import ops
-from eagle_kernels.ops._backend import resolve
+from eagle_kernels.ops import BACKEND_ENV
+from eagle_kernels.ops._backend import backend_status, resolve
 from eagle_kernels.runtime.drafting import causal_tree_mask
 
 from conftest import SHAPES, random_parents
@@ -22,22 +26,48 @@ from cpu_support import needs_cpu_backend
 from cuda_support import seed_note
 from runtime_helpers import tiny_target
 
-pytestmark = needs_cpu_backend
-
 PREFIXES = (23, 6)  # batch 2: sequences of different committed lengths
+# interpreted cases cost 20-50 s of CI each: one tree size per dtype here, every size on a GPU
+INTERPRETER_NODES = {torch.float32: 33, torch.bfloat16: 7}
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+_TRITON_MISSING = backend_status("triton")
+needs_triton = pytest.mark.skipif(not _TRITON_MISSING.available,
+                                  reason=f"triton backend: {_TRITON_MISSING.reason}")
+# (backend forced, device, dtype, the ops that must run it)
+CASES = [
+    pytest.param(("auto", torch.device("cpu"), torch.float32,
+                  ("linear", "rms_norm", "apply_rope", "silu_mul", "tree_attention"), "cpu"),
+                 marks=needs_cpu_backend, id="cpu-fp32"),
+    pytest.param(("triton", TRITON_DEVICE, torch.float32,
+                  ("linear", "rms_norm", "tree_attention"), "triton"),
+                 marks=[needs_triton, pytest.mark.gpu], id="triton-fp32"),
+    pytest.param(("triton", TRITON_DEVICE, torch.bfloat16,
+                  ("linear", "rms_norm", "tree_attention"), "triton"),
+                 marks=[needs_triton, pytest.mark.gpu], id="triton-bf16"),
+]
 
 
-@pytest.fixture(scope="module")
-def target():
-    model = tiny_target(seed=3, layers=3)
-    for op in ("linear", "rms_norm", "apply_rope", "silu_mul", "tree_attention"):
-        chosen, _ = resolve(op, "auto", torch.device("cpu"), dtype=torch.float32)
-        assert chosen == "cpu", (op, chosen)  # the row-invariant kernels are what auto runs
-    return model
+@pytest.fixture(scope="module", params=CASES)
+def target(request):
+    forced, device, dtype, ops_checked, want = request.param
+    saved = os.environ.get(BACKEND_ENV)
+    if forced != "auto":
+        os.environ[BACKEND_ENV] = forced  # the other ops run the torch reference: elementwise
+    try:
+        model = tiny_target(seed=3, layers=3).to(device, dtype)
+        for op in ops_checked:
+            chosen, _ = resolve(op, "auto", device, dtype=dtype, head_dim=16)
+            assert chosen == want, (op, chosen)  # the row-invariant kernels are what runs
+        yield model
+    finally:
+        if saved is None:
+            os.environ.pop(BACKEND_ENV, None)
+        else:
+            os.environ[BACKEND_ENV] = saved
 
 
-def _one(token: int, position: int):
-    return (torch.tensor([[token]]), torch.tensor([[position]]))
+def _one(token: int, position: int, device):
+    return (torch.tensor([[token]], device=device), torch.tensor([[position]], device=device))
 
 
 class Decoder:
@@ -45,14 +75,15 @@ class Decoder:
 
     def __init__(self, target, prefix: list[int], room: int):
         self.target = target
+        self.device = target.lm_head.weight.device
         self.cache = target.allocate_cache(1, len(prefix) + room)
-        self.mask = torch.ones(1, 1, 1, dtype=torch.int32)
+        self.mask = torch.ones(1, 1, 1, dtype=torch.int32, device=self.device)
         self.logits = []
         for token in prefix:
             self.logits.append(self.step(token))
 
     def step(self, token: int) -> torch.Tensor:
-        ids, positions = _one(token, int(self.cache.lens[0]))
+        ids, positions = _one(token, int(self.cache.lens[0]), self.device)
         hidden, _ = self.target(ids, positions, self.cache, self.mask)
         self.cache.lens += 1
         return self.target.logits(hidden[0, 0])
@@ -60,6 +91,7 @@ class Decoder:
     def fork(self) -> "Decoder":
         other = object.__new__(Decoder)
         other.target, other.mask, other.logits = self.target, self.mask, []
+        other.device = self.device
         other.cache = type(self.cache)([k.clone() for k in self.cache.keys],
                                        [v.clone() for v in self.cache.values],
                                        self.cache.lens.clone())
@@ -68,12 +100,16 @@ class Decoder:
 
 @pytest.mark.parametrize("num_nodes", [1, 2, 7, 33, 64])
 def test_verify_logits_equal_decode_logits_bit_for_bit(gen, target, num_nodes):
+    interpreted = os.environ.get(BACKEND_ENV) == "triton" and target.lm_head.weight.is_cpu
+    if interpreted and num_nodes != INTERPRETER_NODES[target.dtype]:
+        pytest.skip("Triton interpreter: one tree size per dtype (a GPU runs every size)")
     vocab = target.vocab_size
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PREFIXES]
     shape = SHAPES[num_nodes % len(SHAPES)]
     parents = random_parents(len(prompts), num_nodes, gen, shape)
-    depth, mask, _ = ops.build_tree(parents)
-    tokens = torch.randint(0, vocab, (len(prompts), num_nodes), generator=gen)
+    device = target.lm_head.weight.device
+    depth, mask, _ = (t.to(device) for t in ops.build_tree(parents))
+    tokens = torch.randint(0, vocab, (len(prompts), num_nodes), generator=gen).to(device)
 
     with torch.inference_mode():
         # the runtime's way: one padded prefill pass, then one verify pass over the tree
@@ -82,8 +118,9 @@ def test_verify_logits_equal_decode_logits_bit_for_bit(gen, target, num_nodes):
         for b, prompt in enumerate(prompts):
             ids[b, :len(prompt)] = torch.tensor(prompt)
         cache = target.allocate_cache(len(prompts), width + num_nodes)
-        positions = torch.arange(width).expand(len(prompts), -1)
-        prefill_hidden, _ = target(ids, positions, cache, causal_tree_mask(2, width, "cpu"))
+        positions = torch.arange(width, device=device).expand(len(prompts), -1)
+        prefill_hidden, _ = target(ids.to(device), positions, cache,
+                                   causal_tree_mask(2, width, device))
         prefill_logits = target.logits(prefill_hidden)
         cache.lens.copy_(torch.tensor(PREFIXES, dtype=torch.int32))
         tree_positions = cache.lens.to(torch.int64).unsqueeze(1) + depth.to(torch.int64)

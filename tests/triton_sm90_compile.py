@@ -13,7 +13,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from eagle_kernels.ops import acceptance, attention, kv, loss, sampling, topk, tree  # noqa: E402
+from eagle_kernels.ops import (acceptance, attention, decoder_triton, kv, loss, sampling,  # noqa: E402
+                               topk, tree)
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 H100_SHARED_BYTES = 232448  # 227 KiB: the most shared memory one block may use on sm_90
@@ -107,30 +108,52 @@ variants(kv._compact_kv_kernel,
          words_1={"WORD_BYTES": 1, "width": 1})
 ATTENTION_ARGS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
-    "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "num_queries": "i32",
+    "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "num_queries": "i32",
     "q_heads": "i32", "tree_keys": "i32", "words": "i32", "num_splits": "i32",
-    "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32", "stride_qh": "i32",
-    "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
+    "split_keys": "i32", "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32",
+    "stride_qh": "i32", "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
 FP32_ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "out_ptr": "*fp32",
                   "DOT_PRECISION": "ieee"}
 variants(attention._tree_attention_kernel, ATTENTION_ARGS,
-         {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64,
-          "SPLIT": True, "DOT_PRECISION": "tf32", "UPCAST": False},
+         {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 16, "BLOCK_N": 64,
+          "BLOCK_T": 64, "ORDERED": True, "SPLIT": True, "DOT_PRECISION": "tf32",
+          "UPCAST": False},
          head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64},
-         head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
+         head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32, "BLOCK_T": 256},
          no_split_ones={"SPLIT": False, "num_splits": 1, "words": 1, "GROUP": 1,
-                        "BLOCK_M": 16},
+                        "BLOCK_T": 1},
+         prefill_chain={"ORDERED": False, "BLOCK_M": 64, "BLOCK_T": 1, "split_keys": 1},
          fp32={**FP32_ATTENTION},
          fp32_head_dim_256={**FP32_ATTENTION, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
-         fp16_head_dim_64_small={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",
-                                 "out_ptr": "*fp16", "HEAD_DIM": 64, "BLOCK_D": 64,
-                                 "BLOCK_M": 32})
+         fp16_head_dim_64_unordered={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",
+                                     "out_ptr": "*fp16", "HEAD_DIM": 64, "BLOCK_D": 64,
+                                     "BLOCK_M": 32, "ORDERED": False})
 variants(attention._merge_splits_kernel,
-         {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
+         {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
           "rows_per_batch": "i32"},
-         {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 32, "UPCAST": False},
+         {"HEAD_DIM": 128, "BLOCK_D": 128, "UPCAST": False},
          head_dim_64_fp32={"HEAD_DIM": 64, "BLOCK_D": 64, "out_ptr": "*fp32"},
-         head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_S": 2})
+         head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256})
+LINEAR_ARGS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+               "part_ptr": "*fp32", "rows": "i32", "cols": "i32", "width": "i32",
+               "split_blocks": "i32"}
+variants(decoder_triton._linear_kernel, LINEAR_ARGS,
+         {"HAS_BIAS": False, "SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64,
+          "DOT_PRECISION": "tf32", "UPCAST": False},
+         one_pass_bias={"SPLIT": False, "HAS_BIAS": True, "part_ptr": "*bf16", "rows": 1},
+         fp32={"x_ptr": "*fp32", "w_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
+               "DOT_PRECISION": "ieee"})
+variants(decoder_triton._sum_splits_kernel,
+         {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "count": "i32",
+          "cols": "i32", "num_splits": "i32"}, {"HAS_BIAS": True, "BLOCK": 1024, "UPCAST": False},
+         no_bias_fp16={"HAS_BIAS": False, "bias_ptr": "*fp16", "out_ptr": "*fp16"})
+variants(decoder_triton._rms_norm_kernel,
+         {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
+          "total_ptr": "*bf16", "width": "i32", "eps": "fp32"},
+         {"HAS_RESIDUAL": True, "BLOCK": 4096, "UPCAST": False},
+         fp32_no_residual={"HAS_RESIDUAL": False, "x_ptr": "*fp32", "residual_ptr": "*fp32",
+                           "weight_ptr": "*fp32", "out_ptr": "*fp32", "total_ptr": "*fp32",
+                           "BLOCK": 1024})
 build(loss._soft_ce_forward_kernel,
       {"x_ptr": "*bf16", "y_ptr": "*bf16", "loss_ptr": "*fp32", "stats_ptr": "*fp32",
        "rows": "i32", "vocab": "i32"}, {"NEG_BIG": -1.0e30, "BLOCK": 4096})

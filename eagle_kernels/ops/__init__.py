@@ -13,6 +13,7 @@ from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_acc
                          stochastic_accept_tree)
 from .attention import tree_attention
 from .decoder import apply_rope, linear, linear_group, rms_norm, silu_mul
+from . import decoder_triton  # noqa: F401,E402  registers the triton linear / rms_norm
 from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend,
                     weights_unchanged)
 from .kv import compact_kv

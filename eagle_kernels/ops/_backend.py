@@ -23,7 +23,8 @@ ValueError naming the limit. CUDA limits come from the ``_C`` module (:func:`cud
 Triton limits from one named constant in the module that owns the kernel.
 
 A GPU kernel (``cuda``, ``triton``) joins ``auto`` on a CUDA device only where a committed
-verdict for that GPU says it was proven equal to the reference and faster than it
+verdict for that GPU says it was proven equal to the reference and faster than it, or, for
+the ops the lossless runtime needs row-invariant, proven and the row-invariant backend
 (:func:`verdict_allows`); the ``auto=`` given at registration does not apply to them. Verdicts
 are the ``verdict.json`` files under ``bench/results/<date>_<gpu>/`` (written from a GPU run by
 ``bench/collect_results.py``, never by hand), found by ``torch.cuda.get_device_name``; the
@@ -207,11 +208,25 @@ def _unsupported(impl: _Implementation, facts: dict) -> str | None:
     return impl.supports(**facts) if impl.supports is not None else None
 
 
+# Ops whose every output row the lossless runtime needs independent of the row count (a verify
+# pass over N nodes must give each node a decode step's bits), and the GPU backend that
+# computes them so (ops/decoder_triton.py, ops/attention.py).
+ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attention": "triton"}
+
+
 def verdict_allows(entry: dict) -> bool:
     """The rule by which a verdict entry puts a GPU kernel into ``auto``: proven equal to the
-    reference at that dtype on that GPU, and its median speedup over torch above 1."""
+    reference at that dtype on that GPU, and its median speedup over torch above 1; for the ops
+    of ROW_INVARIANT_BACKENDS, proven and the row-invariant backend, whatever its speed (greedy
+    speculative decoding is then lossless by construction; cuBLAS and the cuda attention are
+    not row-invariant)."""
+    if not entry.get("proven"):
+        return False
+    invariant = ROW_INVARIANT_BACKENDS.get(entry.get("op"))
+    if invariant is not None:
+        return entry.get("backend") == invariant
     speedup = entry.get("speedup_vs_torch")
-    return bool(entry.get("proven")) and speedup is not None and speedup > 1.0
+    return speedup is not None and speedup > 1.0
 
 
 def _verdict_folder() -> Path | None:

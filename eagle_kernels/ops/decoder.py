@@ -45,7 +45,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x : [..., K] float16 / bfloat16 / float32, contiguous.
     weight : [N, K], dtype and device of ``x``, contiguous (nn.Linear's layout).
     bias : [N], optional.
-    backend : "auto", "cpu" (fp32 CPU tensors, row-invariant) or "torch".
+    backend : "auto", "cpu" (fp32 CPU tensors, row-invariant), "triton" (row-invariant on the
+        GPU, :mod:`~eagle_kernels.ops.decoder_triton`) or "torch".
 
     Returns
     -------
@@ -100,7 +101,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if residual is not None:
         check_tensor("residual", residual, (x.dtype,), tuple(x.shape), x.device)
     eps = check_eps("eps", eps)
-    _, implementation = resolve("rms_norm", backend, x.device, dtype=x.dtype)
+    _, implementation = resolve("rms_norm", backend, x.device, dtype=x.dtype,
+                                width=x.shape[-1])
     return implementation(x, weight, eps, residual)
 
 

@@ -1,0 +1,190 @@
+"""Triton backends of the decoder's ``linear`` and ``rms_norm``: row-invariant on the GPU.
+
+Contracts: :func:`eagle_kernels.ops.linear_group` and :func:`eagle_kernels.ops.rms_norm` (the
+torch reference ops). Why they exist: cuBLAS and torch's reductions choose their kernels, tiles
+and split counts from the row count M, so a token's projections and norms change in the last
+bits with how many tokens are computed with it, and a verify pass over N tree nodes then does
+not give a decode step's logits. These kernels compute every output row with code that depends
+only on the weight's shape and the device, never on M (with the Triton tree attention, which
+visits each row's keys in list order), so greedy speculative decoding is lossless by
+construction on the GPU as it is on the CPU backend.
+
+linear: ``y = x @ W.T + b`` in tiles of LINEAR_BLOCK_M x LINEAR_BLOCK_N outputs with fp32
+accumulation over K in LINEAR_BLOCK_K steps, one tile shape for every M. When the column tiles
+cannot fill the GPU (decode: M = 1), K is cut into a split count chosen from (N, K, SM count)
+only; the splits' fp32 partial sums are added in split order by a second kernel, which adds
+the bias and rounds. Weights are read in nn.Linear's [N, K] layout, no repacking.
+
+rms_norm: one program per row, the whole row in one block of BLOCK >= H lanes: the sum of
+squares is one fixed reduction per row. fp32 math as transformers' LlamaRMSNorm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._backend import register
+from ._triton import tl, triton
+from .attention import _cast, _mma, _sm_count
+
+LINEAR_BLOCK_M = 16  # rows per tile, whatever M: a row's MMAs are the same in every call
+LINEAR_BLOCK_N = 64
+LINEAR_BLOCK_K = 64
+LINEAR_MIN_SPLIT_BLOCKS = 4  # K blocks per split at least: a split's partial costs a round trip
+RMS_NORM_MAX_WIDTH = 16384  # one row in registers
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, rows, cols, width, split_blocks,
+                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """Program (row tile, column tile, K split): x [M, K] and w [N, K] contiguous; writes out
+    [M, N] (bias added, rounded) or, when SPLIT, the split's fp32 partial [S, M, N]."""
+    tile_m = tl.program_id(0)
+    tile_n = tl.program_id(1)
+    split = tl.program_id(2)
+    rm = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rm < rows
+    col_ok = rn < cols
+    k_start = split * split_blocks * BLOCK_K
+    k_end = tl.minimum(k_start + split_blocks * BLOCK_K, width)
+    steps = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * width
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * width
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        kk = k + steps
+        k_ok = kk < k_end
+        a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += _mma(a, tl.trans(w), DOT_PRECISION, UPCAST)
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    offsets = rm.to(tl.int64)[:, None] * cols + rn[None, :]
+    if SPLIT:
+        tl.store(part_ptr + split.to(tl.int64) * rows * cols + offsets, acc, mask=out_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offsets, _cast(acc, out_ptr.dtype.element_ty, UPCAST), mask=out_mask)
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, bias_ptr, out_ptr, count, cols, num_splits,
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+    """out[i] = sum over splits s in order of part[s, i] (+ bias[i % cols]), i < count = M * N."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < count
+    total = tl.load(part_ptr + i, mask=ok, other=0.0)
+    for split in range(1, num_splits):
+        total += tl.load(part_ptr + split * count + i, mask=ok, other=0.0)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + i % cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + i, _cast(total, out_ptr.dtype.element_ty, UPCAST), mask=ok)
+
+
+def linear_splits(cols: int, width: int, device: torch.device) -> int:
+    """K splits of a [cols, width] weight: enough programs for about two waves of the GPU when
+    only the column tiles run (one row tile), each split at least LINEAR_MIN_SPLIT_BLOCKS K
+    blocks. From the weight's shape and the device only (row invariance)."""
+    col_tiles = triton.cdiv(cols, LINEAR_BLOCK_N)
+    k_blocks = triton.cdiv(width, LINEAR_BLOCK_K)
+    wanted = triton.cdiv(2 * _sm_count(device), col_tiles)
+    return max(1, min(wanted, k_blocks // LINEAR_MIN_SPLIT_BLOCKS))
+
+
+def _interpreting_bf16(x: torch.Tensor) -> bool:
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu"  # see attention._mma / _cast
+
+
+def _linear_one(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                out: torch.Tensor) -> None:
+    rows, width = x2d.shape
+    cols = weight.shape[0]
+    if rows == 0 or cols == 0:
+        return
+    if width == 0:  # an empty sum: the bias, or zeros
+        out.copy_(bias.expand_as(out) if bias is not None else torch.zeros_like(out))
+        return
+    splits = linear_splits(cols, width, x2d.device)
+    split_blocks = triton.cdiv(triton.cdiv(width, LINEAR_BLOCK_K), splits)
+    splits = triton.cdiv(triton.cdiv(width, LINEAR_BLOCK_K), split_blocks)  # none left empty
+    part = (torch.empty(splits, rows, cols, dtype=torch.float32, device=x2d.device)
+            if splits > 1 else out)
+    upcast = _interpreting_bf16(x2d)
+    grid = (triton.cdiv(rows, LINEAR_BLOCK_M), triton.cdiv(cols, LINEAR_BLOCK_N), splits)
+    _linear_kernel[grid](
+        x2d, weight, bias if bias is not None else out, out, part, rows, cols, width,
+        split_blocks, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_M=LINEAR_BLOCK_M,
+        BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
+        DOT_PRECISION="ieee" if x2d.dtype == torch.float32 else "tf32", UPCAST=upcast,
+        num_warps=4)
+    if splits > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(rows * cols, block),)](
+            part, bias if bias is not None else out, out, rows * cols, cols, splits,
+            HAS_BIAS=bias is not None, BLOCK=block, UPCAST=upcast)
+
+
+def _linear_group_triton(x, weights, biases):
+    """Triton backend of linear_group (checked arguments: x [..., K] contiguous, weights [N_i,
+    K] of x's dtype and device)."""
+    rows = math.prod(x.shape[:-1])
+    x2d = x.reshape(rows, x.shape[-1])
+    outputs = []
+    for w, b in zip(weights, biases):
+        out = torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype, device=x.device)
+        _linear_one(x2d, w.contiguous(), b, out.view(rows, w.shape[0]))
+        outputs.append(out)
+    return tuple(outputs)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, total_ptr, width, eps,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+    """Program per row: h = x (+ residual, rounded to x's dtype and stored), out = weight *
+    (h * rsqrt(mean(h^2) + eps)) rounded to x's dtype before the weight, as the reference."""
+    row = tl.program_id(0).to(tl.int64) * width
+    cols = tl.arange(0, BLOCK)
+    ok = cols < width
+    h = tl.load(x_ptr + row + cols, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        h = _cast(h.to(tl.float32) + tl.load(residual_ptr + row + cols, mask=ok,
+                                             other=0.0).to(tl.float32),
+                  x_ptr.dtype.element_ty, UPCAST)
+        tl.store(total_ptr + row + cols, h, mask=ok)
+    hf = h.to(tl.float32)
+    normed = hf * tl.rsqrt(tl.sum(hf * hf, 0) / width + eps)
+    normed = _cast(normed, x_ptr.dtype.element_ty, UPCAST).to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row + cols, _cast(weight * normed, out_ptr.dtype.element_ty, UPCAST),
+             mask=ok)
+
+
+def _rms_norm_triton(x, weight, eps, residual):
+    """Triton backend of rms_norm (checked arguments, x and residual contiguous)."""
+    width = x.shape[-1]
+    out = torch.empty_like(x)
+    total = torch.empty_like(x) if residual is not None else None
+    rows = math.prod(x.shape[:-1])
+    if rows and width:
+        _rms_norm_kernel[(rows,)](
+            x, residual if residual is not None else x, weight, out,
+            total if total is not None else out, width, float(eps),
+            HAS_RESIDUAL=residual is not None, BLOCK=max(16, triton.next_power_of_2(width)),
+            UPCAST=_interpreting_bf16(x), num_warps=4)
+    return out if residual is None else (out, total)
+
+
+def _rms_norm_supports(width=None, **_) -> str | None:
+    if width is not None and width > RMS_NORM_MAX_WIDTH:
+        return (f"x: expected a last dimension <= {RMS_NORM_MAX_WIDTH} "
+                f"(decoder_triton.RMS_NORM_MAX_WIDTH), got {width}")
+    return None
+
+
+register("linear", "triton", _linear_group_triton, auto=False)
+register("rms_norm", "triton", _rms_norm_triton, auto=False, supports=_rms_norm_supports)

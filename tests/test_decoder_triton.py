@@ -1,0 +1,136 @@
+"""Triton linear and rms_norm (eagle_kernels/ops/decoder_triton.py): the reference's contract
+within the flash rule, and row invariance bit for bit (interpreter here, the GPU's -m gpu run
+there: on a CUDA machine the same tests take CUDA tensors).
+
+Tolerance: against the fp64 reference, the kernel's largest error is at most twice torch's own
+error in the same dtype plus fp32 rounding noise around the output. Row invariance is exact for
+every input by construction (each row's code does not depend on M): no false failures.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_kernels import ops
+from eagle_kernels.ops import decoder_triton, reference
+from eagle_kernels.ops._backend import backend_status
+
+from cuda_support import seed_note
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not backend_status("triton").available,
+                                                  reason=backend_status("triton").reason)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+IDS = ["fp32", "fp16", "bf16"]
+
+
+def _draw(gen, *shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(DEVICE)
+
+
+def assert_within_flash_rule(got, want64, torch_result, note):
+    """|got - exact| <= 2 |torch - exact| + fp32 noise, elementwise maxima."""
+    assert got.dtype == torch_result.dtype and got.shape == torch_result.shape, note
+    error = (got.double() - want64).abs().max().item()
+    torch_error = (torch_result.double() - want64).abs().max().item()
+    noise = 4 * torch.finfo(torch.float32).eps * want64.abs().max().item()
+    assert error <= 2 * torch_error + noise, (error, torch_error, note)
+
+
+# (rows, width, out): one row, awkward widths (1, 63, 1000: four K splits), awkward outputs
+LINEAR_SIZES = [(1, 64, 64), (1, 1000, 130), (17, 63, 65), (37, 200, 1), (5, 1, 33),
+                (64, 576, 192)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("rows, width, out", LINEAR_SIZES,
+                         ids=[f"M{m}-K{k}-N{n}" for m, k, n in LINEAR_SIZES])
+def test_linear_triton_matches_reference(gen, dtype, rows, width, out):
+    x = _draw(gen, rows, width, dtype=dtype)
+    w = _draw(gen, out, width, dtype=dtype, scale=width**-0.5)
+    b = _draw(gen, out, dtype=dtype) if out % 2 else None
+    got = ops.linear(x, w, b, backend="triton")
+    want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    assert_within_flash_rule(got, want, reference.linear_group(x, [w], [b])[0],
+                             f"{dtype} {seed_note(gen)}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_linear_triton_rows_do_not_depend_on_the_row_count(gen, dtype):
+    """Each row alone (M = 1, a decode step) equals, bit for bit, the same row among 37 (a
+    verify pass) and among 5 others; a group's outputs equal single linears."""
+    x = _draw(gen, 37, 1000, dtype=dtype)
+    weights = [_draw(gen, n, 1000, dtype=dtype, scale=0.03) for n in (130, 64)]
+    bias = _draw(gen, 64, dtype=dtype)
+    batched = ops.linear_group(x, weights, [None, bias], backend="triton")
+    few = ops.linear_group(x[10:15].contiguous(), weights, [None, bias], backend="triton")
+    for i in range(37):
+        alone = ops.linear_group(x[i:i + 1].contiguous(), weights, [None, bias],
+                                 backend="triton")
+        for j in range(2):
+            assert torch.equal(alone[j][0], batched[j][i]), (i, j, seed_note(gen))
+            if 10 <= i < 15:
+                assert torch.equal(few[j][i - 10], batched[j][i]), (i, j, seed_note(gen))
+
+
+def test_row_count_check_catches_a_split_that_follows_the_call(gen, monkeypatch):
+    """Power of the test above: K splits chosen per call (four for the batch, as the weight's
+    shape gives, one pass for a single row) change a row's bits: over seeds 0-19 all 37 rows
+    differed every time; the check needs one."""
+    x = _draw(gen, 37, 1000)
+    w = _draw(gen, 130, 1000, scale=0.03)
+    batched = ops.linear(x, w, backend="triton")
+    monkeypatch.setattr(decoder_triton, "linear_splits", lambda cols, width, device: 1)
+    differ = sum(not torch.equal(ops.linear(x[i:i + 1].contiguous(), w, backend="triton")[0],
+                                 batched[i]) for i in range(37))
+    assert differ >= 19, (differ, seed_note(gen))
+
+
+def test_linear_triton_empty_sizes(gen):
+    x = _draw(gen, 3, 0)
+    w = _draw(gen, 5, 0)
+    b = _draw(gen, 5)
+    assert torch.equal(ops.linear(x, w, b, backend="triton"), b.expand(3, 5))
+    assert torch.equal(ops.linear(x, w, backend="triton"), torch.zeros(3, 5, device=DEVICE))
+    assert ops.linear(_draw(gen, 0, 4), _draw(gen, 5, 4), backend="triton").shape == (0, 5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("rows, width", [(1, 1), (7, 3), (33, 576), (4, 1000)])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+def test_rms_norm_triton_matches_reference(gen, dtype, rows, width, with_residual):
+    x = _draw(gen, rows, width, dtype=dtype)
+    weight = _draw(gen, width, dtype=dtype)
+    residual = _draw(gen, rows, width, dtype=dtype) if with_residual else None
+    got = ops.rms_norm(x, weight, 1e-5, residual, backend="triton")
+    mine = reference.rms_norm(x, weight, 1e-5, residual)
+    h = x.double() if residual is None else (x + residual).double()
+    exact = weight.double() * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+    note = f"{dtype} {seed_note(gen)}"
+    if residual is None:
+        assert_within_flash_rule(got, exact, mine, note)
+    else:
+        assert torch.equal(got[1], mine[1]), note  # h = x + residual in the dtype, as torch
+        assert_within_flash_rule(got[0], exact, mine[0], note)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rms_norm_triton_rows_do_not_depend_on_the_row_count(gen, dtype):
+    x = _draw(gen, 2, 9, 576, dtype=dtype)
+    weight = _draw(gen, 576, dtype=dtype)
+    residual = _draw(gen, 2, 9, 576, dtype=dtype)
+    out, h = ops.rms_norm(x, weight, 1e-6, residual, backend="triton")
+    for b in range(2):
+        for t in range(9):
+            alone = ops.rms_norm(x[b, t:t + 1].contiguous(), weight, 1e-6,
+                                 residual[b, t:t + 1].contiguous(), backend="triton")
+            assert torch.equal(alone[0][0], out[b, t]) and torch.equal(alone[1][0], h[b, t])
+
+
+def test_rms_norm_triton_refuses_rows_wider_than_its_block(gen):
+    width = decoder_triton.RMS_NORM_MAX_WIDTH + 1
+    x = _draw(gen, 1, width)
+    with pytest.raises(ValueError, match="RMS_NORM_MAX_WIDTH"):
+        ops.rms_norm(x, _draw(gen, width), 1e-5, backend="triton")
+    assert ops.rms_norm(x, _draw(gen, width), 1e-5).shape == (1, width)  # auto: another backend
