@@ -231,6 +231,15 @@ def test_split_count_heuristic():
     assert attention.choose_num_splits(8, 100, cpu) == 1
 
 
+def test_ordered_split_positions_follow_the_capacity_bucket_only():
+    """Triton ordered calls: 256-key splits for every cache of up to 8192 keys, then the
+    capacity's power of two / 32 (a 32-wide key block for 256-wide heads divides them too)."""
+    for max_len in (1, 300, 8192):
+        assert attention.split_keys_for(max_len, 64) == 256
+    assert attention.split_keys_for(8193, 64) == attention.split_keys_for(16384, 64) == 512
+    assert attention.split_keys_for(100_000, 32) == 4096
+
+
 def test_triton_backend_rejects_huge_heads(gen):
     q, k, v, lens, mask = make_case(gen, 1, 2, 3, 2, 1, 264, torch.float32)
     with pytest.raises(ValueError, match="head_dim <= 256"):

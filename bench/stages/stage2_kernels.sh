@@ -19,7 +19,7 @@ else
     --verdict "$WORK/kernel-check.json"
 fi
 # EAGLE_BENCH_FAMILIES: a subset (a rerun of the families whose benchmark failed before).
-for family in ${EAGLE_BENCH_FAMILIES:-attention acceptance topk kv}; do  # the attention bar first
+for family in ${EAGLE_BENCH_FAMILIES:-attention decoder acceptance topk kv}; do  # attention bar first
   step "bench_$family" 75 "$PY" "bench/kernels/bench_$family.py" --out "$WORK/kernels" "${smoke[@]}"
 done
 step verdict 30 "$PY" bench/verdict.py stage "$WORK" --table "$WORK/summary-extra.txt"

@@ -389,10 +389,11 @@ def triton_config(rows: int, head_dim: int, ordered: bool = True) -> TritonConfi
 
 def split_keys_for(max_len: int, block_n: int) -> int:
     """List positions per split of an ordered call: from the cache's capacity only (never N,
-    the batch or the lengths), so a decode step and a verify pass over caches of one capacity
-    split every query's list at the same positions; MIN_SPLIT_KEYS for every cache of up to
-    MIN_SPLIT_KEYS * MAX_SPLITS keys."""
-    keys = max(MIN_SPLIT_KEYS, triton.cdiv(max_len, MAX_SPLITS))
+    the batch or the lengths), rounded to a power of two, so a decode step and a verify pass
+    split every query's list at the same positions whenever their caches' capacities round to
+    the same power of two (always MIN_SPLIT_KEYS up to MIN_SPLIT_KEYS * MAX_SPLITS keys; the
+    runtime's plain and speculative caches differ by a tree's few rows)."""
+    keys = max(MIN_SPLIT_KEYS, triton.next_power_of_2(max_len) // MAX_SPLITS)
     return triton.cdiv(keys, block_n) * block_n
 
 

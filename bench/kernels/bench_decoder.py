@@ -1,0 +1,100 @@
+"""linear / rms_norm: the row-invariant Triton kernels vs torch (cuBLAS), with the memory floor.
+
+    python bench/kernels/bench_decoder.py [--out DIR] [--smoke]
+
+Llama-3.1-8B projections in bf16 (o_proj 4096 -> 4096, gate 4096 -> 14336, down 14336 -> 4096,
+lm_head 4096 -> 128256) at M = 1 (decode), 16, 60 (a verify tree) and 240 (batch 4 x 60) rows,
+and its RMSNorm (4096 wide). What row invariance costs on the GPU: greedy speculative decoding
+is lossless by construction only with these kernels (ops/decoder_triton.py), so they run
+whatever their speed. Floor: the weight (and the rows in and out) read once over the measured
+copy bandwidth. Timed as CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the
+Triton interpreter on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
+                    plot_rows, time_fn, timing_columns)
+
+from eagle_kernels import ops  # noqa: E402
+from eagle_kernels.ops._backend import backend_status  # noqa: E402
+
+LLAMA_8B = {"o_proj": (4096, 4096), "gate_proj": (14336, 4096), "down_proj": (4096, 14336),
+            "lm_head": (128256, 4096)}
+SMOKE = {"o_proj": (64, 48)}
+
+
+def _backends(device) -> list[str]:
+    return ["torch"] + (["triton"] if backend_status("triton").available else [])
+
+
+def _time(call, device, repeats):
+    fn = graphed(call) if device.type == "cuda" else call
+    return time_fn(fn, repeats=repeats, warmup=1 if device.type == "cpu" else 3)
+
+
+def linear_rows(device, gen, shapes, row_counts, bandwidth, repeats) -> list[dict]:
+    rows = []
+    for name, (out, width) in shapes.items():
+        weight = (torch.randn(out, width, generator=gen) * width**-0.5).to(torch.bfloat16)
+        weight = weight.to(device)
+        for m in row_counts:
+            x = torch.randn(m, width, generator=gen).to(torch.bfloat16).to(device)
+            floor_us = 2 * (out * width + m * (width + out)) / bandwidth * 1e6
+            timings = {backend: _time(lambda b=backend: ops.linear(x, weight, backend=b),
+                                      device, repeats) for backend in _backends(device)}
+            for backend, timing in timings.items():
+                rows.append(dict(op="linear", weight=name, backend=backend, dtype="bfloat16",
+                                 rows=m, **timing_columns(timing, timings["torch"], floor_us)))
+                print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+        del weight
+    return rows
+
+
+def rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats) -> list[dict]:
+    rows = []
+    weight = torch.randn(width, generator=gen).to(torch.bfloat16).to(device)
+    for m in row_counts:
+        x, residual = (torch.randn(m, width, generator=gen).to(torch.bfloat16).to(device)
+                       for _ in range(2))
+        floor_us = 2 * 4 * m * width / bandwidth * 1e6  # x, residual in; normed, sum out
+        timings = {backend: _time(lambda b=backend: ops.rms_norm(x, weight, 1e-5, residual,
+                                                                 backend=b), device, repeats)
+                   for backend in _backends(device)}
+        for backend, timing in timings.items():
+            rows.append(dict(op="rms_norm", weight=f"width {width}", backend=backend,
+                             dtype="bfloat16", rows=m,
+                             **timing_columns(timing, timings["torch"], floor_us)))
+            print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+    return rows
+
+
+def main():
+    args, device = bench_arguments(__doc__.split("\n")[0])
+    gen = torch.Generator().manual_seed(0)
+    if args.smoke:
+        shapes, row_counts, width, repeats = SMOKE, (1, 5), 48, 3
+    else:
+        shapes, row_counts, width, repeats = LLAMA_8B, (1, 16, 60, 240), 4096, 20
+    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    rows = linear_rows(device, gen, shapes, row_counts, bandwidth, repeats)
+    rows += rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats)
+    out = Path(args.out)
+    append_rows(out / "bench_decoder.csv", rows)
+    plot_rows([dict(r, series=f"{r['backend']} {r['op']} {r['weight']}") for r in rows],
+              "rows", "median_us", "series", out / "bench_decoder.png", "linear / rms_norm")
+
+
+if __name__ == "__main__":
+    main()
