@@ -174,34 +174,41 @@ def test_triton_query_seeing_nothing_gets_zeros(gen):
         assert_flash_close(out, q, k, v, lens, mask, 3, seed_note(gen))
 
 
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # else the interpreter
+
+
 def decode_steps(q, k, v, lens, parents, b):
     """Node i of sequence b as a decode step: one query over a cache holding the prefix and
     then the node's path (root .. i) at positions L .. L + depth, NaN past it; batch = nodes."""
     num_nodes, prefix = q.shape[1], int(lens[b])
-    k_dec = torch.full((num_nodes,) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype)
+    k_dec = torch.full((num_nodes,) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype,
+                       device=k.device)
     v_dec = torch.full_like(k_dec, float("nan"))
     lens_dec = torch.empty(num_nodes, dtype=torch.int32)
     for node in range(num_nodes):
         path = [node]
         while int(parents[b, path[-1]]) >= 0:
             path.append(int(parents[b, path[-1]]))
-        rows = list(range(prefix)) + [prefix + j for j in reversed(path)]
+        rows = torch.tensor(list(range(prefix)) + [prefix + j for j in reversed(path)],
+                            device=k.device)
         k_dec[node, :len(rows)] = k[b, rows]
         v_dec[node, :len(rows)] = v[b, rows]
         lens_dec[node] = len(rows) - 1
-    mask = torch.ones(num_nodes, 1, 1, dtype=torch.int32)
-    return q[b].unsqueeze(1).contiguous(), k_dec, v_dec, lens_dec, mask
+    mask = torch.ones(num_nodes, 1, 1, dtype=torch.int32, device=q.device)
+    return q[b].unsqueeze(1).contiguous(), k_dec, v_dec, lens_dec.to(q.device), mask
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, shape", [(torch.float32, "deep"), (torch.bfloat16, "uniform")],
                          ids=["fp32-deep", "bf16-uniform"])
 def test_triton_tree_node_equals_its_decode_step_bit_for_bit(gen, dtype, shape):
     """Row invariance: every node of a verify pass (prefix 517: three 256-key splits, and a
     random shorter one; GQA 9 / 3) gives exactly what a decode step at its position gives over
     a cache holding its ancestors in position order. Exact for every input by construction, so
-    no false failures; power: the next test."""
+    no false failures; power: the next test. On CUDA tensors in the GPU run."""
     parents = random_parents(2, 24, gen, shape)
-    q, k, v, lens, mask = make_case(gen, 2, 24, 517, 9, 3, 64, dtype, parents=parents)
+    q, k, v, lens, mask = make_case(gen, 2, 24, 517, 9, 3, 64, dtype, parents=parents,
+                                    device=TRITON_DEVICE)
     out = run_triton(q, k, v, lens, mask)
     for b in range(2):
         want = run_triton(*decode_steps(q, k, v, lens, parents, b)).squeeze(1)
@@ -209,12 +216,14 @@ def test_triton_tree_node_equals_its_decode_step_bit_for_bit(gen, dtype, shape):
         assert all(same), (b, same.index(False), seed_note(gen))
 
 
+@pytest.mark.gpu
 def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch):
     """Power of the test above: the unordered walk (tree keys in blocks of their own after the
     prefix, as prefill chains run) gives a node other bits than its decode step. Measured over
     seeds 0-11: all 24 nodes (all 216 query rows) differed every time; one is enough to fail."""
     parents = random_parents(1, 24, gen, "deep")
-    q, k, v, lens, mask = make_case(gen, 1, 24, 517, 9, 3, 64, torch.float32, parents=parents)
+    q, k, v, lens, mask = make_case(gen, 1, 24, 517, 9, 3, 64, torch.float32, parents=parents,
+                                    device=TRITON_DEVICE)
     want = run_triton(*decode_steps(q, k, v, lens, parents, 0)).squeeze(1)
     monkeypatch.setattr(attention, "ORDERED_MAX_TREE_KEYS", 0)
     out = run_triton(q, k, v, lens, mask)
