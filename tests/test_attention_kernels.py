@@ -198,21 +198,31 @@ def decode_steps(q, k, v, lens, parents, b):
     return q[b].unsqueeze(1).contiguous(), k_dec, v_dec, lens_dec.to(q.device), mask
 
 
+# (dtype, tree shape, nodes, prefix, q heads, kv heads): 517 = three 256-key splits; 60 and 250
+# put a chain's keys across 64-key blocks (a decode step folds them in its shared-prefix loop, a
+# tree node in its per-node loop), 250 across the split at 256 too; GQA groups 3, 4 and 32
+ORDERED_CASES = [(torch.float32, "deep", 24, 517, 9, 3), (torch.bfloat16, "uniform", 24, 517, 9, 3),
+                 (torch.float32, "chain", 20, 60, 16, 4), (torch.bfloat16, "chain", 12, 250, 9, 3),
+                 (torch.float16, "chain", 12, 250, 32, 1)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, shape", [(torch.float32, "deep"), (torch.bfloat16, "uniform")],
-                         ids=["fp32-deep", "bf16-uniform"])
-def test_triton_tree_node_equals_its_decode_step_bit_for_bit(gen, dtype, shape):
-    """Row invariance: every node of a verify pass (prefix 517: three 256-key splits, and a
-    random shorter one; GQA 9 / 3) gives exactly what a decode step at its position gives over
-    a cache holding its ancestors in position order. Exact for every input by construction, so
+@pytest.mark.parametrize("dtype, shape, nodes, prefix, q_heads, kv_heads", ORDERED_CASES,
+                         ids=[f"{str(c[0])[6:]}-{c[1]}{c[2]}-L{c[3]}-H{c[4]}/{c[5]}"
+                              for c in ORDERED_CASES])
+def test_triton_tree_node_equals_its_decode_step_bit_for_bit(gen, dtype, shape, nodes, prefix,
+                                                              q_heads, kv_heads):
+    """Row invariance: every node of a verify pass (sequence 0 over the stated prefix, sequence
+    1 over a random shorter one) gives exactly what a decode step at its position gives over a
+    cache holding its ancestors in position order. Exact for every input by construction, so
     no false failures; power: the next test. On CUDA tensors in the GPU run."""
-    parents = random_parents(2, 24, gen, shape)
-    q, k, v, lens, mask = make_case(gen, 2, 24, 517, 9, 3, 64, dtype, parents=parents,
-                                    device=TRITON_DEVICE)
+    parents = random_parents(2, nodes, gen, shape)
+    q, k, v, lens, mask = make_case(gen, 2, nodes, prefix, q_heads, kv_heads, 64, dtype,
+                                    parents=parents, device=TRITON_DEVICE)
     out = run_triton(q, k, v, lens, mask)
     for b in range(2):
         want = run_triton(*decode_steps(q, k, v, lens, parents, b)).squeeze(1)
-        same = [torch.equal(out[b, i], want[i]) for i in range(24)]
+        same = [torch.equal(out[b, i], want[i]) for i in range(nodes)]
         assert all(same), (b, same.index(False), seed_note(gen))
 
 

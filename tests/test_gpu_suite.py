@@ -101,6 +101,36 @@ def test_row_invariant_ops_join_auto_by_invariance_not_speed():
                        "speedup_vs_torch": 0.7})
 
 
+def test_row_invariant_ops_join_auto_together_or_not_at_all(monkeypatch, tmp_path):
+    """With linear and tree_attention proven but rms_norm not, none of the three leaves torch:
+    one on cuBLAS would round a verify pass differently from a decode step."""
+    def write(proven_norm: bool, date: str):
+        kernels = [dict(op=op, backend="triton", dtype="bfloat16", speedup_vs_torch=0.8,
+                        proven=proven_norm or op != "rms_norm")
+                   for op in ("linear", "rms_norm", "tree_attention")]
+        (tmp_path / f"{date}_x").mkdir()
+        (tmp_path / f"{date}_x" / "verdict.json").write_text(json.dumps(
+            {"schema": _backend.VERDICT_SCHEMA, "gpu": "GPU A", "date": date,
+             "kernels": kernels}))
+
+    monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))
+    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU A")
+    monkeypatch.setattr(_backend, "backend_status",
+                        lambda name: _backend.BackendStatus(name != "cuda", "test"))
+    for proven_norm, date, want in ((False, "2026-01-01", "torch"),
+                                    (True, "2026-02-01", "triton")):
+        write(proven_norm, date)
+        _backend.gpu_verdict.cache_clear()
+        try:
+            for op in ("linear", "rms_norm", "tree_attention"):
+                chosen = _backend.resolve(op, "auto", torch.device("cuda"),
+                                          dtype=torch.bfloat16, head_dim=64)[0]
+                assert chosen == want, (op, proven_norm, chosen)
+        finally:
+            _backend.gpu_verdict.cache_clear()
+
+
 def test_the_interpreter_is_never_chosen_by_auto(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))

@@ -19,6 +19,8 @@ from eagle_kernels.ops import (acceptance, attention, decoder_triton, kv, loss, 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 H100_SHARED_BYTES = 232448  # 227 KiB: the most shared memory one block may use on sm_90
 TOO_MUCH_SHARED = []
+# launched with attention.EXACT_ROUNDING (no multiply-add contraction)
+EXACT_ROUNDING_KERNELS = (attention._tree_attention_kernel, attention._merge_splits_kernel)
 
 
 def build(fn, signature, constexprs, label="default"):
@@ -29,7 +31,8 @@ def build(fn, signature, constexprs, label="default"):
                  **{name: "constexpr" for name in constexprs}}
     source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(name),): value
                                                   for name, value in constexprs.items()})
-    kernel = triton.compile(source, target=TARGET, options={"num_warps": 4})
+    options = {"num_warps": 4, "enable_fp_fusion": fn not in EXACT_ROUNDING_KERNELS}
+    kernel = triton.compile(source, target=TARGET, options=options)
     shared = kernel.metadata.shared
     if shared > H100_SHARED_BYTES:
         TOO_MUCH_SHARED.append(f"{fn.__name__} [{label}]: {shared} B")
@@ -110,7 +113,7 @@ ATTENTION_ARGS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
     "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "num_queries": "i32",
     "q_heads": "i32", "tree_keys": "i32", "words": "i32", "num_splits": "i32",
-    "split_keys": "i32", "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32",
+    "split_keys": "i32", "max_len": "i32", "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32",
     "stride_qh": "i32", "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
 FP32_ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "out_ptr": "*fp32",
                   "DOT_PRECISION": "ieee"}

@@ -264,15 +264,21 @@ def _dtype_name(dtype) -> str:
 
 def _proven_here(op: str, backend: str, device: torch.device, facts: dict) -> bool:
     """Whether this GPU's verdict lets ``backend``'s ``op`` into auto for these facts: the
-    entry of the inputs' dtype, or every entry of the op when the op passes no dtype."""
+    entry of the inputs' dtype, or every entry of the op when the op passes no dtype. The ops
+    of ROW_INVARIANT_BACKENDS join together or not at all (one of them on cuBLAS or the cuda
+    attention would make a verify pass round differently from a decode step)."""
     folder = _verdict_folder()
     if device.type != "cuda" or folder is None:
         return False
     verdict = gpu_verdict(torch.cuda.get_device_name(device), str(folder))
-    entries = [entry for (name, impl, dtype), entry in verdict.get("entries", {}).items()
-               if name == op and impl == backend
-               and ("dtype" not in facts or dtype == _dtype_name(facts["dtype"]))]
-    return bool(entries) and all(verdict_allows(entry) for entry in entries)
+    together = ROW_INVARIANT_BACKENDS if ROW_INVARIANT_BACKENDS.get(op) == backend else {op: op}
+    for member in together:
+        entries = [entry for (name, impl, dtype), entry in verdict.get("entries", {}).items()
+                   if name == member and impl == backend
+                   and ("dtype" not in facts or dtype == _dtype_name(facts["dtype"]))]
+        if not entries or not all(verdict_allows(entry) for entry in entries):
+            return False
+    return True
 
 
 def _auto_allowed(op: str, name: str, impl: _Implementation, device: torch.device,

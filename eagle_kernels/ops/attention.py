@@ -147,6 +147,10 @@ def _workspace(q: torch.Tensor, num_splits: int):
 
 TRITON_BLOCK_M = 16  # rows per tile of every ordered call: one tile shape whatever N is
 ORDERED_MAX_TREE_KEYS = 256  # trees up to this many keys reduce in position order (below)
+# No multiply-add contraction on the GPU (the interpreter has none): the shared-prefix loop and
+# the per-node loop fold the same block for a decode step and a tree node, and ptxas could
+# contract their multiplies and adds differently (fma rounds once, mul + add twice).
+EXACT_ROUNDING = {"enable_fp_fusion": False}
 
 
 @triton.jit
@@ -204,7 +208,7 @@ def _key_block(q, k_seq, v_seq, rows_of, cols, cols_ok, dims, dim_ok, stride_kn,
 @triton.jit
 def _tree_attention_kernel(
         q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, out_ptr, part_o_ptr, part_ml_ptr,
-        num_queries, q_heads, tree_keys, words, num_splits, split_keys, scale_log2,
+        num_queries, q_heads, tree_keys, words, num_splits, split_keys, max_len, scale_log2,
         stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -240,11 +244,11 @@ def _tree_attention_kernel(
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
     q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
-    # clamped to [0, max_len - T] (max_len = stride_kb / stride_kn: the cache is contiguous) so
-    # no key read leaves the sequence's cache whatever cache_lens holds (the op rejects such
-    # lengths only while value checks are on); csrc/attention.cuh clamped_prefix does the same
+    # clamped to [0, max_len - T] so no key read leaves the sequence's cache whatever
+    # cache_lens holds (the op rejects such lengths only while value checks are on);
+    # csrc/attention.cuh clamped_prefix does the same
     prefix = tl.load(lens_ptr + b)
-    prefix = tl.maximum(tl.minimum(prefix, stride_kb // stride_kn - tree_keys), 0)
+    prefix = tl.maximum(tl.minimum(prefix, max_len - tree_keys), 0)
     mask_rows = mask_ptr + (b.to(tl.int64) * num_queries + query) * words
     if ORDERED:
         # visible[r, j]: row r sees tree key j; a row's list ends at L + its visible count
@@ -322,9 +326,12 @@ def _tree_attention_kernel(
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if SPLIT:
         # workspace rows (b, split, query, head) of [B, S, Nq, Hq]: unnormalised, merged in
-        # split order by _merge_splits_kernel
+        # split order by _merge_splits_kernel; a row that saw no key here stores m = -inf and
+        # l = 0 only (the merge then reads no output row for it)
         part = ((b.to(tl.int64) * num_splits + split) * num_queries + query) * q_heads + head
-        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=out_mask)
+        seen = m_i != float("-inf")
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
+                 mask=out_mask & seen[:, None])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
     else:
@@ -340,7 +347,7 @@ def _merge_splits_kernel(part_o_ptr, part_ml_ptr, out_ptr, num_splits, rows_per_
     """Program per output row x = (b, query, head) of the contiguous [B, Nq, Hq, D] output:
     ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s`` over the splits in order (a fixed
     order, and one split gives ``acc / l`` exactly, as the unsplit kernel writes it); zeros
-    when no split saw a key."""
+    when no split saw a key. (The interpreter cannot AND a scalar mask into a vector one.)"""
     x = tl.program_id(0).to(tl.int64)
     first = (x // rows_per_batch * num_splits) * rows_per_batch + x % rows_per_batch
     top = tl.full([], float("-inf"), tl.float32)
@@ -352,9 +359,11 @@ def _merge_splits_kernel(part_o_ptr, part_ml_ptr, out_ptr, num_splits, rows_per_
     out = tl.zeros([BLOCK_D], tl.float32)
     for split in range(num_splits):
         part = first + split * rows_per_batch
-        weight = tl.exp2(tl.load(part_ml_ptr + part * 2) - top)
+        m = tl.load(part_ml_ptr + part * 2)
+        weight = tl.exp2(m - top)  # 0 for a split that saw no key: its output is not stored
         total += tl.load(part_ml_ptr + part * 2 + 1) * weight
-        out += tl.load(part_o_ptr + part * HEAD_DIM + dims, mask=dims < HEAD_DIM,
+        seen = (tl.zeros([BLOCK_D], tl.float32) + m) != float("-inf")  # a vector: see below
+        out += tl.load(part_o_ptr + part * HEAD_DIM + dims, mask=(dims < HEAD_DIM) & seen,
                        other=0.0) * weight
     out = out / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + x * HEAD_DIM + dims, _cast(out, out_ptr.dtype.element_ty, UPCAST),
@@ -435,7 +444,7 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     upcast = q.dtype == torch.bfloat16 and q.device.type == "cpu"  # interpreter workarounds
     _tree_attention_kernel[grid](
         q, k_cache, v_cache, cache_lens, tree_mask, out, part_o, part_ml,
-        num_queries, q_heads, tree_keys, tree_mask.shape[2], num_splits, split_keys,
+        num_queries, q_heads, tree_keys, tree_mask.shape[2], num_splits, split_keys, max_len,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2),
@@ -443,11 +452,11 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_T=triton.next_power_of_2(tree_keys) if ordered else 1, ORDERED=ordered,
         SPLIT=num_splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=upcast, num_warps=config.num_warps)
+        UPCAST=upcast, num_warps=config.num_warps, **EXACT_ROUNDING)
     if num_splits > 1:
         _merge_splits_kernel[(batch * num_queries * q_heads,)](
             part_o, part_ml, out, num_splits, num_queries * q_heads, HEAD_DIM=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim), UPCAST=upcast)
+            BLOCK_D=triton.next_power_of_2(head_dim), UPCAST=upcast, **EXACT_ROUNDING)
     return out
 
 

@@ -78,9 +78,11 @@ def _sum_splits_kernel(part_ptr, bias_ptr, out_ptr, count, cols, num_splits,
     """out[i] = sum over splits s in order of part[s, i] (+ bias[i % cols]), i < count = M * N."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < count
-    total = tl.load(part_ptr + i, mask=ok, other=0.0)
-    for split in range(1, num_splits):
-        total += tl.load(part_ptr + split * count + i, mask=ok, other=0.0)
+    parts = part_ptr + i  # 64-bit pointers: split * count can pass 2^31
+    total = tl.load(parts, mask=ok, other=0.0)
+    for _ in range(1, num_splits):
+        parts += count
+        total += tl.load(parts, mask=ok, other=0.0)
     if HAS_BIAS:
         total += tl.load(bias_ptr + i % cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + i, _cast(total, out_ptr.dtype.element_ty, UPCAST), mask=ok)

@@ -35,12 +35,14 @@ from __future__ import annotations
 import functools
 import numbers
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
 from .. import ops
+from ..ops.attention import ORDERED_MAX_TREE_KEYS
 from ..ops._backend import cpu_bookkeeping
 from ..ops._validate import check_eps, check_int, check_positive, no_value_checks
 from .draft_heads import DraftHead
@@ -441,16 +443,24 @@ class Engine:
         tree = self.tree if policy is None else policy.current
         bound = tree if policy is None else policy.largest  # every tree the call may use
         if speculative:
-            width, extra = bound.max_depth + 1, bound.total_tokens + bound.max_depth
+            width = bound.max_depth + 1
             stats = GenerationStats("speculative", accepted_histogram=[0] * width)
         else:
-            width, extra = 1, 1
+            width = 1
             stats = GenerationStats("autoregressive", accepted_histogram=[0])
-        # Room past prompt + budget (speculative): the verify tree (total_tokens), plus
-        # max_depth because the cycle that reaches a budget still advances the cache by its
-        # whole accepted path, and a finished sequence keeps receiving (ignored) trees while
-        # others in the batch run.
-        max_len = max(map(len, prompts)) + max(budgets) + extra
+        # Room past prompt + budget: the verify tree (total_tokens), plus max_depth because the
+        # cycle that reaches a budget still advances the cache by its whole accepted path, and
+        # a finished sequence keeps receiving (ignored) trees while others in the batch run.
+        # Plain calls take the same room: kernels may tile by the cache's capacity (the Triton
+        # attention's splits), and plain and speculative calls must compute alike.
+        room = self.tree if self.tree_policy is None else self.tree_policy.largest
+        if speculative and self.device.type == "cuda" and bound.total_tokens > \
+                ORDERED_MAX_TREE_KEYS:
+            warnings.warn(f"tree: {bound.total_tokens} nodes > {ORDERED_MAX_TREE_KEYS} "
+                          f"(attention.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
+                          f"row-invariant only up to that size, so greedy output may differ "
+                          f"from plain decoding at near-ties", stacklevel=3)
+        max_len = max(map(len, prompts)) + max(budgets) + room.total_tokens + room.max_depth
         with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
             call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
                          stats, self.device, policy)
