@@ -93,6 +93,8 @@ INTERPRETER_ONLY_ERRORS = ("cannot be accessed from Triton (cpu tensor?)",
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; the lent-GPU stage runs "
                             "exactly these (pytest -m gpu)")
+    config.addinivalue_line("markers", "interpreted: a Triton test running in the interpreter "
+                            "because no GPU is here (gpu-marked where one is)")
 
 
 def _needs_cuda(item) -> bool:

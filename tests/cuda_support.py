@@ -76,3 +76,7 @@ def assert_guards(buffer, note):
 
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+# Tests that run the Triton kernels on CUDA tensors where a GPU is, in the interpreter elsewhere:
+# `gpu`-marked (the lent GPU's `pytest -m gpu` runs them) only on a CUDA machine, so the CPU
+# rehearsal of the GPU stages (whose GPU tests must skip) does not run them a second time.
+gpu_when_present = pytest.mark.gpu if torch.cuda.is_available() else pytest.mark.interpreted

@@ -22,7 +22,8 @@ from eagle_kernels import ops
 from eagle_kernels.ops import attention, reference
 
 from conftest import chain_parents, random_parents
-from cuda_support import _import_extension, _missing_extension, needs_gpu, seed_note
+from cuda_support import (_import_extension, _missing_extension, gpu_when_present, needs_gpu,
+                          seed_note)
 
 LOW = (torch.float16, torch.bfloat16)
 
@@ -206,7 +207,7 @@ ORDERED_CASES = [(torch.float32, "deep", 24, 517, 9, 3), (torch.bfloat16, "unifo
                  (torch.float16, "chain", 12, 250, 32, 1)]
 
 
-@pytest.mark.gpu
+@gpu_when_present
 @pytest.mark.parametrize("dtype, shape, nodes, prefix, q_heads, kv_heads", ORDERED_CASES,
                          ids=[f"{str(c[0])[6:]}-{c[1]}{c[2]}-L{c[3]}-H{c[4]}/{c[5]}"
                               for c in ORDERED_CASES])
@@ -226,7 +227,7 @@ def test_triton_tree_node_equals_its_decode_step_bit_for_bit(gen, dtype, shape, 
         assert all(same), (b, same.index(False), seed_note(gen))
 
 
-@pytest.mark.gpu
+@gpu_when_present
 def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch):
     """Power of the test above: the unordered walk (tree keys in blocks of their own after the
     prefix, as prefill chains run) gives a node other bits than its decode step. Measured over

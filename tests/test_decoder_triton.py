@@ -16,10 +16,10 @@ from eagle_kernels import ops
 from eagle_kernels.ops import decoder_triton, reference
 from eagle_kernels.ops._backend import backend_status
 
-from cuda_support import seed_note
+from cuda_support import gpu_when_present, seed_note
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not backend_status("triton").available,
+pytestmark = [gpu_when_present, pytest.mark.skipif(not backend_status("triton").available,
                                                   reason=backend_status("triton").reason)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 IDS = ["fp32", "fp16", "bf16"]

@@ -23,7 +23,7 @@ from eagle_kernels.runtime.drafting import causal_tree_mask
 
 from conftest import SHAPES, random_parents
 from cpu_support import needs_cpu_backend
-from cuda_support import seed_note
+from cuda_support import gpu_when_present, seed_note
 from runtime_helpers import tiny_target
 
 PREFIXES = (23, 6)  # batch 2: sequences of different committed lengths
@@ -40,10 +40,10 @@ CASES = [
                  marks=needs_cpu_backend, id="cpu-fp32"),
     pytest.param(("triton", TRITON_DEVICE, torch.float32,
                   ("linear", "rms_norm", "tree_attention"), "triton"),
-                 marks=[needs_triton, pytest.mark.gpu], id="triton-fp32"),
+                 marks=[needs_triton, gpu_when_present], id="triton-fp32"),
     pytest.param(("triton", TRITON_DEVICE, torch.bfloat16,
                   ("linear", "rms_norm", "tree_attention"), "triton"),
-                 marks=[needs_triton, pytest.mark.gpu], id="triton-bf16"),
+                 marks=[needs_triton, gpu_when_present], id="triton-bf16"),
 ]
 
 
