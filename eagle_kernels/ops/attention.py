@@ -176,6 +176,18 @@ def _cast(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
     return x.to(dtype)
 
 
+def interpreter_upcast(t: torch.Tensor) -> bool:
+    """UPCAST of :func:`_mma` / :func:`_cast` for kernels over ``t``: bf16 CPU tensors, which
+    only the interpreter runs."""
+    return t.dtype == torch.bfloat16 and t.device.type == "cpu"
+
+
+def dot_precision(t: torch.Tensor) -> str:
+    """DOT_PRECISION of :func:`_mma` for ``t``'s dtype: exact fp32 products for fp32 inputs
+    (fp16 / bf16 products are exact anyway)."""
+    return "ieee" if t.dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr,
                          UPCAST: tl.constexpr):
@@ -441,7 +453,7 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     out = torch.empty_like(q)
     part_o, part_ml = _triton_workspace(q, num_splits)
     grid = (row_tiles * kv_heads, batch, num_splits)
-    upcast = q.dtype == torch.bfloat16 and q.device.type == "cpu"  # interpreter workarounds
+    upcast = interpreter_upcast(q)
     _tree_attention_kernel[grid](
         q, k_cache, v_cache, cache_lens, tree_mask, out, part_o, part_ml,
         num_queries, q_heads, tree_keys, tree_mask.shape[2], num_splits, split_keys, max_len,
@@ -451,7 +463,7 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_T=triton.next_power_of_2(tree_keys) if ordered else 1, ORDERED=ordered,
-        SPLIT=num_splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q),
         UPCAST=upcast, num_warps=config.num_warps, **EXACT_ROUNDING)
     if num_splits > 1:
         _merge_splits_kernel[(batch * num_queries * q_heads,)](

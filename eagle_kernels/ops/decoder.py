@@ -76,6 +76,10 @@ def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
         if b is not None:
             check_tensor(f"biases[{i}]", b, (x.dtype,), (w.shape[0],), x.device)
     _, implementation = resolve("linear", backend, x.device, dtype=x.dtype)
+    if width == 0:  # an empty sum, for every backend: the bias, or zeros
+        return tuple(torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype, device=x.device)
+                     if b is None else b.expand(*x.shape[:-1], -1).clone()
+                     for w, b in zip(weights, biases))
     return implementation(x, list(weights), biases)
 
 
@@ -452,11 +456,8 @@ def _linear_group_cpu(x, weights, biases):
         outputs.append(y)
         segments += [pack_address(packed), 0 if b is None else b.data_ptr(), y.data_ptr(),
                      w.shape[0], w.shape[0]]
-    if rows and width:
+    if rows:  # K >= 1: linear_group answers K = 0 itself
         cpu_extension().linear(x.data_ptr(), rows, width, width, segments)
-    elif rows:
-        for y, b in zip(outputs, biases):
-            y.copy_(b.expand_as(y) if b is not None else torch.zeros_like(y))
     return tuple(outputs)
 
 

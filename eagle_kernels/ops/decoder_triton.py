@@ -27,7 +27,7 @@ import torch
 
 from ._backend import register
 from ._triton import tl, triton
-from .attention import _cast, _mma, _sm_count
+from .attention import _cast, _mma, _sm_count, dot_precision, interpreter_upcast
 
 LINEAR_BLOCK_M = 16  # rows per tile, whatever M: a row's MMAs are the same in every call
 LINEAR_BLOCK_N = 64
@@ -98,31 +98,24 @@ def linear_splits(cols: int, width: int, device: torch.device) -> int:
     return max(1, min(wanted, k_blocks // LINEAR_MIN_SPLIT_BLOCKS))
 
 
-def _interpreting_bf16(x: torch.Tensor) -> bool:
-    return x.dtype == torch.bfloat16 and x.device.type == "cpu"  # see attention._mma / _cast
-
-
 def _linear_one(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 out: torch.Tensor) -> None:
-    rows, width = x2d.shape
+    rows, width = x2d.shape  # width >= 1: linear_group answers K = 0 itself
     cols = weight.shape[0]
     if rows == 0 or cols == 0:
         return
-    if width == 0:  # an empty sum: the bias, or zeros
-        out.copy_(bias.expand_as(out) if bias is not None else torch.zeros_like(out))
-        return
-    splits = linear_splits(cols, width, x2d.device)
-    split_blocks = triton.cdiv(triton.cdiv(width, LINEAR_BLOCK_K), splits)
-    splits = triton.cdiv(triton.cdiv(width, LINEAR_BLOCK_K), split_blocks)  # none left empty
+    k_blocks = triton.cdiv(width, LINEAR_BLOCK_K)
+    split_blocks = triton.cdiv(k_blocks, linear_splits(cols, width, x2d.device))
+    splits = triton.cdiv(k_blocks, split_blocks)  # none left empty
     part = (torch.empty(splits, rows, cols, dtype=torch.float32, device=x2d.device)
             if splits > 1 else out)
-    upcast = _interpreting_bf16(x2d)
+    upcast = interpreter_upcast(x2d)
     grid = (triton.cdiv(rows, LINEAR_BLOCK_M), triton.cdiv(cols, LINEAR_BLOCK_N), splits)
     _linear_kernel[grid](
         x2d, weight, bias if bias is not None else out, out, part, rows, cols, width,
         split_blocks, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_M=LINEAR_BLOCK_M,
         BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
-        DOT_PRECISION="ieee" if x2d.dtype == torch.float32 else "tf32", UPCAST=upcast,
+        DOT_PRECISION=dot_precision(x2d), UPCAST=upcast,
         num_warps=4)
     if splits > 1:
         block = 1024
@@ -177,7 +170,7 @@ def _rms_norm_triton(x, weight, eps, residual):
             x, residual if residual is not None else x, weight, out,
             total if total is not None else out, width, float(eps),
             HAS_RESIDUAL=residual is not None, BLOCK=max(16, triton.next_power_of_2(width)),
-            UPCAST=_interpreting_bf16(x), num_warps=4)
+            UPCAST=interpreter_upcast(x), num_warps=4)
     return out if residual is None else (out, total)
 
 

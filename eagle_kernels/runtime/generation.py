@@ -441,7 +441,8 @@ class Engine:
         if plain_instead:  # the head accepts too little for any tree to pay here (see policy)
             speculative, policy = False, None
         tree = self.tree if policy is None else policy.current
-        bound = tree if policy is None else policy.largest  # every tree the call may use
+        # every tree a speculative call of this engine may use (the largest the policy picks)
+        bound = self.tree if self.tree_policy is None else self.tree_policy.largest
         if speculative:
             width = bound.max_depth + 1
             stats = GenerationStats("speculative", accepted_histogram=[0] * width)
@@ -453,14 +454,13 @@ class Engine:
         # a finished sequence keeps receiving (ignored) trees while others in the batch run.
         # Plain calls take the same room: kernels may tile by the cache's capacity (the Triton
         # attention's splits), and plain and speculative calls must compute alike.
-        room = self.tree if self.tree_policy is None else self.tree_policy.largest
         if speculative and self.device.type == "cuda" and bound.total_tokens > \
                 ORDERED_MAX_TREE_KEYS:
             warnings.warn(f"tree: {bound.total_tokens} nodes > {ORDERED_MAX_TREE_KEYS} "
                           f"(attention.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
                           f"row-invariant only up to that size, so greedy output may differ "
                           f"from plain decoding at near-ties", stacklevel=3)
-        max_len = max(map(len, prompts)) + max(budgets) + room.total_tokens + room.max_depth
+        max_len = max(map(len, prompts)) + max(budgets) + bound.total_tokens + bound.max_depth
         with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
             call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
                          stats, self.device, policy)
