@@ -72,6 +72,15 @@ def random_parents(batch: int, num_nodes: int, gen: torch.Generator,
     return parents
 
 
+def assert_as_close_as_torch(ours, torch_low, exact, note=""):
+    """Error rule of the project: within 2x the error of torch at the same precision, plus a
+    noise floor of a few ulps of the output's scale."""
+    scale = float(exact.abs().max()) if exact.numel() else 1.0
+    ours_error = float((ours.double() - exact).abs().max()) if exact.numel() else 0.0
+    torch_error = float((torch_low.double() - exact).abs().max()) if exact.numel() else 0.0
+    assert ours_error <= 2 * torch_error + 4e-7 * scale, (ours_error, torch_error, scale, note)
+
+
 def chain_parents(batch: int, num_nodes: int) -> torch.Tensor:
     """[B, N] int32 chain-shaped trees: node i's parent is i - 1."""
     parents = torch.arange(-1, num_nodes - 1, dtype=torch.int32)

@@ -13,16 +13,8 @@ from eagle_kernels.runtime.layers import layer_step
 from eagle_kernels.ops import reference
 from eagle_kernels.ops._validate import no_value_checks
 
+from conftest import assert_as_close_as_torch
 from cpu_support import each_cpu_isa, needs_cpu_backend
-
-
-def assert_as_close_as_torch(ours, torch_low, exact):
-    """Error rule of the project: within 2x the error of torch at the same precision, plus a
-    noise floor of a few ulps of the output's scale."""
-    scale = float(exact.abs().max()) if exact.numel() else 1.0
-    ours_error = float((ours.double() - exact).abs().max()) if exact.numel() else 0.0
-    torch_error = float((torch_low.double() - exact).abs().max()) if exact.numel() else 0.0
-    assert ours_error <= 2 * torch_error + 4e-7 * scale, (ours_error, torch_error, scale)
 
 
 LINEAR_SHAPES = [(1, 576, 1536), (16, 576, 192), (61, 1536, 576), (5, 577, 13), (4, 576, 1000),

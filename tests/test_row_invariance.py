@@ -50,20 +50,14 @@ CASES = [
 @pytest.fixture(scope="module", params=CASES)
 def target(request):
     forced, device, dtype, ops_checked, want = request.param
-    saved = os.environ.get(BACKEND_ENV)
-    if forced != "auto":
-        os.environ[BACKEND_ENV] = forced  # the other ops run the torch reference: elementwise
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # for the module's tests, then restored
+        if forced != "auto":
+            patch.setenv(BACKEND_ENV, forced)  # the other ops run the torch reference: elementwise
         model = tiny_target(seed=3, layers=3).to(device, dtype)
         for op in ops_checked:
             chosen, _ = resolve(op, "auto", device, dtype=dtype, head_dim=16)
             assert chosen == want, (op, chosen)  # the row-invariant kernels are what runs
         yield model
-    finally:
-        if saved is None:
-            os.environ.pop(BACKEND_ENV, None)
-        else:
-            os.environ[BACKEND_ENV] = saved
 
 
 def _one(token: int, position: int, device):
