@@ -307,8 +307,53 @@ def test_directory_without_safetensors_raises(gen, tmp_path):
 # -------------------------------------------------------------------------- the real model
 
 
+def permute_channels(model, gen: torch.Generator) -> None:
+    """Reorder a transformers Llama's hidden and MLP channels in place: the same function in
+    exact arithmetic, but every fp32 sum over those channels runs in a fresh order, so each call
+    draws a new sample of the model's fp32 rounding error."""
+    inner_model = model.model
+    hidden = torch.randperm(inner_model.norm.weight.numel(), generator=gen)
+
+    def rows(weight, order):
+        weight.copy_(weight[order])
+
+    def cols(weight, order):
+        weight.copy_(weight[:, order])
+
+    with torch.no_grad():
+        tied = model.lm_head.weight.data_ptr() == inner_model.embed_tokens.weight.data_ptr()
+        cols(inner_model.embed_tokens.weight, hidden)
+        if not tied:
+            cols(model.lm_head.weight, hidden)
+        rows(inner_model.norm.weight, hidden)
+        for layer in inner_model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            rows(layer.input_layernorm.weight, hidden)
+            rows(layer.post_attention_layernorm.weight, hidden)
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                cols(proj.weight, hidden)
+            rows(attn.o_proj.weight, hidden)
+            inner = torch.randperm(mlp.down_proj.weight.shape[1], generator=gen)
+            for proj in (mlp.gate_proj, mlp.up_proj):
+                proj.weight.copy_(proj.weight[inner][:, hidden])
+            mlp.down_proj.weight.copy_(mlp.down_proj.weight[hidden][:, inner])
+
+
+# Samples of the transformers model's fp32 rounding error per prompt, and the bound on ours over
+# theirs. Ours is allowed 2x their error. Given the prompt, an error vector is ~ N(0, Sigma) (a
+# sum of many roundings); the worst case is a rank-1 Sigma (one ill-conditioned direction
+# dominates a position), where ours / RMS(16 samples) = 2 |t_16|. P(|t_16| > 9.10) = 5e-8, so
+# over 20 positions a false failure has probability <= 1e-6 at 2 x 9.10 = 18.2. Measured: max
+# ratios 0.8-2.2 over 7 prompts (the prompt that failed CI against one sample, 4.97x, gives 2.19
+# here); a 1e-4 relative change of one weight matrix gives 160-215, norm eps 1e-6 instead of
+# 1e-5 gives 750-2600.
+ROUNDING_SAMPLES = 16
+ROUNDING_BOUND = 18.5
+
+
 def test_default_model_matches_transformers(gen):
-    """load_target on the cached SmolLM2-135M-Instruct checkpoint equals AutoModelForCausalLM."""
+    """load_target on the cached SmolLM2-135M-Instruct checkpoint equals AutoModelForCausalLM:
+    at every position ours is within 2x transformers' fp32 error against the fp64 model."""
     default_model_or_skip()  # the GGUF wherever it is found (package or EAGLE_KERNELS_GGUF)
     from transformers import AutoModelForCausalLM
 
@@ -326,12 +371,13 @@ def test_default_model_matches_transformers(gen):
         hidden, _ = model(ids, torch.arange(20).unsqueeze(0), cache,
                           causal_tree_mask(1, 20, "cpu"))
         truth = exact(ids).logits
-    ours = model.logits(hidden).double() - truth
-    torch_fp32 = hf_logits(reference, ids).double() - truth
-    # Both run 30 fp32 layers in different op orders; against the fp64 model ours must stay
-    # within 2x transformers' own fp32 error plus noise (here 0.5x): over 60 random prompts the
-    # RMS ratio reached 1.83 and the max-error ratio 2.09 (one prompt whose logits both miss by
-    # ~3e-4 / 6e-4; a fixed atol of 3e-4 failed on 5 of 60). A wrong op is off by far more.
-    rms = lambda e: e.pow(2).mean().sqrt().item()  # noqa: E731
-    assert rms(ours) <= 2.5 * rms(torch_fp32), (rms(ours), rms(torch_fp32), seed_note(gen))
-    assert ours.abs().max() <= 4 * torch_fp32.abs().max(), seed_note(gen)
+    squared_error = lambda logits: (logits.double() - truth).pow(2).mean(-1)  # noqa: E731
+    ours = squared_error(model.logits(hidden))
+    # One sample of their error is no scale: at an ill-conditioned position the ratio of two
+    # samples is Cauchy-like (CI saw 4.97x against one sample); the mean of 16 is.
+    theirs = torch.zeros_like(ours)
+    for _ in range(ROUNDING_SAMPLES):
+        permute_channels(reference, gen)
+        theirs += squared_error(hf_logits(reference, ids)) / ROUNDING_SAMPLES
+    ratio = (ours / theirs).sqrt()
+    assert ratio.max() <= ROUNDING_BOUND, (ratio, seed_note(gen))
