@@ -13,7 +13,10 @@ sequence is excused only when one of the reference's own decisions for it lies w
   within NEAR of top_p (the kept set itself is then rounding-dependent).
 
 fp32 sums over these vocabularies are accurate to ~1e-6, so NEAR leaves a wide margin while
-excusing (and counting) almost nothing: each test asserts the excused fraction stays tiny.
+excusing (and counting) almost nothing. Which sequences are excused depends on the reference's
+inputs only, never on the kernel's output, so the excuses cost no power against a kernel bug;
+each check still bounds their count (:func:`excuse_limit`), so a broken excuse rule that
+excused everything would fail.
 Nothing else is loosened. The distribution tests compute the kernels' exact emitted-token
 distributions in the two-cycle bigram harness (tests/bigram_harness.py): no draws, no noise.
 """
@@ -21,6 +24,7 @@ distributions in the two-cycle bigram harness (tests/bigram_harness.py): no draw
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -37,6 +41,28 @@ from test_acceptance import GOLDEN_PARENTS, GOLDEN_TOKENS, one_hot_logits
 from test_acceptance_cuda import planted_acceptance
 
 NEAR = 1e-5
+
+# Rates at which one sequence (row) is excused, and the chance budget of one check. A sequence's
+# draws fall within NEAR of a boundary with probability <= 2 NEAR (nodes + vocabulary) (1e-3 for
+# the 8-node, 40-token cases), plus its top-p rows being fragile: measured 2-7e-4 per sequence
+# over 10^4 calls of the stochastic checks, 0.003 per 300-token top-p row, 0.016 per sequence
+# over 5000-token top-200 bf16 tails and 0.003-0.008 over 32000-token top-50 ones. A CI run makes < 1000 checks, so 1e-9 each keeps a false
+# failure below 1e-6 per run.
+SEQUENCE_EXCUSE_RATE = 2e-3
+TOP_P_ROW_RATE = 1e-2
+LARGE_VOCAB_EXCUSE_RATE = 5e-2
+CHANCE_PER_CHECK = 1e-9
+
+
+def excuse_limit(count: int, rate: float) -> int:
+    """The most of ``count`` independent cases, each excused with probability <= ``rate``, that
+    one check may excuse: the smallest k with P(Binomial(count, rate) > k) <= CHANCE_PER_CHECK."""
+    tail = 1.0
+    for k in range(count + 1):
+        tail -= math.comb(count, k) * rate ** k * (1 - rate) ** (count - k)
+        if tail <= CHANCE_PER_CHECK:
+            return k
+    return count
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -188,7 +214,7 @@ def test_target_probs_matches_reference(gen, params):
     heavy = top_p_fragile(logits, params.get("temperature", 1.0), params.get("top_k", 0),
                           params.get("top_p", 1.0))
     torch.testing.assert_close(got[~heavy], want[~heavy], rtol=1e-5, atol=1e-6)
-    assert int(heavy.sum()) <= 1, seed_note(gen)
+    assert int(heavy.sum()) <= excuse_limit(len(heavy), TOP_P_ROW_RATE), seed_note(gen)
 
 
 def test_target_probs_per_row_parameters(gen):
@@ -301,7 +327,8 @@ def test_stochastic_tree_matches_reference(gen, params, batch):
     margins = [tree_margin(tokens, parents, probs, accept_u, bonus_u, b) for b in range(batch)]
     excused = compare_with_excuses(got, want, margins, fragile_sequences(logits, params),
                                    seed_note(gen))
-    assert excused <= 1, f"{excused} of {batch} sequences near a boundary {seed_note(gen)}"
+    assert excused <= excuse_limit(batch, SEQUENCE_EXCUSE_RATE), \
+        f"{excused} of {batch} sequences near a boundary {seed_note(gen)}"
 
 
 # top-p alone is covered by test_target_probs_matches_reference; the combined case runs the
@@ -327,7 +354,8 @@ def test_stochastic_chain_matches_reference(gen, params, batch):
     margins = [chain_margin(tokens, draft, probs, accept_u, bonus_u, b) for b in range(batch)]
     excused = compare_with_excuses(got, want, margins, fragile_sequences(logits, params),
                                    seed_note(gen))
-    assert excused <= 1, f"{excused} of {batch} sequences near a boundary {seed_note(gen)}"
+    assert excused <= excuse_limit(batch, SEQUENCE_EXCUSE_RATE), \
+        f"{excused} of {batch} sequences near a boundary {seed_note(gen)}"
 
 
 def test_stochastic_goldens():

@@ -23,8 +23,10 @@ from eagle_kernels.runtime.draft_heads import (EAGLE1, EAGLE3, Eagle1Head, Eagle
                                                load_draft_head, new_draft_head, save_draft_head)
 from eagle_kernels.runtime.drafting import TreeConfig, causal_tree_mask, commit, draft_tree
 from eagle_kernels.runtime.model import TargetModel
+from cuda_support import seed_note
 
 ATOL = 1e-4
+TIE_REDRAWS = 16  # input draws test_draft_tree_equals_dense_recomputation may take per row
 VOCAB, HIDDEN, INTER, HEADS = 300, 64, 96, 4
 DRAFT_VOCAB = 120
 
@@ -523,6 +525,7 @@ class DenseDrafter:
     def __init__(self, dense: DenseHead, tokens, hidden):
         self.dense, self.tokens, self.hidden = dense, tokens, hidden
         self.outputs = {}
+        self.closest_gap = float("inf")  # the smallest score gap a ranking or cut decided
 
     def output(self, path: tuple[int, ...]) -> torch.Tensor:
         """Head output of the node reached by drafted target tokens ``path`` (root: ())."""
@@ -545,8 +548,15 @@ class DenseDrafter:
             w = self.dense.w
             logits = rms_norm(self.output(path), w["norm.weight"], self.dense.eps) \
                 @ w["lm_head.weight"].T
-        values, ids = torch.log_softmax(logits, -1).topk(k)
-        return self.dense.to_target_ids(ids).tolist(), values.tolist()
+        # One more than asked: the gap at the top-k cut decides which children are drafted.
+        values, ids = torch.log_softmax(logits, -1).topk(min(k + 1, logits.shape[-1]))
+        self._decided(values.tolist())
+        return self.dense.to_target_ids(ids[:k]).tolist(), values[:k].tolist()
+
+    def _decided(self, ranked: list[float]) -> None:
+        """Note the gaps between adjacent scores of a ranking the drafter took (best first)."""
+        gaps = [a - b for a, b in zip(ranked, ranked[1:])]
+        self.closest_gap = min([self.closest_gap, *gaps])
 
     def eagle2(self, tree: TreeConfig) -> dict[tuple[int, ...], float]:
         """The EAGLE-2 selection: path -> cumulative score of the kept total_tokens - 1."""
@@ -560,9 +570,13 @@ class DenseDrafter:
                 ids, values = self.children(path, k)
                 level += [(path + (token,), score + value) for token, value in zip(ids, values)]
             candidates += level
-            frontier = sorted(level, key=lambda item: -item[1])[:k]
-        kept = sorted(candidates, key=lambda item: -item[1])[:tree.total_tokens - 1]
-        return dict(kept)
+            ranked = sorted(level, key=lambda item: -item[1])
+            self._decided([score for _, score in ranked[k - 1:k + 1]])  # the frontier's cut
+            frontier = ranked[:k]
+        ranked = sorted(candidates, key=lambda item: -item[1])
+        cut = tree.total_tokens - 1
+        self._decided([score for _, score in ranked[cut - 1:cut + 1]])  # the tree's cut
+        return dict(ranked[:cut])
 
 
 TREES = {
@@ -600,39 +614,58 @@ def test_draft_tree_equals_dense_recomputation(variant, tree_name, gen, tmp_path
     dense = DenseHead(head.kind, state, VARIANTS[variant][2], target)
     tree = TREES[tree_name]
     lens, width = [6, 11], 11
-    tokens, target_hidden, features = _inputs(gen, 2, width)
-    cache = head.allocate_cache(2, width + tree.drafted_keys)  # exactly: drafted_keys is a bound
-    counts = torch.tensor(lens, dtype=torch.int32)
-    with torch.no_grad():
-        hidden = head.project(target_hidden, features)
-        root_hidden = commit(head, cache, tokens, hidden, counts)
-        root_tokens = tokens[torch.arange(2), counts.long() - 1]
-        drafted = draft_tree(head, cache, root_tokens, root_hidden, tree)
-    assert cache.lens.tolist() == lens  # drafting never commits
-    for b, length in enumerate(lens):
-        drafter = DenseDrafter(dense, tokens[b, :length], hidden[b, :length])
-        torch.testing.assert_close(root_hidden[b], drafter.output(()), rtol=0, atol=ATOL)
-        assert int(drafted.tokens[b, 0]) == int(root_tokens[b])
-        parents = drafted.parents[b].tolist()
-        paths, scores = {0: ()}, drafted.scores[b].tolist()
-        for node in range(1, tree.total_tokens):
-            assert 0 <= parents[node] < node
-            paths[node] = paths[parents[node]] + (int(drafted.tokens[b, node]),)
-            assert int(drafted.depth[b, node]) == len(paths[node])
-        # Each node's kept children are its best children by the dense logits, in rank order.
-        for node in range(tree.total_tokens):
-            kids = [c for c in range(1, tree.total_tokens) if parents[c] == node]
-            if not kids:
-                continue
-            ids, values = drafter.children(paths[node], tree.top_k)
-            assert [paths[c][-1] for c in kids] == ids[:len(kids)], (b, node)
-            expected = [scores[node] + v for v in values[:len(kids)]]
-            torch.testing.assert_close(torch.tensor([scores[c] for c in kids]),
-                                       torch.tensor(expected), rtol=0, atol=ATOL)
-        # And the tree is exactly EAGLE-2's selection over the densely drafted candidates.
-        selection = drafter.eagle2(tree)
-        assert set(selection) == {paths[n] for n in range(1, tree.total_tokens)}
-        for node in range(1, tree.total_tokens):
-            assert abs(selection[paths[node]] - scores[node]) < ATOL, (b, node)
-        if tree.total_tokens == tree.num_candidates + 1:
-            assert max(len(path) for path in paths.values()) == tree.depth + 1
+    # The tree is a discrete function of fp32 scores: where two scores the dense drafter ranks
+    # lie within 2 ATOL, the drafts may rank them either way while each score stays within the
+    # ATOL asserted below. A row is checked (exactly) on the first draw of inputs that gives it
+    # no such near-tie: measured, 29 % of rows meet one at 6/6/40 (2-3 % at the small trees),
+    # so TIE_REDRAWS draws all tied has probability 0.29^16 = 3e-9 per row (20 rows in a run).
+    unchecked = set(range(len(lens)))
+    for _ in range(TIE_REDRAWS):
+        tokens, target_hidden, features = _inputs(gen, len(lens), width)
+        cache = head.allocate_cache(len(lens), width + tree.drafted_keys)  # exactly: a bound
+        counts = torch.tensor(lens, dtype=torch.int32)
+        with torch.no_grad():
+            hidden = head.project(target_hidden, features)
+            root_hidden = commit(head, cache, tokens, hidden, counts)
+            root_tokens = tokens[torch.arange(len(lens)), counts.long() - 1]
+            drafted = draft_tree(head, cache, root_tokens, root_hidden, tree)
+        assert cache.lens.tolist() == lens  # drafting never commits
+        for b in sorted(unchecked):
+            drafter = DenseDrafter(dense, tokens[b, :lens[b]], hidden[b, :lens[b]])
+            selection = drafter.eagle2(tree)
+            if drafter.closest_gap >= 2 * ATOL:
+                torch.testing.assert_close(root_hidden[b], drafter.output(()), rtol=0,
+                                           atol=ATOL)
+                assert int(drafted.tokens[b, 0]) == int(root_tokens[b])
+                check_drafted_row(drafted, b, drafter, selection, tree)
+                unchecked.discard(b)
+        if not unchecked:
+            return
+    pytest.fail(f"rows {sorted(unchecked)}: {TIE_REDRAWS} draws each had a near-tie "
+                f"{seed_note(gen)}")
+
+
+def check_drafted_row(drafted, b: int, drafter: DenseDrafter, selection: dict,
+                      tree: TreeConfig) -> None:
+    """Row b of ``drafted`` is EAGLE-2's tree over the dense drafter's candidates: each node's
+    kept children are its best by the dense logits in rank order, scores within ATOL."""
+    parents = drafted.parents[b].tolist()
+    paths, scores = {0: ()}, drafted.scores[b].tolist()
+    for node in range(1, tree.total_tokens):
+        assert 0 <= parents[node] < node
+        paths[node] = paths[parents[node]] + (int(drafted.tokens[b, node]),)
+        assert int(drafted.depth[b, node]) == len(paths[node])
+    for node in range(tree.total_tokens):
+        kids = [c for c in range(1, tree.total_tokens) if parents[c] == node]
+        if not kids:
+            continue
+        ids, values = drafter.children(paths[node], tree.top_k)
+        assert [paths[c][-1] for c in kids] == ids[:len(kids)], (b, node)
+        expected = [scores[node] + v for v in values[:len(kids)]]
+        torch.testing.assert_close(torch.tensor([scores[c] for c in kids]),
+                                   torch.tensor(expected), rtol=0, atol=ATOL)
+    assert set(selection) == {paths[n] for n in range(1, tree.total_tokens)}
+    for node in range(1, tree.total_tokens):
+        assert abs(selection[paths[node]] - scores[node]) < ATOL, (b, node)
+    if tree.total_tokens == tree.num_candidates + 1:
+        assert max(len(path) for path in paths.values()) == tree.depth + 1

@@ -25,9 +25,9 @@ import test_acceptance
 import test_acceptance_kernels as kernel_tests
 from conftest import random_parents
 from cuda_support import DTYPE_CODES, SENTINEL, assert_guards, guarded, needs_gpu, seed_note
-from test_acceptance_kernels import (SAMPLING, STOCHASTIC, chain_margin, compare_with_excuses,
-                                     fragile_sequences, fragile_tokens, random_logits,
-                                     top_p_fragile, tree_margin)
+from test_acceptance_kernels import (LARGE_VOCAB_EXCUSE_RATE, SAMPLING, STOCHASTIC, chain_margin,
+                                     compare_with_excuses, excuse_limit, fragile_sequences,
+                                     fragile_tokens, random_logits, top_p_fragile, tree_margin)
 
 OPS = ("target_probs", "stochastic_accept_tree", "stochastic_accept_chain")
 
@@ -235,9 +235,10 @@ def test_host_outputs_stay_in_bounds(ext, gen):
                                         5000, vocab, width, 0)
 
 
-def check_stochastic_matches_torch(gen, dtype, vocab, params, device, max_excused=8):
+def check_stochastic_matches_torch(gen, dtype, vocab, params, device, excuse_rate):
     """Tree and chain acceptance through ops.* (backend="cuda", or the host drop-ins) vs the
-    torch backend (reference.*) on the same device, with the near-boundary excuse rule."""
+    torch backend (reference.*) on the same device, with the near-boundary excuse rule; at most
+    excuse_limit(batch, excuse_rate) sequences excused."""
     batch, num_nodes = 8, 7
     parents = random_parents(batch, num_nodes, gen)
     tokens = torch.randint(0, 6, (batch, num_nodes), generator=gen)
@@ -258,9 +259,8 @@ def check_stochastic_matches_torch(gen, dtype, vocab, params, device, max_excuse
         margins = [margin(tokens, second, probs, accept_u, bonus_u, b) for b in range(batch)]
         excused = compare_with_excuses(got, want, margins, fragile,
                                        f"vocab {vocab} {seed_note(gen)}")
-        # dense top-p tails over big vocabularies put many tokens within NEAR of the boundary
-        # (as in the Triton GPU test): only the small-vocabulary tests bound the excused count
-        assert excused <= max_excused, f"{excused} of {batch} excused {seed_note(gen)}"
+        assert excused <= excuse_limit(batch, excuse_rate), \
+            f"{excused} of {batch} excused {seed_note(gen)}"
 
 
 @pytest.mark.parametrize("vocab,params", [(32000, {"temperature": 0.7, "top_k": 50,
@@ -268,7 +268,8 @@ def check_stochastic_matches_torch(gen, dtype, vocab, params, device, max_excuse
                                                                            "top_p": 0.8})],
                          ids=["32000-t0.7-k50-p0.9", "5000-k200-p0.8"])
 def test_host_large_vocab_matches_reference(host, gen, vocab, params):
-    check_stochastic_matches_torch(gen, torch.bfloat16, vocab, params, "cpu", max_excused=1)
+    check_stochastic_matches_torch(gen, torch.bfloat16, vocab, params, "cpu",
+                                   LARGE_VOCAB_EXCUSE_RATE)
 
 
 # ---- GPU: backend="cuda" ---------------------------------------------------------------------
@@ -295,7 +296,9 @@ def test_gpu_target_probs_matches_torch(ext, gen, dtype, vocab, params):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("vocab,params", VOCABS, ids=lambda v: str(v))
 def test_gpu_stochastic_matches_torch(ext, gen, dtype, vocab, params):
-    check_stochastic_matches_torch(gen, dtype, vocab, params, "cuda")
+    # Untruncated 32000 / 128256-token rows put a bonus draw within NEAR of one of their CDF
+    # steps for 36-57 % of sequences (measured, reference side): no bound on the count here.
+    check_stochastic_matches_torch(gen, dtype, vocab, params, "cuda", excuse_rate=1.0)
 
 
 @needs_gpu
