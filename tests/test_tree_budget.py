@@ -72,6 +72,20 @@ def test_measured_cycle_costs_cover_drafting_and_verify(target):
     assert policy.current in CANDIDATE_TREES[:3] and set(policy.costs) == set(CANDIDATE_TREES[:3])
 
 
+def test_first_cycles_pair_with_the_start_up_plain_step(target):
+    """Cycles timed right after choose_tree are costed in its plain step: a call that starts at
+    once (make demo) can see that its cycles cost more plain steps than drafting plus verify."""
+    from eagle_kernels.runtime.tree_budget import TIMINGS_TO_TRUST
+
+    head = new_draft_head(EAGLE3, target)
+    policy = choose_tree(target, head, context=16, repeats=1, trees=CANDIDATE_TREES[:2])
+    tree, step = policy.current, policy.step_seconds
+    assert policy.steps_per_cycle(tree) is None  # no cycle timed yet
+    for _ in range(TIMINGS_TO_TRUST):
+        policy.time_cycle(tree, 3 * step, batch=1)
+    assert policy.steps_per_cycle(tree) == pytest.approx(3.0)
+
+
 def test_adaptive_trees_stay_exact(target, gen):
     """A call that switches tree shapes between cycles still emits the autoregressive tokens:
     an optimistic prior picks a branching tree, the random head's misses shrink it."""

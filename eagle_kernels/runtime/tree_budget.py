@@ -471,4 +471,12 @@ def choose_tree(target, head, batch: int = 1, context: int = 256,
     """Measure every candidate tree's cycle and a plain decoding step here; return the policy
     (its ``current`` tree is the best under the prior ``alpha`` until acceptance is observed)."""
     costs, step = measure_trees(target, head, trees, batch, context, repeats)
-    return AdaptiveTree(costs, alpha, step, batch=batch)
+    policy = AdaptiveTree(costs, alpha, step, batch=batch)
+    # The plain step just measured is a step timing of this moment: the cycles of a call that
+    # starts within PAIR_SECONDS pair with it. Without it, a first call that speculates has no
+    # plain step to compare its cycles with, scales the step by its cycles' timed / start-up
+    # ratio (which also holds the cycle's work besides drafting and verify: acceptance,
+    # compaction, the head's commit) and keeps speculating at a loss (make demo: a 1/1/2 cycle
+    # timed 1.45 steps, estimated 1.25; 0.93x plain decoding).
+    policy.time_step(step, batch)
+    return policy
