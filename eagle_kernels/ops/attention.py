@@ -128,17 +128,17 @@ def choose_num_splits(programs: int, max_keys: int, device: torch.device) -> int
     return max(1, min(wanted, MAX_SPLITS, max_keys // MIN_SPLIT_KEYS))
 
 
-def _workspace(q: torch.Tensor, num_splits: int):
-    """fp32 partial outputs [B, S, Nq, Hq, D] and base-2 log-sum-exps [B, S, Nq, Hq] of the
-    splits (never read when num_splits == 1)."""
-    batch, num_queries, q_heads, head_dim = q.shape
+def _workspace(q: torch.Tensor, num_splits: int, state: tuple[int, ...] = ()):
+    """fp32 partial outputs [B, S, Nq, Hq, D] and per-row split state [B, S, Nq, Hq, *state]
+    (the CUDA kernel's base-2 log-sum-exps: state ``()``; the Triton kernel's (max, sum)
+    pairs: ``(2,)``), never read when num_splits == 1."""
     if num_splits == 1:
         empty = torch.empty(0, dtype=torch.float32, device=q.device)
         return empty, empty
-    return (torch.empty(batch, num_splits, num_queries, q_heads, head_dim, dtype=torch.float32,
-                        device=q.device),
-            torch.empty(batch, num_splits, num_queries, q_heads, dtype=torch.float32,
-                        device=q.device))
+    batch, num_queries, q_heads, head_dim = q.shape
+    rows = (batch, num_splits, num_queries, q_heads)
+    return (torch.empty(*rows, head_dim, dtype=torch.float32, device=q.device),
+            torch.empty(*rows, *state, dtype=torch.float32, device=q.device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,18 +418,6 @@ def split_keys_for(max_len: int, block_n: int) -> int:
     return triton.cdiv(keys, block_n) * block_n
 
 
-def _triton_workspace(q: torch.Tensor, num_splits: int):
-    """fp32 unnormalised partial outputs [B, S, Nq, Hq, D] and (max, sum) pairs
-    [B, S, Nq, Hq, 2] of the splits (never read when num_splits == 1)."""
-    if num_splits == 1:
-        empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        return empty, empty
-    batch, num_queries, q_heads, head_dim = q.shape
-    rows = (batch, num_splits, num_queries, q_heads)
-    return (torch.empty(*rows, head_dim, dtype=torch.float32, device=q.device),
-            torch.empty(*rows, 2, dtype=torch.float32, device=q.device))
-
-
 def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys,
                            num_splits: int | None = None):
     """Triton backend (any head_dim up to 256; fp16 / bf16 / fp32 with fp32 accumulation).
@@ -451,7 +439,7 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     elif num_splits is None:
         num_splits = choose_num_splits(row_tiles * kv_heads * batch, max_len, q.device)
     out = torch.empty_like(q)
-    part_o, part_ml = _triton_workspace(q, num_splits)
+    part_o, part_ml = _workspace(q, num_splits, state=(2,))  # (max, sum) per row
     grid = (row_tiles * kv_heads, batch, num_splits)
     upcast = interpreter_upcast(q)
     _tree_attention_kernel[grid](
