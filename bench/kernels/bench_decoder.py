@@ -44,6 +44,16 @@ def _time(call, device, repeats):
     return time_fn(fn, repeats=repeats, warmup=1 if device.type == "cpu" else 3)
 
 
+def _rows(op, weight, m, timings, floor_us) -> list[dict]:
+    """One printed row per backend of ``timings`` (bf16, m rows), each against torch's."""
+    rows = [dict(op=op, weight=weight, backend=backend, dtype="bfloat16", rows=m,
+                 **timing_columns(timing, timings["torch"], floor_us))
+            for backend, timing in timings.items()]
+    for row in rows:
+        print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    return rows
+
+
 def linear_rows(device, gen, shapes, row_counts, bandwidth, repeats) -> list[dict]:
     rows = []
     for name, (out, width) in shapes.items():
@@ -54,10 +64,7 @@ def linear_rows(device, gen, shapes, row_counts, bandwidth, repeats) -> list[dic
             floor_us = 2 * (out * width + m * (width + out)) / bandwidth * 1e6
             timings = {backend: _time(lambda b=backend: ops.linear(x, weight, backend=b),
                                       device, repeats) for backend in _backends(device)}
-            for backend, timing in timings.items():
-                rows.append(dict(op="linear", weight=name, backend=backend, dtype="bfloat16",
-                                 rows=m, **timing_columns(timing, timings["torch"], floor_us)))
-                print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+            rows += _rows("linear", name, m, timings, floor_us)
         del weight
     return rows
 
@@ -72,11 +79,7 @@ def rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats) -> list[di
         timings = {backend: _time(lambda b=backend: ops.rms_norm(x, weight, 1e-5, residual,
                                                                  backend=b), device, repeats)
                    for backend in _backends(device)}
-        for backend, timing in timings.items():
-            rows.append(dict(op="rms_norm", weight=f"width {width}", backend=backend,
-                             dtype="bfloat16", rows=m,
-                             **timing_columns(timing, timings["torch"], floor_us)))
-            print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+        rows += _rows("rms_norm", f"width {width}", m, timings, floor_us)
     return rows
 
 
