@@ -46,8 +46,8 @@ NEAR = 1e-5
 # draws fall within NEAR of a boundary with probability <= 2 NEAR (nodes + vocabulary) (1e-3 for
 # the 8-node, 40-token cases), plus its top-p rows being fragile: measured 2-7e-4 per sequence
 # over 10^4 calls of the stochastic checks, 0.003 per 300-token top-p row, 0.016 per sequence
-# over 5000-token top-200 bf16 tails and 0.003-0.008 over 32000-token top-50 ones. A CI run makes < 1000 checks, so 1e-9 each keeps a false
-# failure below 1e-6 per run.
+# over 5000-token top-200 bf16 tails and 0.003-0.008 over 32000-token top-50 ones. A CI run
+# makes < 1000 checks, so 1e-9 each keeps a false failure below 1e-6 per run.
 SEQUENCE_EXCUSE_RATE = 2e-3
 TOP_P_ROW_RATE = 1e-2
 LARGE_VOCAB_EXCUSE_RATE = 5e-2
@@ -63,6 +63,8 @@ def excuse_limit(count: int, rate: float) -> int:
         if tail <= CHANCE_PER_CHECK:
             return k
     return count
+
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
