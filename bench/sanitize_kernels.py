@@ -370,14 +370,15 @@ def gpu_ops() -> list[str]:
     return [op for op, backends in ops.op_backends().items() if {"cuda", "triton"} & set(backends)]
 
 
-def memcheck_each(path: str, seed: int, timeout_s: float = 60.0) -> int:
-    """One compute-sanitizer memcheck process per GPU op; ``op<TAB>clean|failed`` rows to
-    ``path``, each process's output to stdout; 1 if any op failed."""
+def memcheck_each(path: str, seed: int, only: list[str] | None = None,
+                  timeout_s: float = 60.0) -> int:
+    """One compute-sanitizer memcheck process per GPU op (those in ``only`` when given);
+    ``op<TAB>clean|failed`` rows to ``path``, each process's output to stdout; 1 if any failed."""
     import subprocess
 
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # no pool hides an overrun
     rows = []
-    for op in gpu_ops():
+    for op in only or gpu_ops():
         command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
                    sys.executable, __file__, "--seed", str(seed), "--op", op]
         try:
@@ -389,8 +390,8 @@ def memcheck_each(path: str, seed: int, timeout_s: float = 60.0) -> int:
             status, output = "failed", f"timed out after {timeout_s:.0f} s: {expired.stdout or ''}"
         rows.append((op, status))
         print(f"== {op}: memcheck {status}\n{output}", flush=True)
-    with open(path, "w") as handle:
-        handle.writelines(f"{op}\t{status}\n" for op, status in rows)
+        with open(path, "w") as handle:  # after every op: a pass cut short keeps its rows
+            handle.writelines(f"{op}\t{status}\n" for op, status in rows)
     print("\n".join(f"{op:<24} {status}" for op, status in rows))
     return 1 if any(status != "clean" for _, status in rows) else 0
 
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: one compute-sanitizer memcheck process per op")
     args = parser.parse_args(argv)
     if args.memcheck_each:
-        return memcheck_each(args.memcheck_each, args.seed)
+        return memcheck_each(args.memcheck_each, args.seed, args.op)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")

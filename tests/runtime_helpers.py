@@ -33,11 +33,13 @@ PROMPTS = [
 ]
 
 
-def tiny_target(seed: int = 0, vocab: int = 300, layers: int = 7) -> TargetModel:
-    """A random 7-layer (the fewest EAGLE-3 accepts) Llama (GQA 4/2, head_dim 16) in fp32 on CPU: fast loop tests."""
+def tiny_target(seed: int = 0, vocab: int = 300, layers: int = 7,
+                head_dim: int = 16) -> TargetModel:
+    """A random 7-layer (the fewest EAGLE-3 accepts) Llama (GQA 4/2, head_dim 16) in fp32 on CPU:
+    fast loop tests. ``head_dim=64`` for the cuda attention kernel (it takes 64 or 128 only)."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=4 * head_dim, intermediate_size=8 * head_dim,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=4096, eos_token_id=vocab - 1, bos_token_id=0,
                          tie_word_embeddings=False)

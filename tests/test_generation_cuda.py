@@ -24,13 +24,14 @@ def _prompts(gen):
 # forced, the linears are torch's (cuBLAS) and the attention the cuda kernel, neither
 # row-invariant, so greedy speculative == autoregressive is asserted for the triton runs (every
 # linear, norm and attention row-invariant: tests/test_row_invariance.py); graph == eager for all.
-CASES = [("triton", torch.float32), ("triton", torch.bfloat16), ("cuda", torch.bfloat16)]
+# The cuda attention kernel also takes head_dim 64 / 128 only.
+CASES = [("triton", torch.float32, 16), ("triton", torch.bfloat16, 16), ("cuda", torch.bfloat16, 64)]
 
 
-@pytest.mark.parametrize("backend, dtype", CASES)
-def test_graph_replay_equals_eager(gen, monkeypatch, backend, dtype):
+@pytest.mark.parametrize("backend, dtype, head_dim", CASES)
+def test_graph_replay_equals_eager(gen, monkeypatch, backend, dtype, head_dim):
     monkeypatch.setenv(BACKEND_ENV, backend)
-    target = tiny_target().to("cuda", dtype)
+    target = tiny_target(head_dim=head_dim).to("cuda", dtype)
     prompts = _prompts(gen)
     base = Engine(target, cuda_graphs=False).generate(prompts, 40, speculative=False)
     reference = [p + t for p, t in zip(prompts, base.tokens)]

@@ -9,15 +9,19 @@ environment
 build_or_restore
 step backends 60 "$PY" -c "import eagle_kernels; print(eagle_kernels.backend_report())"
 
+# A rerun of what failed (after a harness fix; bench/README.md): EAGLE_SKIP_KERNEL_CHECK=1,
+# EAGLE_GPU_TESTS="<pytest node ids>", EAGLE_MEMCHECK_OPS="<ops>" (default: all of each).
 device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
-step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
+[ "${EAGLE_SKIP_KERNEL_CHECK:-0}" = 1 ] || step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
   --verdict "$WORK/kernel-check.json"
 
 # GPU tests only (-m gpu: nothing CPU-only collected). In the dry run they are collected and
 # skip (no CUDA device), which proves the selection and the XML.
 # Several workers where pytest-xdist is there: Triton compiles each kernel on the host's CPUs.
 workers=(); [ "$DRY_RUN" = 0 ] && "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
-step gpu-tests 200 "$PY" -m pytest tests -m gpu -q -rfEs -p no:cacheprovider "${workers[@]}" \
+read -r -a gpu_tests <<< "${EAGLE_GPU_TESTS:-tests}"
+memcheck_ops=(); for op in ${EAGLE_MEMCHECK_OPS:-}; do memcheck_ops+=(--op "$op"); done
+step gpu-tests 200 "$PY" -m pytest "${gpu_tests[@]}" -m gpu -q -rfEs -p no:cacheprovider "${workers[@]}" \
   --junitxml="$WORK/gpu-tests.xml"
 
 if [ "$DRY_RUN" = 1 ]; then
@@ -25,7 +29,8 @@ if [ "$DRY_RUN" = 1 ]; then
 else
   # One process per op (a bad access kills the context, hiding the ops after it), each without
   # the caching allocator: an access past a tensor lands outside any allocation and is reported.
-  step memcheck 150 "$PY" bench/sanitize_kernels.py --memcheck-each "$WORK/memcheck.tsv"
+  step memcheck 150 "$PY" bench/sanitize_kernels.py --memcheck-each "$WORK/memcheck.tsv" \
+    "${memcheck_ops[@]}"
 fi
 
 step verdict 30 "$PY" bench/verdict.py stage "$WORK" --table "$WORK/summary-extra.txt"
