@@ -14,6 +14,11 @@ Evidence read from the folders given (each stage's unpacked tarball):
 * ``memcheck.tsv``: ``op<TAB>clean|failed`` per op (bench/sanitize_kernels.py --memcheck-each);
   without it, ``steps.tsv``'s memcheck step for every op (a step that did not pass proves
   nothing);
+* a rerun stage (``stage1b``, after a fix; bench/README.md): its results for a test file (all
+  of that file's cases) or an op's memcheck replace the earlier stage's; what it did not rerun
+  stands.
+  Folders are read in name order (stage1 before stage1b); the rerun's commit is in its
+  ``environment.txt``;
 * ``*.csv`` with ``op``, ``backend``, ``dtype``, ``speedup_vs_torch`` columns: the kernel
   benchmarks; an entry's speedup is the median over its rows (of its dtype when there are any).
 
@@ -62,7 +67,9 @@ GPU_BACKENDS = ("cuda", "triton")
 
 
 def _find(folders: list[Path], pattern: str) -> list[Path]:
-    return sorted(path for folder in folders for path in folder.rglob(pattern))
+    """Matches in stage order (stage1/ before stage1b/: a rerun comes after what it reruns)."""
+    return sorted((path for folder in folders for path in folder.rglob(pattern)),
+                  key=lambda path: path.parts)
 
 
 def kernel_checks(folders: list[Path]) -> tuple[list[dict], str]:
@@ -79,29 +86,41 @@ def _families(test_file: str) -> tuple[str, ...] | None:
     return tuple(ops) or None
 
 
+def _cases(path: Path) -> dict[str, list[tuple[tuple | None, tuple, str]]]:
+    """Test file -> (ops or None, backends, passed / failed / skipped) per case in one XML."""
+    by_file: dict[str, list] = {}
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        backends = tuple(b for b in GPU_BACKENDS if f"{b}" in name.split("[", 1)[-1]) \
+            if "[" in name else ()
+        outcome = "passed"
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+        source = case.get("file") or case.get("classname", "").replace(".", "/")
+        by_file.setdefault(source, []).append((_families(source), backends or GPU_BACKENDS,
+                                               outcome))
+    return by_file
+
+
 def test_tally(folders: list[Path]) -> list[tuple[tuple | None, tuple, str]]:
-    """(ops or None, backends, passed / failed / skipped) per GPU test case."""
-    tally = []
+    """(ops or None, backends, passed / failed / skipped) per GPU test case; a test file's cases
+    from the last stage that ran it (a rerun runs whole files: its case ids may have changed)."""
+    by_file: dict[str, list] = {}
     for path in _find(folders, "gpu-tests.xml"):
-        for case in ElementTree.parse(path).getroot().iter("testcase"):
-            name = case.get("name", "")
-            backends = tuple(b for b in GPU_BACKENDS if f"{b}" in name.split("[", 1)[-1]) \
-                if "[" in name else ()
-            outcome = "passed"
-            if case.find("failure") is not None or case.find("error") is not None:
-                outcome = "failed"
-            elif case.find("skipped") is not None:
-                outcome = "skipped"
-            source = case.get("file") or case.get("classname", "").replace(".", "/")
-            tally.append((_families(source), backends or GPU_BACKENDS, outcome))
-    return tally
+        by_file.update(_cases(path))
+    return [case for cases in by_file.values() for case in cases]
 
 
 def memcheck_statuses(folders: list[Path]) -> dict[str, str] | str:
     """Per op, clean / failed from a per-op pass (``memcheck.tsv``; ops it lacks: not run); or,
     without one, the memcheck step's status for every op (a str)."""
+    per_op = {}
     for path in _find(folders, "memcheck.tsv"):
-        return dict(line.split("\t")[:2] for line in path.read_text().splitlines())
+        per_op.update(line.split("\t")[:2] for line in path.read_text().splitlines())
+    if per_op:
+        return per_op
     for path in _find(folders, "steps.tsv"):
         for line in path.read_text().splitlines()[1:]:
             name, status = line.split("\t")[:2]

@@ -14,6 +14,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import device_limits  # noqa: E402
+import verdict  # noqa: E402
 
 from eagle_kernels.ops import _backend  # noqa: E402
 
@@ -138,3 +139,25 @@ def test_the_interpreter_is_never_chosen_by_auto(monkeypatch, tmp_path):
     # never the interpreter: the cpu kernels where they are built, else the reference
     assert _backend.resolve("build_tree", "auto", torch.device("cpu"), num_nodes=4)[0] in (
         "cpu", "torch")
+
+
+def _stage(folder: Path, cases: dict[tuple[str, str], bool], memcheck: dict[str, str]) -> None:
+    """A stage's evidence: gpu-tests.xml ((file, case name) -> passed) and memcheck.tsv."""
+    folder.mkdir(parents=True)
+    rows = "".join(f'<testcase file="tests/{file}.py" name="{name}">'
+                   + ("" if passed else "<failure/>") + "</testcase>"
+                   for (file, name), passed in cases.items())
+    (folder / "gpu-tests.xml").write_text(f"<testsuites><testsuite>{rows}</testsuite></testsuites>")
+    (folder / "memcheck.tsv").write_text("".join(f"{op}\t{s}\n" for op, s in memcheck.items()))
+
+
+def test_a_rerun_stage_replaces_only_what_it_reran(tmp_path):
+    _stage(tmp_path / "stage1", {("test_a", "t[triton-1]"): False, ("test_a", "t[cuda-2]"): True,
+                                 ("test_b", "t[triton-3]"): False},
+           {"linear": "failed", "rms_norm": "clean"})
+    # test_a rerun after a harness fix, its case ids changed; test_b not rerun
+    _stage(tmp_path / "stage1b", {("test_a", "t[triton-1-x]"): True}, {"linear": "clean"})
+    folders = [tmp_path / "stage1b", tmp_path / "stage1"]  # read in stage order whatever given
+    outcomes = sorted(outcome for _, _, outcome in verdict.test_tally(folders))
+    assert outcomes == ["failed", "passed"]  # test_a: the rerun's one case; test_b still failed
+    assert verdict.memcheck_statuses(folders) == {"linear": "clean", "rms_norm": "clean"}
