@@ -11,7 +11,12 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
   (the mask is built once outside the timing, so this baseline is if anything flattered);
 * ``causal_sdpa``: SDPA causal attention of the same N queries over the same keys (lower-right
   aligned), the floor the issue compares to (bar: tree <= 1.10 x this at N = 60);
-* ``decode_sdpa``: SDPA of one query per sequence over the cache (plain decode attention).
+* ``decode_sdpa``: SDPA of one query per sequence over the cache (plain decode attention);
+* ``triton_m32`` / ``triton_m64`` / ``triton_unordered`` (Llama shape, batch 1 and 8, a few
+  contexts): the Triton kernel with its row-invariant tile of TRITON_BLOCK_M rows set to 32 / 64
+  (still row-invariant: one tile shape for every call) or with the tree keys walked in slot
+  order by FA2-like tiles (not row-invariant): what the invariance costs, and which fixed tile
+  to take, measured in one run.
 
 Columns: median time, ``speedup_vs_torch`` (sdpa_dense / method), ``ratio_to_causal``,
 ``ratio_to_decode``, ``max_err_vs_dense`` (kernels only: a wrong kernel cannot post a time
@@ -39,11 +44,29 @@ from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # no
                     plot_rows, time_fn, timing_columns)
 
 from eagle_kernels import ops  # noqa: E402
-from eagle_kernels.ops import reference  # noqa: E402
+from eagle_kernels.ops import attention, reference  # noqa: E402
 from eagle_kernels.ops._backend import backend_status  # noqa: E402
 
 MODELS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64), "smoke": (4, 2, 16)}
 NUM_NODES = 60
+# Triton variants (module constants of ops.attention set around the call), on these shapes only
+TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32}, "triton_m64": {"TRITON_BLOCK_M": 64},
+                   "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0}}
+VARIANT_SHAPES = {("llama3-8b", b, c) for b in (1, 8) for c in (1024, 4096, 16384)} \
+    | {("smoke", 1, 32)}
+
+
+def with_attention_constants(constants: dict, fn):
+    """fn() with ops.attention's module constants set to ``constants`` (restored after); a
+    CUDA graph captures the kernels launched inside, so replays keep the variant."""
+    saved = {name: getattr(attention, name) for name in constants}
+    try:
+        for name, value in constants.items():
+            setattr(attention, name, value)
+        return fn()
+    finally:
+        for name, value in saved.items():
+            setattr(attention, name, value)
 
 
 def make_case(model, batch, context, num_nodes, device, gen):
@@ -83,8 +106,8 @@ def sdpa_call(q, keys, values, attn_mask=None, is_causal_lower_right=False):
         return (lambda: run(k, v)), True
 
 
-def methods(case, context, device):
-    """name -> (callable, note) for every method of one shape."""
+def methods(case, context, device, variants=False):
+    """name -> (callable, note) for every method of one shape (the Triton variants too)."""
     q, k, v, lens, mask = case
     num_nodes = q.shape[1]
     length = context + num_nodes
@@ -98,6 +121,10 @@ def methods(case, context, device):
         if backend_status(backend).available and (backend == "triton" or device.type == "cuda"):
             found[backend] = (lambda b=backend: ops.tree_attention(q, k, v, lens, mask,
                                                                    backend=b), "")
+    if variants and "triton" in found:
+        for name, constants in TRITON_VARIANTS.items():
+            found[name] = (lambda c=constants: with_attention_constants(
+                c, found["triton"][0]), " ".join(f"{k}={v}" for k, v in constants.items()))
     for name, call in (("sdpa_dense", sdpa_call(q_bhsd, keys, values, attn_mask=visible)),
                        ("causal_sdpa", sdpa_call(q_bhsd, keys, values,
                                                  is_causal_lower_right=True)),
@@ -138,10 +165,10 @@ def main():
                      + 2 * batch * num_nodes * q_heads * dim)
         floor_us = moved / bandwidth * 1e6
         timings, notes, errors = {}, {}, {}
-        found = methods(case, context, device)
+        found = methods(case, context, device, (model, batch, context) in VARIANT_SHAPES)
         dense = found["sdpa_dense"][0]().transpose(1, 2).float()
         for name, (fn, note) in found.items():
-            if name in ("triton", "cuda"):  # a wrong kernel must not post a fast time unseen
+            if name.startswith("triton") or name == "cuda":  # a wrong kernel must not post a fast time unseen
                 errors[name] = round((fn().float() - dense).abs().max().item(), 4)
             timings[name], notes[name] = time_method(fn, device, repeats), note
         base, causal = timings["sdpa_dense"], timings["causal_sdpa"]
