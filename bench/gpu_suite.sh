@@ -9,6 +9,7 @@
 #   bash bench/gpu_suite.sh stage3   cycle vs AR step, Llama-3.1-8B and SmolLM2 shapes
 #   bash bench/gpu_suite.sh stage4   optional: the real default model (carried in parts)
 #   bash bench/gpu_suite.sh stage5   optional: training (placeholder, see the script)
+#   bash bench/gpu_suite.sh profile  Nsight Compute on the kernels whose bars were missed
 #   bash bench/gpu_suite.sh lease SECONDS   stages 1-3 in one run of SECONDS on one machine
 #                                    (a lease too short for a cold start per stage): stage 1
 #                                    builds in place, stage 2 reuses its check, budgets shared
@@ -25,7 +26,8 @@ case "$stage" in
   stage3) exec bash bench/stages/stage3_cycle.sh ;;
   stage4) exec bash bench/stages/stage4_model.sh ;;
   stage5) exec bash bench/stages/stage5_train.sh ;;
+  profile) exec bash bench/stages/profile.sh ;;
   lease) exec bash bench/stages/lease.sh "${2:-540}" ;;
   rehearse) shift; exec "${PYTHON:-python3}" bench/stages/rehearse.py "$@" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,21p' "$0"; exit 2 ;;
 esac

@@ -73,8 +73,8 @@ def _find(folders: list[Path], pattern: str) -> list[Path]:
 
 
 def kernel_checks(folders: list[Path]) -> tuple[list[dict], str]:
-    """The verdict-pass rows and the device they ran on ('' when none ran)."""
-    for path in _find(folders, "kernel-check.json"):
+    """The verdict-pass rows and the device they ran on ('' when none ran): the last stage's."""
+    for path in reversed(_find(folders, "kernel-check.json")):
         report = json.loads(path.read_text())
         return report["rows"], report["device"]
     return [], ""

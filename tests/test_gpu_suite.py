@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,3 +162,45 @@ def test_a_rerun_stage_replaces_only_what_it_reran(tmp_path):
     outcomes = sorted(outcome for _, _, outcome in verdict.test_tally(folders))
     assert outcomes == ["failed", "passed"]  # test_a: the rerun's one case; test_b still failed
     assert verdict.memcheck_statuses(folders) == {"linear": "clean", "rms_norm": "clean"}
+
+
+def test_proof_from_an_earlier_run_needs_unchanged_kernels(tmp_path):
+    """A benchmark-only lease may lean on an earlier run's stage 1 only while no kernel source
+    changed since the commit that stage ran (else its proof is of other kernels)."""
+    import collect_results
+
+    run = tmp_path / "run"
+    (run / "stage1").mkdir(parents=True)
+    (run / "stage1" / "gpu-tests.xml").write_text("<testsuites/>")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    (run / "stage1" / "environment.txt").write_text(f"commit {head} (sent by the caller)\n")
+    assert collect_results.proof_stages(run) == [run / "stage1"]
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.split()[0]
+    if first == head:
+        pytest.skip("a shallow clone: no older commit to compare with")
+    (run / "stage1" / "environment.txt").write_text(f"commit {first}\n")  # kernels since added
+    with pytest.raises(ValueError, match="kernel sources changed"):
+        collect_results.proof_stages(run)
+
+
+NCU_CSV = '''==PROF== Connected to process 4242
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","GPU Speed Of Light Throughput","Duration","usecond","189.12"
+"0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","GPU Speed Of Light Throughput","Compute (SM) Throughput","%","21.5"
+"0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","3.1"
+"0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","GPU Speed Of Light Throughput","L2 Cache Throughput","%","44.0"
+"0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","1,024"
+"1","4242","python3","127.0.0.1","void merge<float>(int)","1","7","(128, 1, 1)","(1920, 1, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","nsecond","4,800"
+'''
+
+
+def test_the_ncu_table_names_each_kernel_and_its_limiter():
+    import profile_kernels
+
+    rows = profile_kernels.parse_ncu_csv(NCU_CSV, "attention_triton")
+    assert [r["kernel"] for r in rows] == ["_tree_attention_kernel", "void merge"]
+    assert rows[0]["duration_us"] == 189.12 and rows[0]["registers"] == 1024.0
+    assert rows[0]["limiter"] == "l2" and rows[0]["grid"] == "(120, 1, 17)"
+    assert rows[1]["duration_us"] == 4.8 and rows[1]["limiter"] == ""

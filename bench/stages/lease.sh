@@ -3,25 +3,41 @@
 # (15 minutes of device time in all): one build in place, stage 2 reuses stage 1's kernel check,
 # and each stage's budget is what is left of SECONDS minus a floor kept for the stages after it.
 #   run(command="bash bench/gpu_suite.sh lease 540", timeout_s=570)    (no carried paths)
-# $OUT ends with stage 1's three files and stages 2-3's two each (7 of the 8 that come back).
+# $OUT ends with two files per stage (tarball, summary): up to 4 stages fit the 8 that come back
+# (no build tarball: the stages share this machine's build).
 # A second lease on the same GPU: EAGLE_STAGE_TAG=b (stage1b, ...; lib.sh), and
-# EAGLE_BENCH_FAMILIES / EAGLE_CYCLE_BACKENDS to rerun only what failed.
+# EAGLE_BENCH_FAMILIES / EAGLE_CYCLE_BACKENDS to rerun only what failed; a GPU proven before:
+#   EAGLE_LEASE_STAGES="stage2 profile stage3" bash bench/gpu_suite.sh lease 540
+# then python3 bench/collect_results.py --proof-from bench/results/<its proven run> <files_at>.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 total=${1:-540}
 deadline=$((SECONDS + total))
 export EAGLE_PACK_RESERVE_S=${EAGLE_PACK_RESERVE_S:-15}
-# stage NAME MOST FLOOR_AFTER: run NAME with at most MOST seconds, keeping FLOOR_AFTER for later.
-stage() {
-  local left=$((deadline - SECONDS - $3))
-  local budget=$(( $2 < left ? $2 : left ))
-  echo "== $1: budget ${budget}s of ${total}s"
-  EAGLE_STAGE_BUDGET_S=$budget bash "bench/gpu_suite.sh" "$1"
+export EAGLE_SKIP_PACK_BUILD=1
+# EAGLE_LEASE_STAGES: which stages, in order (default stage1 stage2 stage3). On a GPU whose
+# committed verdict already proves every kernel, e.g. "stage2 profile stage3": the first stage
+# builds in place and the others reuse its build.
+read -ra stages <<< "${EAGLE_LEASE_STAGES:-stage1 stage2 stage3}"
+most() { case $1 in stage1) echo 330 ;; stage2|profile) echo 150 ;; *) echo 300 ;; esac; }
+# The floor a stage keeps for itself while those before it run; shrinks with a shorter lease.
+floor() {
+  case $1 in
+    stage1) echo 0 ;;
+    stage2) echo $(( total / 10 < 110 ? total / 10 : 110 )) ;;
+    profile) echo $(( total / 10 < 90 ? total / 10 : 90 )) ;;
+    *) echo $(( total / 5 < 110 ? total / 5 : 110 )) ;;
+  esac
 }
-# Floors shrink with a shorter lease: stage 1's evidence comes first.
-stage stage1 330 $(( total * 3 / 10 < 220 ? total * 3 / 10 : 220 ))
-export EAGLE_LEASE_BUILT=1
-stage stage2 150 $(( total / 5 < 110 ? total / 5 : 110 ))
 # No verdict of this GPU is committed yet, so auto would run the torch reference twice.
 export EAGLE_CYCLE_BACKENDS=${EAGLE_CYCLE_BACKENDS:-torch triton cuda}
-stage stage3 300 0
+for i in "${!stages[@]}"; do
+  name=${stages[$i]} after=0
+  for later in "${stages[@]:$((i + 1))}"; do after=$((after + $(floor "$later"))); done
+  left=$((deadline - SECONDS - after))
+  most=$(most "$name")
+  budget=$(( most < left ? most : left ))
+  echo "== $name: budget ${budget}s of ${total}s"
+  EAGLE_STAGE_BUDGET_S=$budget bash "bench/gpu_suite.sh" "$name"
+  export EAGLE_LEASE_BUILT=1  # built in place by the first stage: the others reuse it
+done

@@ -38,6 +38,7 @@ STAGES = (
     Stage("stage1", ()),
     Stage("stage2", (BUILD_CARRY,)),
     Stage("stage3", (BUILD_CARRY,)),
+    Stage("profile", (BUILD_CARRY,)),
     Stage("stage4", (".carry/model/part-NN", ".carry/model/SHA256SUMS", ".carry/wheels",
                      ".carry/prompts", BUILD_CARRY), optional=True),
     Stage("stage5", (".carry/model/part-NN", ".carry/model/SHA256SUMS", ".carry/wheels",

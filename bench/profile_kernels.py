@@ -1,0 +1,214 @@
+"""Nsight Compute on the kernels whose GPU bars are missed: which unit or memory level limits them.
+
+    python3 bench/profile_kernels.py --out DIR [--case NAME ...]   # every case, each under ncu
+    python3 bench/profile_kernels.py --run CASE                    # one case (what ncu runs)
+    python3 bench/profile_kernels.py --summarize DIR               # profile.csv from ncu-*.csv
+
+Cases (bf16; the shapes of the missed bars, bench/results/2026-11-26_nvidia-h100-80gb-hbm3):
+
+* ``attention_*``: tree attention, N = 60, Llama-3.1-8B heads, batch 1, 4k context: the Triton
+  kernel's row-invariant 16-row tile (what ``auto`` runs), its 64-row tile, its unordered walk
+  (not row-invariant), and the CUDA kernel;
+* ``linear_*``: gate_proj (14336 x 4096) over 60 rows: the row-invariant Triton GEMM and cuBLAS.
+
+Each case warms up (Triton compiles, cuBLAS picks), then calls the op once between
+cudaProfilerStart / Stop; ncu (``--profile-from-start off``) profiles every kernel of that call
+with the SpeedOfLight, MemoryWorkloadAnalysis, Occupancy, LaunchStats and WarpStateStats
+sections into ``ncu-<case>.csv`` (raw, kept). ``profile.csv`` / ``profile.txt``: per kernel its
+duration, compute (SM), memory, DRAM, L1 and L2 throughput (% of peak), achieved and
+theoretical occupancy, registers per thread, grid and block, and warp cycles per issued
+instruction; ``limiter`` names the highest throughput (a kernel far below every peak is
+latency-bound: few warps, or dependent loads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "kernels"))
+
+SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+            "WarpStateStats")
+ATTENTION_SHAPE = ("llama3-8b", 1, 4096)  # model, batch, context (bench_attention's grid)
+LINEAR_SHAPE = (60, 14336, 4096)  # rows, out features, in features (gate_proj)
+CASE_TIMEOUT_S = 90
+# profile.csv columns: ncu's metric names (SpeedOfLight, Occupancy, LaunchStats, WarpStateStats)
+COLUMNS = {
+    "duration_us": "Duration",
+    "sm_pct": "Compute (SM) Throughput",
+    "memory_pct": "Memory Throughput",
+    "dram_pct": "DRAM Throughput",
+    "l1_pct": "L1/TEX Cache Throughput",
+    "l2_pct": "L2 Cache Throughput",
+    "achieved_occupancy_pct": "Achieved Occupancy",
+    "theoretical_occupancy_pct": "Theoretical Occupancy",
+    "registers": "Registers Per Thread",
+    "cycles_per_issue": "Warp Cycles Per Issued Instruction",
+}
+THROUGHPUTS = ("sm_pct", "dram_pct", "l1_pct", "l2_pct")
+
+
+def _attention_call(constants: dict | None, backend: str):
+    import torch
+
+    import bench_attention as ba
+    from eagle_kernels import ops
+
+    model, batch, context = ATTENTION_SHAPE
+    q, k, v, lens, mask = ba.make_case(model, batch, context, ba.NUM_NODES, torch.device("cuda"),
+                                       torch.Generator().manual_seed(0))
+
+    def call():
+        return ops.tree_attention(q, k, v, lens, mask, backend=backend)
+    return (lambda: ba.with_attention_constants(constants, call)) if constants else call
+
+
+def _linear_call(backend: str):
+    import torch
+    import torch.nn.functional as F
+
+    from eagle_kernels import ops
+
+    rows, n, k = LINEAR_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, k, generator=gen).to("cuda", torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).div(k**0.5).to("cuda", torch.bfloat16)
+    if backend == "cublas":
+        return lambda: F.linear(x, w)
+    return lambda: ops.linear(x, w, backend=backend)
+
+
+CASES = {
+    "attention_triton": lambda: _attention_call(None, "triton"),
+    "attention_triton_m64": lambda: _attention_call({"TRITON_BLOCK_M": 64}, "triton"),
+    "attention_triton_unordered": lambda: _attention_call({"ORDERED_MAX_TREE_KEYS": 0},
+                                                          "triton"),
+    "attention_cuda": lambda: _attention_call(None, "cuda"),
+    "linear_triton": lambda: _linear_call("triton"),
+    "linear_cublas": lambda: _linear_call("cublas"),
+}
+
+
+def run_case(name: str) -> None:
+    """Warm up, then one call of the case between cudaProfilerStart / Stop (what ncu sees)."""
+    import torch
+
+    os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
+    fn = CASES[name]()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def profile_case(name: str, out: Path, python: str) -> str:
+    """ncu over one case into out/ncu-<name>.csv; '' or why it failed."""
+    command = ["ncu", "--profile-from-start", "off", "--csv", "--page", "details",
+               *[arg for section in SECTIONS for arg in ("--section", section)],
+               python, __file__, "--run", name]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CASE_TIMEOUT_S,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {CASE_TIMEOUT_S} s"
+    (out / f"ncu-{name}.csv").write_text(done.stdout)
+    (out / f"ncu-{name}.log").write_text(done.stderr)
+    return "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr[-300:]}"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _duration_us(value: float, unit: str) -> float:
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+             "s": 1e6, "second": 1e6}
+    return value * scale.get(unit.strip().lower(), 1.0)
+
+
+def parse_ncu_csv(text: str, case: str) -> list[dict]:
+    """One row per profiled kernel launch of ncu's ``--csv --page details`` output."""
+    start = text.find('"ID"')  # ncu prints its own lines (==PROF== ...) before the table
+    if start < 0:
+        return []
+    launches: dict[str, dict] = {}
+    wanted = {metric: column for column, metric in COLUMNS.items()}
+    for record in csv.DictReader(text[start:].splitlines()):
+        launch = launches.setdefault(record.get("ID", ""), {
+            "case": case, "kernel": re.split(r"[(<]", record.get("Kernel Name", "?"))[0].strip(),
+            "grid": record.get("Grid Size", ""), "block": record.get("Block Size", "")})
+        column = wanted.get(record.get("Metric Name", ""))
+        value = _number(record.get("Metric Value", ""))
+        if column is None or value is None or column in launch:
+            continue
+        if column == "duration_us":
+            value = _duration_us(value, record.get("Metric Unit", "us"))
+        launch[column] = round(value, 2)
+    rows = list(launches.values())
+    for row in rows:
+        present = {c: row[c] for c in THROUGHPUTS if isinstance(row.get(c), float)}
+        row["limiter"] = max(present, key=present.get).removesuffix("_pct") if present else ""
+    return rows
+
+
+def summarize(out: Path) -> list[dict]:
+    rows = []
+    for path in sorted(out.glob("ncu-*.csv")):
+        rows += parse_ncu_csv(path.read_text(), path.stem.removeprefix("ncu-"))
+    fields = ["case", "kernel", "grid", "block", *COLUMNS, "limiter"]
+    with open(out / "profile.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    table = [" ".join(f"{f}={row.get(f, '')}" for f in fields) for row in rows]
+    (out / "profile.txt").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, help="profile every case into this folder")
+    parser.add_argument("--case", action="append", choices=sorted(CASES),
+                        help="only this case (repeatable)")
+    parser.add_argument("--run", choices=sorted(CASES), help="run one case (under ncu)")
+    parser.add_argument("--summarize", type=Path, help="profile.csv from a folder's ncu-*.csv")
+    args = parser.parse_args(argv)
+    if args.run:
+        run_case(args.run)
+        return 0
+    if args.summarize:
+        summarize(args.summarize)
+        return 0
+    if args.out is None:
+        parser.error("one of --out, --run, --summarize is required")
+    if shutil.which("ncu") is None:
+        print("ncu: not found (Nsight Compute is on the lent GPU machine)", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in args.case or CASES:
+        why = profile_case(name, args.out, sys.executable)
+        print(f"{name}: {why or 'ok'}", flush=True)
+        failed += bool(why)
+    summarize(args.out)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
