@@ -9,7 +9,8 @@ Cases (bf16; the shapes of the missed bars, bench/results/2026-11-26_nvidia-h100
 * ``attention_*``: tree attention, N = 60, Llama-3.1-8B heads, batch 1, 4k context: the Triton
   kernel's row-invariant 16-row tile (what ``auto`` runs), its 64-row tile, its unordered walk
   (not row-invariant), and the CUDA kernel;
-* ``linear_*``: gate_proj (14336 x 4096) over 60 rows: the row-invariant Triton GEMM and cuBLAS.
+* ``linear_*``: gate_proj (14336 x 4096) over 60 rows: the row-invariant Triton GEMM (its
+  16-row tile and a 64-row one) and cuBLAS.
 
 Each case warms up (Triton compiles, cuBLAS picks), then calls the op once between
 cudaProfilerStart / Stop; ncu (``--profile-from-start off``) profiles every kernel of that call
@@ -69,10 +70,10 @@ def _attention_call(constants: dict | None, backend: str):
 
     def call():
         return ops.tree_attention(q, k, v, lens, mask, backend=backend)
-    return (lambda: ba.with_attention_constants(constants, call)) if constants else call
+    return (lambda: ba.with_constants(ba.attention, constants, call)) if constants else call
 
 
-def _linear_call(backend: str):
+def _linear_call(backend: str, constants: dict | None = None):
     import torch
     import torch.nn.functional as F
 
@@ -84,6 +85,12 @@ def _linear_call(backend: str):
     w = torch.randn(n, k, generator=gen).div(k**0.5).to("cuda", torch.bfloat16)
     if backend == "cublas":
         return lambda: F.linear(x, w)
+    if constants:
+        from common import with_constants
+        from eagle_kernels.ops import decoder_triton
+
+        return lambda: with_constants(decoder_triton, constants,
+                                      lambda: ops.linear(x, w, backend=backend))
     return lambda: ops.linear(x, w, backend=backend)
 
 
@@ -94,6 +101,7 @@ CASES = {
                                                           "triton"),
     "attention_cuda": lambda: _attention_call(None, "cuda"),
     "linear_triton": lambda: _linear_call("triton"),
+    "linear_triton_m64": lambda: _linear_call("triton", {"LINEAR_BLOCK_M": 64}),
     "linear_cublas": lambda: _linear_call("cublas"),
 }
 

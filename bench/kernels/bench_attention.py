@@ -41,7 +41,7 @@ os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
-                    plot_rows, time_fn, timing_columns)
+                    plot_rows, time_fn, timing_columns, with_constants)
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import attention, reference  # noqa: E402
@@ -54,19 +54,6 @@ TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32}, "triton_m64": {"TRITON_
                    "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0}}
 VARIANT_SHAPES = {("llama3-8b", b, c) for b in (1, 8) for c in (1024, 4096, 16384)} \
     | {("smoke", 1, 32)}
-
-
-def with_attention_constants(constants: dict, fn):
-    """fn() with ops.attention's module constants set to ``constants`` (restored after); a
-    CUDA graph captures the kernels launched inside, so replays keep the variant."""
-    saved = {name: getattr(attention, name) for name in constants}
-    try:
-        for name, value in constants.items():
-            setattr(attention, name, value)
-        return fn()
-    finally:
-        for name, value in saved.items():
-            setattr(attention, name, value)
 
 
 def make_case(model, batch, context, num_nodes, device, gen):
@@ -123,8 +110,8 @@ def methods(case, context, device, variants=False):
                                                                    backend=b), "")
     if variants and "triton" in found:
         for name, constants in TRITON_VARIANTS.items():
-            found[name] = (lambda c=constants: with_attention_constants(
-                c, found["triton"][0]), " ".join(f"{k}={v}" for k, v in constants.items()))
+            found[name] = (lambda c=constants: with_constants(attention, c, found["triton"][0]),
+                           " ".join(f"{k}={v}" for k, v in constants.items()))
     for name, call in (("sdpa_dense", sdpa_call(q_bhsd, keys, values, attn_mask=visible)),
                        ("causal_sdpa", sdpa_call(q_bhsd, keys, values,
                                                  is_causal_lower_right=True)),

@@ -88,6 +88,20 @@ def graphed(fn: Callable[[], object]) -> Callable[[], None]:
     return graph.replay
 
 
+def with_constants(module, constants: dict, fn: Callable[[], object]):
+    """fn() with ``module``'s constants set to ``constants`` (restored after): a kernel's tile
+    variant, timed beside the shipped one. A CUDA graph captures the kernels launched inside,
+    so its replays keep the variant."""
+    saved = {name: getattr(module, name) for name in constants}
+    try:
+        for name, value in constants.items():
+            setattr(module, name, value)
+        return fn()
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
 def copy_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024) -> float:
     """Measured device-to-device copy bandwidth in GB/s (bytes read + written per second): the
     memory roofline the benchmarks report fractions of."""
