@@ -123,7 +123,8 @@ def run_case(name: str) -> None:
 
 def profile_case(name: str, out: Path, python: str) -> str:
     """ncu over one case into out/ncu-<name>.csv; '' or why it failed."""
-    command = ["ncu", "--profile-from-start", "off", "--csv", "--page", "details",
+    command = ["ncu", "--target-processes", "all", "--profile-from-start", "off", "--csv",
+               "--page", "details",
                *[arg for section in SECTIONS for arg in ("--section", section)],
                python, __file__, "--run", name]
     try:
