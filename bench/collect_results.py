@@ -36,43 +36,78 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
-KERNEL_SOURCES = ("eagle_kernels", "csrc")
+# What a stage-1 proof is of: the kernels' sources and how they are built.
+KERNEL_SOURCES = ("eagle_kernels", "csrc", "setup.py", "CMakeLists.txt", "pyproject.toml")
+TARBALLS = ("stage*.tar.gz", "profile*.tar.gz")  # never build.tar.gz (stage 1's build)
 
 
-def _commits(stage: Path) -> list[str]:
-    """The commit a stage ran (its environment.txt: 'commit <hash> ...')."""
-    lines = (stage / "environment.txt").read_text().splitlines() \
-        if (stage / "environment.txt").is_file() else []
-    return [line.split()[1] for line in lines if line.startswith("commit ")]
+def _environment(stage: Path) -> list[str]:
+    path = stage / "environment.txt"
+    return path.read_text().splitlines() if path.is_file() else []
 
 
-def proof_stages(run: Path, head: str = "HEAD") -> list[Path]:
-    """RUN_DIR's stage-1 folders, if the kernels they proved are the kernels at ``head``."""
-    stages = sorted(p for p in run.glob("stage1*") if (p / "gpu-tests.xml").is_file())
-    if not stages:
+def _commit(stage: Path) -> str | None:
+    """The commit a stage ran: the one the caller sent (the device's .git can be stale)."""
+    lines = [line for line in _environment(stage) if line.startswith("commit ")]
+    sent = [line for line in lines if "(sent by the caller)" in line]
+    return (sent or lines or [" "])[0].split()[1] if lines else None
+
+
+def _versions(stage: Path) -> str:
+    """The stage's 'python .. torch .. cuda .. triton ..' line (a new triton recompiles all)."""
+    return next((line for line in _environment(stage) if line.startswith("python ")), "")
+
+
+def _kernel_changes(since: str, until: str) -> list[str]:
+    try:
+        done = subprocess.run(["git", "diff", "--name-only", since, until, "--",
+                               *KERNEL_SOURCES], cwd=ROOT.parent, capture_output=True, text=True)
+    except FileNotFoundError as error:
+        raise ValueError("--proof-from: git is needed to compare the kernel sources") from error
+    if done.returncode != 0:
+        raise ValueError(f"--proof-from: git diff {since} {until}: {done.stderr.strip()}")
+    return done.stdout.split()
+
+
+def proof_stages(run: Path, new_stages: list[Path]) -> list[Path]:
+    """RUN_DIR's stage-1 folders, if they proved these kernels: the same GPU, the same python /
+    torch / cuda / triton, and no kernel source changed between their commit and the new run's
+    (its recorded commit, else HEAD)."""
+    proof = sorted(p.resolve() for p in Path(run).glob("stage1*")
+                   if (p / "gpu-tests.xml").is_file())
+    if not proof:
         raise ValueError(f"--proof-from: {run} holds no stage-1 evidence (gpu-tests.xml)")
-    for stage in stages:
-        for commit in _commits(stage):
-            changed = subprocess.run(["git", "diff", "--name-only", commit, head, "--",
-                                      *KERNEL_SOURCES], cwd=ROOT.parent, capture_output=True,
-                                     text=True)
-            if changed.returncode != 0 or changed.stdout.strip():
-                raise ValueError(f"--proof-from: kernel sources changed since {commit} "
-                                 f"({stage.name}): {changed.stdout.split() or changed.stderr}")
-    return stages
+    if verdict._gpu_name(proof) != verdict._gpu_name(new_stages):
+        raise ValueError(f"--proof-from: {run} ran on {verdict._gpu_name(proof)}, this run on "
+                         f"{verdict._gpu_name(new_stages)}")
+    until = next((c for c in map(_commit, new_stages) if c), "HEAD")
+    for stage in proof:
+        commit = _commit(stage)
+        if commit is None:
+            raise ValueError(f"--proof-from: {stage} records no commit")
+        changed = _kernel_changes(commit, until)
+        if changed:
+            raise ValueError(f"--proof-from: kernel sources changed since {commit} "
+                             f"({stage.name}): {changed}")
+        for new in new_stages:
+            if _versions(new) and _versions(new) != _versions(stage):
+                raise ValueError(f"--proof-from: {stage.name} ran {_versions(stage)!r}, "
+                                 f"{new.name} {_versions(new)!r}")
+    return proof
 
 
 def collect(folders: list[Path], results: Path = make_results.RESULTS,
-            proof: list[Path] = ()) -> Path:
+            proof_from: Path | None = None) -> Path:
     staging = results / "local" / "collect"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for folder in folders:
-        for tarball in folder.glob("stage*.tar.gz"):
+        for tarball in (t for pattern in TARBALLS for t in folder.glob(pattern)):
             with tarfile.open(tarball) as tar:
                 tar.extractall(staging, filter="data")
     stages = sorted(p for p in staging.iterdir() if p.is_dir())
     gpu = verdict._gpu_name(stages)
+    proof = proof_stages(proof_from, stages) if proof_from else []  # refused: nothing written
     run = results / f"{datetime.date.today().isoformat()}_{_slug(gpu)}"
     run.mkdir(parents=True, exist_ok=True)
     for stage in stages:
@@ -93,10 +128,14 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    proof = []
-    if argv[:1] == ["--proof-from"]:
-        proof, argv = proof_stages(Path(argv[1])), argv[2:]
-    run = collect([Path(a) for a in argv], proof=proof)
+    proof_from = None
+    if argv[:1] == ["--proof-from"] and len(argv) > 2:
+        proof_from, argv = Path(argv[1]), argv[2:]
+    try:
+        run = collect([Path(a) for a in argv], proof_from=proof_from)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     print(f"wrote {run}")
     return make_results.main()
 

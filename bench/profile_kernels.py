@@ -29,6 +29,7 @@ import csv
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -123,18 +124,30 @@ def run_case(name: str) -> None:
 
 def profile_case(name: str, out: Path, python: str) -> str:
     """ncu over one case into out/ncu-<name>.csv; '' or why it failed."""
-    command = ["ncu", "--target-processes", "all", "--profile-from-start", "off", "--csv",
-               "--page", "details",
+    # --clock-control none: the GPU's own clocks, as the benchmarks ran (ncu locks base clocks
+    # by default, which makes its durations incomparable with bench/kernels' times)
+    command = ["ncu", "--target-processes", "all", "--profile-from-start", "off",
+               "--clock-control", "none", "--csv", "--page", "details",
                *[arg for section in SECTIONS for arg in ("--section", section)],
                python, __file__, "--run", name]
+    # its own process group: a timeout kills ncu and the python it runs (which holds the GPU)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=ROOT, start_new_session=True)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CASE_TIMEOUT_S,
-                              cwd=ROOT)
+        stdout, stderr = process.communicate(timeout=CASE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return f"timed out after {CASE_TIMEOUT_S} s"
-    (out / f"ncu-{name}.csv").write_text(done.stdout)
-    (out / f"ncu-{name}.log").write_text(done.stderr)
-    return "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr[-300:]}"
+    (out / f"ncu-{name}.csv").write_text(stdout)
+    (out / f"ncu-{name}.log").write_text(stderr)
+    errors = [line for line in (stdout + stderr).splitlines() if line.startswith("==ERROR==")]
+    if process.returncode != 0 or errors:
+        return f"exit {process.returncode}: {' '.join(errors) or stderr[-300:]}"
+    if not parse_ncu_csv(stdout, name):
+        notes = " ".join(line for line in stdout.splitlines() if line.startswith("=="))
+        return "no kernel profiled: " + notes[-300:]
+    return ""
 
 
 def _number(text: str) -> float | None:
@@ -152,12 +165,13 @@ def _duration_us(value: float, unit: str) -> float:
 
 def parse_ncu_csv(text: str, case: str) -> list[dict]:
     """One row per profiled kernel launch of ncu's ``--csv --page details`` output."""
-    start = text.find('"ID"')  # ncu prints its own lines (==PROF== ...) before the table
-    if start < 0:
+    # ncu's own lines (==PROF==, ==WARNING==) come before and among the table's quoted rows
+    table = [line for line in text.splitlines() if line.startswith('"')]
+    if not table or not table[0].startswith('"ID"'):
         return []
     launches: dict[str, dict] = {}
     wanted = {metric: column for column, metric in COLUMNS.items()}
-    for record in csv.DictReader(text[start:].splitlines()):
+    for record in csv.DictReader(table):
         launch = launches.setdefault(record.get("ID", ""), {
             "case": case, "kernel": re.split(r"[(<]", record.get("Kernel Name", "?"))[0].strip(),
             "grid": record.get("Grid Size", ""), "block": record.get("Block Size", "")})
@@ -165,6 +179,8 @@ def parse_ncu_csv(text: str, case: str) -> list[dict]:
         value = _number(record.get("Metric Value", ""))
         if column is None or value is None or column in launch:
             continue
+        if column.endswith("_pct") and record.get("Metric Unit", "%") != "%":
+            continue  # e.g. MemoryWorkloadAnalysis's "Memory Throughput" in Gbyte/second
         if column == "duration_us":
             value = _duration_us(value, record.get("Metric Unit", "us"))
         launch[column] = round(value, 2)
@@ -211,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
-    for name in args.case or CASES:
-        why = profile_case(name, args.out, sys.executable)
-        print(f"{name}: {why or 'ok'}", flush=True)
-        failed += bool(why)
-    summarize(args.out)
+    try:
+        for name in args.case or CASES:
+            why = profile_case(name, args.out, sys.executable)
+            print(f"{name}: {why or 'ok'}", flush=True)
+            failed += bool(why)
+    finally:  # the stage's timeout interrupts: the cases profiled so far still make the table
+        summarize(args.out)
     return 1 if failed else 0
 
 

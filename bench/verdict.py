@@ -67,9 +67,9 @@ GPU_BACKENDS = ("cuda", "triton")
 
 
 def _find(folders: list[Path], pattern: str) -> list[Path]:
-    """Matches in stage order (stage1/ before stage1b/: a rerun comes after what it reruns)."""
-    return sorted((path for folder in folders for path in folder.rglob(pattern)),
-                  key=lambda path: path.parts)
+    """Matches in the folders' order (callers give stage order: an earlier run's proof, then
+    stage1 before stage1b, so a rerun comes after what it reruns), sorted within each."""
+    return [path for folder in folders for path in sorted(folder.rglob(pattern))]
 
 
 def kernel_checks(folders: list[Path]) -> tuple[list[dict], str]:
@@ -86,8 +86,9 @@ def _families(test_file: str) -> tuple[str, ...] | None:
     return tuple(ops) or None
 
 
-def _cases(path: Path) -> dict[str, list[tuple[tuple | None, tuple, str]]]:
-    """Test file -> (ops or None, backends, passed / failed / skipped) per case in one XML."""
+def _cases(path: Path) -> dict[str, list[tuple[str, tuple]]]:
+    """Test file -> [(case name, (ops or None, backends, passed / failed / skipped))] in one
+    XML."""
     by_file: dict[str, list] = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         name = case.get("name", "")
@@ -99,18 +100,32 @@ def _cases(path: Path) -> dict[str, list[tuple[tuple | None, tuple, str]]]:
         elif case.find("skipped") is not None:
             outcome = "skipped"
         source = case.get("file") or case.get("classname", "").replace(".", "/")
-        by_file.setdefault(source, []).append((_families(source), backends or GPU_BACKENDS,
-                                               outcome))
+        by_file.setdefault(source, []).append(
+            (name, (_families(source), backends or GPU_BACKENDS, outcome)))
     return by_file
+
+
+def _step_status(stage: Path, step: str) -> str:
+    """A step's status in the stage's steps.tsv ('' when it is not there)."""
+    path = stage / "steps.tsv"
+    rows = [line.split("\t") for line in path.read_text().splitlines()[1:]] \
+        if path.is_file() else []
+    return next((row[1] for row in rows if row[0] == step and len(row) > 1), "")
 
 
 def test_tally(folders: list[Path]) -> list[tuple[tuple | None, tuple, str]]:
     """(ops or None, backends, passed / failed / skipped) per GPU test case; a test file's cases
-    from the last stage that ran it (a rerun runs whole files: its case ids may have changed)."""
-    by_file: dict[str, list] = {}
+    from the last stage that ran it whole (a rerun runs whole files: its case ids may have
+    changed). A run cut short (its step timed out) replaces only the cases it ran, by id."""
+    by_file: dict[str, dict[str, tuple]] = {}
     for path in _find(folders, "gpu-tests.xml"):
-        by_file.update(_cases(path))
-    return [case for cases in by_file.values() for case in cases]
+        complete = not _step_status(path.parent, "gpu-tests").startswith("timed out")
+        for source, cases in _cases(path).items():
+            if complete:
+                by_file[source] = dict(cases)
+            else:
+                by_file.setdefault(source, {}).update(cases)
+    return [case for cases in by_file.values() for case in cases.values()]
 
 
 def memcheck_statuses(folders: list[Path]) -> dict[str, str] | str:

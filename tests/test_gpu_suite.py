@@ -158,31 +158,56 @@ def test_a_rerun_stage_replaces_only_what_it_reran(tmp_path):
            {"linear": "failed", "rms_norm": "clean"})
     # test_a rerun after a harness fix, its case ids changed; test_b not rerun
     _stage(tmp_path / "stage1b", {("test_a", "t[triton-1-x]"): True}, {"linear": "clean"})
-    folders = [tmp_path / "stage1b", tmp_path / "stage1"]  # read in stage order whatever given
+    folders = [tmp_path / "stage1", tmp_path / "stage1b"]  # stage order
     outcomes = sorted(outcome for _, _, outcome in verdict.test_tally(folders))
     assert outcomes == ["failed", "passed"]  # test_a: the rerun's one case; test_b still failed
     assert verdict.memcheck_statuses(folders) == {"linear": "clean", "rms_norm": "clean"}
+    # a rerun cut short replaces only the cases it ran: test_a's other case still counts
+    _stage(tmp_path / "stage1c", {("test_a", "t[triton-1-x]"): False}, {})
+    (tmp_path / "stage1c" / "steps.tsv").write_text(
+        "step\tstatus\tseconds\tlimit_s\ngpu-tests\ttimed out after 9s\t9\t9\n")
+    _stage(tmp_path / "stage1d", {("test_a", "t[cuda-2]"): True}, {})
+    (tmp_path / "stage1d" / "steps.tsv").write_text(
+        "step\tstatus\tseconds\tlimit_s\ngpu-tests\ttimed out after 9s\t9\t9\n")
+    cut = verdict.test_tally([tmp_path / "stage1b", tmp_path / "stage1d"])
+    assert sorted(outcome for _, _, outcome in cut) == ["passed", "passed"]
 
 
-def test_proof_from_an_earlier_run_needs_unchanged_kernels(tmp_path):
+def test_proof_from_an_earlier_run_needs_the_same_kernels_gpu_and_versions(tmp_path):
     """A benchmark-only lease may lean on an earlier run's stage 1 only while no kernel source
-    changed since the commit that stage ran (else its proof is of other kernels)."""
+    changed since the commit that stage ran, on the same GPU and versions."""
     import collect_results
 
-    run = tmp_path / "run"
-    (run / "stage1").mkdir(parents=True)
-    (run / "stage1" / "gpu-tests.xml").write_text("<testsuites/>")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-    (run / "stage1" / "environment.txt").write_text(f"commit {head} (sent by the caller)\n")
-    assert collect_results.proof_stages(run) == [run / "stage1"]
-    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.split()[0]
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                              text=True).stdout.split()
+
+    def stage(path, commit, gpu="GPU A", versions="python 3.12 torch 2.11 triton 3.6"):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "gpu-tests.xml").write_text("<testsuites/>")
+        lines = [versions, f"gpu: {gpu}"] + ([f"commit {commit} (sent by the caller)"]
+                                             if commit else [])
+        (path / "environment.txt").write_text("\n".join(lines) + "\n")
+        return path
+
+    head = git("rev-parse", "HEAD")[0]
+    new = [stage(tmp_path / "new" / "stage2", head)]
+    old = tmp_path / "old"
+    stage(old / "stage1", head)
+    assert collect_results.proof_stages(old, new) == [(old / "stage1").resolve()]
+    for wrong, match in ((dict(gpu="GPU B"), "ran on GPU B"),
+                         (dict(versions="python 3.12 torch 2.12 triton 3.7"), "ran 'python"),
+                         (dict(commit=None), "records no commit")):
+        arguments = dict(commit=head) | wrong
+        stage(old / "stage1", arguments.pop("commit"), **arguments)
+        with pytest.raises(ValueError, match=match):
+            collect_results.proof_stages(old, new)
+    first = git("rev-list", "--max-parents=0", "HEAD")[0]
     if first == head:
         pytest.skip("a shallow clone: no older commit to compare with")
-    (run / "stage1" / "environment.txt").write_text(f"commit {first}\n")  # kernels since added
+    stage(old / "stage1", first)  # the kernels were written since
     with pytest.raises(ValueError, match="kernel sources changed"):
-        collect_results.proof_stages(run)
+        collect_results.proof_stages(old, new)
 
 
 NCU_CSV = '''==PROF== Connected to process 4242
@@ -192,6 +217,8 @@ NCU_CSV = '''==PROF== Connected to process 4242
 "0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","3.1"
 "0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","GPU Speed Of Light Throughput","L2 Cache Throughput","%","44.0"
 "0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","1,024"
+==WARNING== a note among the rows
+"0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","Memory Workload Analysis","Memory Throughput","Gbyte/second","99.0"
 "1","4242","python3","127.0.0.1","void merge<float>(int)","1","7","(128, 1, 1)","(1920, 1, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","nsecond","4,800"
 '''
 
@@ -203,4 +230,5 @@ def test_the_ncu_table_names_each_kernel_and_its_limiter():
     assert [r["kernel"] for r in rows] == ["_tree_attention_kernel", "void merge"]
     assert rows[0]["duration_us"] == 189.12 and rows[0]["registers"] == 1024.0
     assert rows[0]["limiter"] == "l2" and rows[0]["grid"] == "(120, 1, 17)"
+    assert "memory_pct" not in rows[0]  # the Gbyte/second row of another section is no percent
     assert rows[1]["duration_us"] == 4.8 and rows[1]["limiter"] == ""

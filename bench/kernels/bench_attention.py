@@ -172,8 +172,9 @@ def main():
                        max_err_vs_dense=errors.get(name, ""), note=notes[name])
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()))
+        # each shape's rows as they come: a run cut short by its stage's budget keeps them
+        append_rows(Path(args.out) / "bench_attention.csv", rows[-len(timings):])
     out = Path(args.out)
-    append_rows(out / "bench_attention.csv", rows)
     plot_rows([dict(r, series=f"{r['method']} {r['model']} B={r['batch']}") for r in rows
                if r["method"] in ("triton", "cuda", "causal_sdpa", "sdpa_dense")],
               "context", "median_us", "series", out / "bench_attention.png",

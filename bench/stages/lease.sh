@@ -7,7 +7,8 @@
 # (no build tarball: the stages share this machine's build).
 # A second lease on the same GPU: EAGLE_STAGE_TAG=b (stage1b, ...; lib.sh), and
 # EAGLE_BENCH_FAMILIES / EAGLE_CYCLE_BACKENDS to rerun only what failed; a GPU proven before:
-#   EAGLE_LEASE_STAGES="stage2 profile stage3" bash bench/gpu_suite.sh lease 540
+#   EAGLE_LEASE_STAGES="stage2 profile stage3" \
+#   EAGLE_BENCH_FAMILIES="acceptance topk kv attention decoder" bash bench/gpu_suite.sh lease 540
 # then python3 bench/collect_results.py --proof-from bench/results/<its proven run> <files_at>.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +20,10 @@ export EAGLE_SKIP_PACK_BUILD=1
 # committed verdict already proves every kernel, e.g. "stage2 profile stage3": the first stage
 # builds in place and the others reuse its build.
 read -ra stages <<< "${EAGLE_LEASE_STAGES:-stage1 stage2 stage3}"
+if [ "${#stages[@]}" -gt 4 ]; then  # two files each; the device tool brings back 8
+  echo "EAGLE_LEASE_STAGES: at most 4 stages, got ${stages[*]}"; exit 2
+fi
+BUILD_S=80  # a first stage other than stage 1 builds (~50 s on an H100) and checks (~28 s)
 most() { case $1 in stage1) echo 330 ;; stage2|profile) echo 150 ;; *) echo 300 ;; esac; }
 # The floor a stage keeps for itself while those before it run; shrinks with a shorter lease.
 floor() {
@@ -29,13 +34,14 @@ floor() {
     *) echo $(( total / 5 < 110 ? total / 5 : 110 )) ;;
   esac
 }
-# No verdict of this GPU is committed yet, so auto would run the torch reference twice.
+# Backends by name: auto is one of them on a proven GPU, torch on others (timed twice then).
 export EAGLE_CYCLE_BACKENDS=${EAGLE_CYCLE_BACKENDS:-torch triton cuda}
 for i in "${!stages[@]}"; do
   name=${stages[$i]} after=0
   for later in "${stages[@]:$((i + 1))}"; do after=$((after + $(floor "$later"))); done
   left=$((deadline - SECONDS - after))
   most=$(most "$name")
+  [ "$i" = 0 ] && [ "$name" != stage1 ] && most=$((most + BUILD_S))
   budget=$(( most < left ? most : left ))
   echo "== $name: budget ${budget}s of ${total}s"
   EAGLE_STAGE_BUDGET_S=$budget bash "bench/gpu_suite.sh" "$name"

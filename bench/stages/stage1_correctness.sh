@@ -10,7 +10,7 @@ build_or_restore
 step backends 60 "$PY" -c "import eagle_kernels; print(eagle_kernels.backend_report())"
 
 # A rerun of what failed (after a harness fix; bench/README.md): EAGLE_SKIP_KERNEL_CHECK=1,
-# EAGLE_GPU_TESTS="<pytest node ids>", EAGLE_MEMCHECK_OPS="<ops>" (default: all of each).
+# EAGLE_GPU_TESTS="<test files>", EAGLE_MEMCHECK_OPS="<ops>" (default: all of each).
 device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
 [ "${EAGLE_SKIP_KERNEL_CHECK:-0}" = 1 ] || step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
   --verdict "$WORK/kernel-check.json"
@@ -20,6 +20,9 @@ device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
 # Several workers where pytest-xdist is there: Triton compiles each kernel on the host's CPUs.
 workers=(); [ "$DRY_RUN" = 0 ] && "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
 read -r -a gpu_tests <<< "${EAGLE_GPU_TESTS:-tests}"
+for t in "${gpu_tests[@]}"; do  # the verdict lets a rerun replace whole test files only
+  case $t in -*|*::*) echo "EAGLE_GPU_TESTS: whole test files or folders, got $t"; exit 2 ;; esac
+done
 memcheck_ops=(); for op in ${EAGLE_MEMCHECK_OPS:-}; do memcheck_ops+=(--op "$op"); done
 step gpu-tests 200 "$PY" -m pytest "${gpu_tests[@]}" -m gpu -q -rfEs -p no:cacheprovider "${workers[@]}" \
   --junitxml="$WORK/gpu-tests.xml"
