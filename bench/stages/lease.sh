@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Stages 1-3 in one run of the device tool, for a lease too short for a cold start per stage
-# (15 minutes of device time in all): one build in place, stage 2 reuses stage 1's kernel check,
-# and each stage's budget is what is left of SECONDS minus a floor kept for the stages after it.
+# Stages (1-3 unless EAGLE_LEASE_STAGES says) in one run of the device tool, for a lease too
+# short for a cold start per stage (15 minutes of device time in all): one build in place,
+# stage 2 reuses stage 1's kernel check, and each stage's budget is what is left of SECONDS
+# minus a floor kept for the stages after it.
 #   run(command="bash bench/gpu_suite.sh lease 540", timeout_s=570)    (no carried paths)
 # $OUT ends with two files per stage (tarball, summary): up to 4 stages fit the 8 that come back
 # (no build tarball: the stages share this machine's build).
@@ -34,7 +35,8 @@ floor() {
     *) echo $(( total / 5 < 110 ? total / 5 : 110 )) ;;
   esac
 }
-# Backends by name: auto is one of them on a proven GPU, torch on others (timed twice then).
+# auto left out: on a GPU no verdict proves it is torch (timed twice); on a proven GPU add it
+# (EAGLE_CYCLE_BACKENDS="auto torch triton cuda") to time what auto picks there.
 export EAGLE_CYCLE_BACKENDS=${EAGLE_CYCLE_BACKENDS:-torch triton cuda}
 for i in "${!stages[@]}"; do
   name=${stages[$i]} after=0
