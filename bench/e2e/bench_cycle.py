@@ -6,7 +6,13 @@ verify + accept + compaction + commit) over one autoregressive step <= 1.5 (memo
 ~1.38). Random weights accept nothing, so every cycle yields one token and
 ``cycle time = decode time / cycles`` exactly; the autoregressive step is timed the same way.
 
-Rows per (backend, context): median cycle and step time over ``--repeats`` generate calls,
+``--batches 1 8 32``: the same at several batch sizes (every sequence a random prompt of the
+context's length); ``--budget-alpha A``: per (backend, batch), the tree the tree budget picks
+(:func:`~eagle_kernels.runtime.tree_budget.choose_tree`: every candidate tree's cycle measured
+at that batch, then the best at acceptance ``A``, a stated assumption: random weights accept
+nothing) instead of the fixed 60-node tree.
+
+Rows per (backend, context, batch): median cycle and step time over ``--repeats`` generate calls,
 their ratio, the roofline ratio (bytes a cycle must read over bytes a step must read: target
 weights + KV once per pass, the head's weights once per drafting step), the step's achieved
 fraction of measured copy bandwidth, and whether CUDA-graph capture succeeded. CSV + PNG.
@@ -32,6 +38,7 @@ from eagle_kernels.ops import BACKEND_ENV, op_backends  # noqa: E402
 from eagle_kernels.runtime import Engine, TreeConfig  # noqa: E402
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head  # noqa: E402
 from eagle_kernels.runtime.model import TargetModel  # noqa: E402
+from eagle_kernels.runtime.tree_budget import choose_tree  # noqa: E402
 
 SHAPES = {
     "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -76,28 +83,32 @@ def weight_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def roofline_ratio(target, head, tree: TreeConfig, context: int) -> float:
+def kv_bytes(target, context: int, batch: int) -> int:
+    """The K and V cache bytes a pass over ``batch`` sequences of ``context`` keys reads."""
+    config = target.config
+    return (2 * batch * config.num_hidden_layers * config.num_key_value_heads
+            * (config.hidden_size // config.num_attention_heads) * context
+            * target.lm_head.weight.element_size())
+
+
+def roofline_ratio(target, head, tree: TreeConfig, context: int, batch: int = 1) -> float:
     """Bytes one cycle must read over bytes one autoregressive step must read.
 
-    A step reads the target's weights and KV once. A cycle reads them once too (the verify
-    pass), plus the head's layer and lm_head once per drafting pass (the commit, the root's
-    logits, ``depth`` expansion steps) and its fc once (the commit).
+    A step reads the target's weights and the batch's KV once. A cycle reads them once too
+    (the verify pass), plus the head's layer and lm_head once per drafting pass (the commit,
+    the root's logits, ``depth`` expansion steps) and its fc once (the commit).
     """
-    config = target.config
-    kv_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads
-                * (config.hidden_size // config.num_attention_heads) * context
-                * target.lm_head.weight.element_size())
-    step = weight_bytes(target) + kv_bytes
+    step = weight_bytes(target) + kv_bytes(target, context, batch)
     per_pass = weight_bytes(head) - weight_bytes(head.fc)
     return (step + weight_bytes(head.fc) + (tree.depth + 2) * per_pass) / step
 
 
-def time_generation(engine: Engine, prompt: list[int], new_tokens: int, speculative: bool,
-                    repeats: int) -> tuple[float, str]:
+def time_generation(engine: Engine, prompts: list[list[int]], new_tokens: int,
+                    speculative: bool, repeats: int) -> tuple[float, str]:
     """Median seconds per cycle over ``repeats`` generate calls, and the graph status."""
     per_cycle = []
     for _ in range(repeats):
-        stats = engine.generate([prompt], new_tokens, speculative=speculative).stats
+        stats = engine.generate(prompts, new_tokens, speculative=speculative).stats
         per_cycle.append(stats.decode_seconds / max(stats.cycles, 1))
     return statistics.median(per_cycle), engine.graph_status
 
@@ -112,16 +123,20 @@ def ops_off_torch(backend: str) -> str:
     return " ".join(chosen) or "none (no verdict for this GPU: torch reference)"
 
 
-def _measure(target, head, tree, backend, context, args) -> dict:
-    """One (backend, context) row; a backend that fails records its error instead."""
-    prompt = torch.randint(0, target.vocab_size, (context,)).tolist()
+def _measure(target, head, tree, context, batch, args) -> dict:
+    """One (backend, context, batch) row; a backend that fails records its error instead."""
+    prompts = [torch.randint(0, target.vocab_size, (context,)).tolist() for _ in range(batch)]
     try:
+        if args.budget_alpha is not None:
+            tree = choose_tree(target, head, batch, context, args.budget_alpha,
+                               repeats=3).current
         engine = Engine(target, head, tree)
-        cycle, cycle_graph = time_generation(engine, prompt, args.new_tokens, True, args.repeats)
-        step, step_graph = time_generation(engine, prompt, args.new_tokens, False, args.repeats)
+        cycle, cycle_graph = time_generation(engine, prompts, args.new_tokens, True, args.repeats)
+        step, step_graph = time_generation(engine, prompts, args.new_tokens, False, args.repeats)
     except Exception as error:  # keep the other backends' rows
         return {"error": f"{type(error).__name__}: {error}"[:300]}
-    return {"cycle": cycle, "step": step, "graph_cycle": cycle_graph, "graph_step": step_graph}
+    return {"cycle": cycle, "step": step, "graph_cycle": cycle_graph, "graph_step": step_graph,
+            "tree": tree}
 
 
 def run(args) -> list[dict]:
@@ -135,21 +150,25 @@ def run(args) -> list[dict]:
     _randomise(head)
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else float("nan")
     rows = []
+    picked = "fixed" if args.budget_alpha is None else f"budget at alpha {args.budget_alpha}"
     for backend in args.backends:
         os.environ[BACKEND_ENV] = backend
-        for context in args.contexts:
-            measured = _measure(target, head, tree, backend, context, args)
+        for context, batch in ((c, b) for c in args.contexts for b in args.batches):
+            measured = _measure(target, head, tree, context, batch, args)
             if "error" in measured:
-                rows.append({"shape": shape, "backend": backend, "context": context,
-                             "ops_off_torch": ops_off_torch(backend), **measured})
+                rows.append({"shape": shape, "backend": backend, "batch": batch,
+                             "context": context, "ops_off_torch": ops_off_torch(backend),
+                             **measured})
                 print(rows[-1], flush=True)
+                append_rows(Path(args.out) / "cycle.csv", rows[-1:])
                 continue
-            cycle, step = measured["cycle"], measured["step"]
-            roofline = roofline_ratio(target, head, tree, context)
-            step_bytes = weight_bytes(target)  # KV at these contexts is < 1 % of the weights
+            cycle, step, used = measured["cycle"], measured["step"], measured["tree"]
+            roofline = roofline_ratio(target, head, used, context, batch)
+            step_bytes = weight_bytes(target) + kv_bytes(target, context, batch)
             rows.append({
-                "shape": shape, "backend": backend, "batch": 1, "context": context,
-                "total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k,
+                "shape": shape, "backend": backend, "batch": batch, "context": context,
+                "total_tokens": used.total_tokens, "depth": used.depth, "top_k": used.top_k,
+                "tree": picked,
                 "dtype": str(dtype).replace("torch.", ""),
                 "cycle_ms": round(cycle * 1e3, 3), "step_ms": round(step * 1e3, 3),
                 "cycle_over_step": round(cycle / step, 3),
@@ -160,6 +179,8 @@ def run(args) -> list[dict]:
                 "ops_off_torch": ops_off_torch(backend), "error": "",
             })
             print(rows[-1], flush=True)
+            # row by row: a step cut short by its stage's budget keeps the rows it measured
+            append_rows(Path(args.out) / "cycle.csv", rows[-1:])
     return rows
 
 
@@ -172,17 +193,20 @@ def main() -> int:
     parser.add_argument("--backends", nargs="+", default=["auto", "triton"],
                         help="values of EAGLE_KERNELS_BACKEND to run (auto: what this GPU's "
                         "verdict proved, else the torch reference)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1])
+    parser.add_argument("--budget-alpha", type=float, default=None,
+                        help="the tree the tree budget picks at this acceptance, per batch "
+                        "(default: the fixed 60-node tree)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     if args.smoke:
         args.contexts, args.new_tokens, args.repeats = [16], 4, 1
-        args.backends = ["auto"]
+        args.backends, args.batches = ["auto"], [1, 2]
     rows = run(args)
     out = Path(args.out)
-    columns = list(max(rows, key=len))  # error rows have fewer columns: one header for all
-    append_rows(out / "cycle.csv", [{c: row.get(c, "") for c in columns} for row in rows])
-    plot_rows([row for row in rows if not row.get("error")], "context", "cycle_over_step", "backend", out / "cycle.png",
+    plot_rows([dict(row, series=f"{row['backend']} B={row['batch']}") for row in rows
+               if not row.get("error")], "context", "cycle_over_step", "series", out / "cycle.png",
               "speculative cycle / autoregressive step (1.0 = free drafting)", logy=False)
     return 0
 

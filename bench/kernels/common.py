@@ -150,9 +150,20 @@ def append_rows(csv_path: str | os.PathLike, rows: list[dict]) -> None:
     rows = [{**row, **extra} for row in rows]
     path = Path(csv_path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    if path.exists():
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            header = list(reader.fieldnames or [])
+            if any(column not in header for column in columns):
+                # new columns (another step's rows, an error row): rewrite under their union
+                rows = list(reader) + rows
+                header += [column for column in columns if column not in header]
+                path.unlink()
+        columns = header
     new_file = not path.exists()
     with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
         if new_file:
             writer.writeheader()
         writer.writerows(rows)

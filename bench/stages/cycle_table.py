@@ -1,4 +1,5 @@
-"""Stage 3's summary: cycle / step per shape, backend and context, beside the roofline ratio.
+"""Stage 3's summary: cycle / step per shape, backend, batch and context, beside the roofline
+ratio.
 
     python3 bench/stages/cycle_table.py CYCLE_CSV [--write FILE]
 """
@@ -10,8 +11,9 @@ import csv
 import sys
 from pathlib import Path
 
-COLUMNS = ("shape", "backend", "context", "cycle_ms", "step_ms", "cycle_over_step",
-           "roofline_cycle_over_step", "graph_cycle", "ops_off_torch", "error")
+COLUMNS = ("shape", "backend", "batch", "context", "total_tokens", "tree", "cycle_ms",
+           "step_ms", "cycle_over_step", "roofline_cycle_over_step", "graph_cycle",
+           "ops_off_torch", "error")
 
 
 def main() -> int:
