@@ -5,9 +5,9 @@ each stage's unpacked tarball, verdict.json (read by the backend registry) and R
     python3 bench/collect_results.py --proof-from RUN_DIR FOLDER ...   # a run without stage 1
 
 ``--proof-from`` (a lease that skipped stage 1 on a GPU proven before): the verdict also reads
-RUN_DIR's stage-1 evidence (GPU tests, memcheck), allowed only when no file under
-eagle_kernels/ or csrc/ changed between the commit that evidence ran and this one (else the
-proof would not be of these kernels). Without stage-1 evidence no verdict is written, so a
+RUN_DIR's stage-1 evidence (GPU tests, memcheck), allowed only on the same GPU and versions and
+when none of KERNEL_SOURCES (eagle_kernels/, csrc/, the build files) changed between the commit
+that evidence ran and this run's (else the proof would not be of these kernels). Without stage-1 evidence no verdict is written, so a
 benchmark-only run never demotes a proven kernel.
 
 Nothing here is typed by hand: the verdict comes from bench/verdict.py over every stage's
@@ -50,7 +50,7 @@ def _commit(stage: Path) -> str | None:
     """The commit a stage ran: the one the caller sent (the device's .git can be stale)."""
     lines = [line for line in _environment(stage) if line.startswith("commit ")]
     sent = [line for line in lines if "(sent by the caller)" in line]
-    return (sent or lines or [" "])[0].split()[1] if lines else None
+    return (sent or lines)[0].split()[1] if lines else None
 
 
 def _versions(stage: Path) -> str:

@@ -59,10 +59,12 @@ COLUMNS = {
 THROUGHPUTS = ("sm_pct", "dram_pct", "l1_pct", "l2_pct")
 
 
-def _attention_call(constants: dict | None, backend: str):
+def _attention_call(backend: str, variant: str | None = None):
+    """Tree attention at ATTENTION_SHAPE; ``variant``: a bench_attention.TRITON_VARIANTS key."""
     import torch
 
     import bench_attention as ba
+    from common import with_constants
     from eagle_kernels import ops
 
     model, batch, context = ATTENTION_SHAPE
@@ -71,13 +73,18 @@ def _attention_call(constants: dict | None, backend: str):
 
     def call():
         return ops.tree_attention(q, k, v, lens, mask, backend=backend)
-    return (lambda: ba.with_constants(ba.attention, constants, call)) if constants else call
+    if variant is None:
+        return call
+    return lambda: with_constants(ba.attention, ba.TRITON_VARIANTS[variant], call)
 
 
-def _linear_call(backend: str, constants: dict | None = None):
+def _linear_call(backend: str, variant: str | None = None):
+    """gate_proj at LINEAR_SHAPE; ``variant``: a bench_decoder.LINEAR_VARIANTS key."""
     import torch
     import torch.nn.functional as F
 
+    import bench_decoder as bd
+    from common import with_constants
     from eagle_kernels import ops
 
     rows, n, k = LINEAR_SHAPE
@@ -86,23 +93,23 @@ def _linear_call(backend: str, constants: dict | None = None):
     w = torch.randn(n, k, generator=gen).div(k**0.5).to("cuda", torch.bfloat16)
     if backend == "cublas":
         return lambda: F.linear(x, w)
-    if constants:
-        from common import with_constants
-        from eagle_kernels.ops import decoder_triton
 
-        return lambda: with_constants(decoder_triton, constants,
-                                      lambda: ops.linear(x, w, backend=backend))
-    return lambda: ops.linear(x, w, backend=backend)
+    def call():
+        return ops.linear(x, w, backend=backend)
+    if variant is None:
+        return call
+    return lambda: with_constants(bd.decoder_triton, bd.LINEAR_VARIANTS[variant], call)
 
 
+# name -> a no-argument callable building the case's call (the tile variants' constants live in
+# the benchmarks that time them: bench_attention.TRITON_VARIANTS, bench_decoder.LINEAR_VARIANTS)
 CASES = {
-    "attention_triton": lambda: _attention_call(None, "triton"),
-    "attention_triton_m64": lambda: _attention_call({"TRITON_BLOCK_M": 64}, "triton"),
-    "attention_triton_unordered": lambda: _attention_call({"ORDERED_MAX_TREE_KEYS": 0},
-                                                          "triton"),
-    "attention_cuda": lambda: _attention_call(None, "cuda"),
+    "attention_triton": lambda: _attention_call("triton"),
+    "attention_triton_m64": lambda: _attention_call("triton", "triton_m64"),
+    "attention_triton_unordered": lambda: _attention_call("triton", "triton_unordered"),
+    "attention_cuda": lambda: _attention_call("cuda"),
     "linear_triton": lambda: _linear_call("triton"),
-    "linear_triton_m64": lambda: _linear_call("triton", {"LINEAR_BLOCK_M": 64}),
+    "linear_triton_m64": lambda: _linear_call("triton", "triton_m64"),
     "linear_cublas": lambda: _linear_call("cublas"),
 }
 

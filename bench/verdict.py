@@ -15,9 +15,9 @@ Evidence read from the folders given (each stage's unpacked tarball):
   without it, ``steps.tsv``'s memcheck step for every op (a step that did not pass proves
   nothing);
 * a rerun stage (``stage1b``, after a fix; bench/README.md): its results for a test file (all
-  of that file's cases) or an op's memcheck replace the earlier stage's; what it did not rerun
-  stands.
-  Folders are read in name order (stage1 before stage1b); the rerun's commit is in its
+  of that file's cases; only the cases it ran when its step timed out) or an op's memcheck
+  replace the earlier stage's; what it did not rerun stands. Folders are read in the order
+  given (an earlier run's proof, then stage1 before stage1b); the rerun's commit is in its
   ``environment.txt``;
 * ``*.csv`` with ``op``, ``backend``, ``dtype``, ``speedup_vs_torch`` columns: the kernel
   benchmarks; an entry's speedup is the median over its rows (of its dtype when there are any).

@@ -38,7 +38,8 @@ def autoregressive(target, prompts, new_tokens, eos=()):
 def test_greedy_random_head_equals_autoregressive(target, gen, kind):
     prompts = random_prompts(gen, [5, 17, 1])
     base = autoregressive(target, prompts, 40)
-    engine = Engine(target, new_draft_head(kind, target, seed=int(torch.randint(1000, (1,), generator=gen))), TREE)
+    seed = int(torch.randint(1000, (1,), generator=gen))
+    engine = Engine(target, new_draft_head(kind, target, seed=seed), TREE)
     spec = engine.generate(prompts, 40)
     assert spec.tokens == base.tokens
     assert spec.stats.new_tokens == [40, 40, 40]

@@ -25,7 +25,8 @@ def _prompts(gen):
 # row-invariant, so greedy speculative == autoregressive is asserted for the triton runs (every
 # linear, norm and attention row-invariant: tests/test_row_invariance.py); graph == eager for all.
 # The cuda attention kernel also takes head_dim 64 / 128 only.
-CASES = [("triton", torch.float32, 16), ("triton", torch.bfloat16, 16), ("cuda", torch.bfloat16, 64)]
+CASES = [("triton", torch.float32, 16), ("triton", torch.bfloat16, 16),
+         ("cuda", torch.bfloat16, 64)]
 
 
 @pytest.mark.parametrize("backend, dtype, head_dim", CASES)

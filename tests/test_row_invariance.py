@@ -102,7 +102,8 @@ def test_verify_logits_equal_decode_logits_bit_for_bit(gen, target, num_nodes):
     shape = SHAPES[num_nodes % len(SHAPES)]
     parents = random_parents(len(prompts), num_nodes, gen, shape)
     device = target.lm_head.weight.device
-    depth, mask, _ = ops.build_tree(parents.to(device))  # a forced backend runs it where the model is
+    # on the model's device: a forced backend runs build_tree there too
+    depth, mask, _ = ops.build_tree(parents.to(device))
     tokens = torch.randint(0, vocab, (len(prompts), num_nodes), generator=gen).to(device)
 
     with torch.inference_mode():

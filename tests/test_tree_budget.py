@@ -24,7 +24,8 @@ def target():
 
 def synthetic_costs() -> dict[TreeConfig, CycleCost]:
     """Verify grows slowly with the node count (a memory-bound device), drafting with depth."""
-    return {tree: CycleCost(draft=0.002 * (tree.depth + 1), verify=0.03 + 0.0005 * tree.total_tokens)
+    return {tree: CycleCost(draft=0.002 * (tree.depth + 1),
+                            verify=0.03 + 0.0005 * tree.total_tokens)
             for tree in (SMALL, MEDIUM, LARGE)}
 
 
@@ -158,7 +159,8 @@ def test_timed_cycles_and_steps_replace_the_start_up_costs():
     assert policy.cycle_seconds(chain) == pytest.approx(0.023) and policy.timed(chain)
     assert policy.cycle_seconds(bigger) == pytest.approx(0.029 * 0.023 / 0.0145)
     assert policy.start_call() and policy.current == chain
-    assert "timed 23.0 ms a cycle" in policy.report() and "plain decoding step 20.0" in policy.report()
+    report = policy.report()
+    assert "timed 23.0 ms a cycle" in report and "plain decoding step 20.0" in report
 
 
 def test_timings_expire_and_a_tree_timed_once_does_not_set_the_scale():

@@ -155,7 +155,8 @@ def main():
         found = methods(case, context, device, (model, batch, context) in VARIANT_SHAPES)
         dense = found["sdpa_dense"][0]().transpose(1, 2).float()
         for name, (fn, note) in found.items():
-            if name.startswith("triton") or name == "cuda":  # a wrong kernel must not post a fast time unseen
+            # a wrong kernel (or variant) must not post a fast time unseen
+            if name.startswith("triton") or name == "cuda":
                 errors[name] = round((fn().float() - dense).abs().max().item(), 4)
             timings[name], notes[name] = time_method(fn, device, repeats), note
         base, causal = timings["sdpa_dense"], timings["causal_sdpa"]

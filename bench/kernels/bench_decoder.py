@@ -8,8 +8,8 @@ and its RMSNorm (4096 wide). What row invariance costs on the GPU: greedy specul
 is lossless by construction only with these kernels (ops/decoder_triton.py), so they run
 whatever their speed. ``triton_m32`` / ``triton_m64``: the linear with its fixed row tile
 (LINEAR_BLOCK_M, 16) at 32 / 64 rows, still row-invariant (one tile for every M): fewer weight
-reads at 60-240 rows against padded rows at 1; which fixed tile to ship, measured. Floor: the weight (and the rows in and out) read once over the measured
-copy bandwidth. Timed as CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the
+reads at 60-240 rows against padded rows at 1; which fixed tile to ship, measured. Floor: the
+weight (and the rows in and out) read once over the measured copy bandwidth. Timed as CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the
 Triton interpreter on CPU.
 """
 

@@ -12,8 +12,8 @@ step backends 60 "$PY" -c "import eagle_kernels; print(eagle_kernels.backend_rep
 # A rerun of what failed (after a harness fix; bench/README.md): EAGLE_SKIP_KERNEL_CHECK=1,
 # EAGLE_GPU_TESTS="<test files>", EAGLE_MEMCHECK_OPS="<ops>" (default: all of each).
 device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
-[ "${EAGLE_SKIP_KERNEL_CHECK:-0}" = 1 ] || step kernel-check 90 "$PY" bench/sanitize_kernels.py --device "$device" \
-  --verdict "$WORK/kernel-check.json"
+[ "${EAGLE_SKIP_KERNEL_CHECK:-0}" = 1 ] || step kernel-check 90 "$PY" bench/sanitize_kernels.py \
+  --device "$device" --verdict "$WORK/kernel-check.json"
 
 # GPU tests only (-m gpu: nothing CPU-only collected). In the dry run they are collected and
 # skip (no CUDA device), which proves the selection and the XML.
@@ -24,8 +24,8 @@ for t in "${gpu_tests[@]}"; do  # the verdict lets a rerun replace whole test fi
   case $t in -*|*::*) echo "EAGLE_GPU_TESTS: whole test files or folders, got $t"; exit 2 ;; esac
 done
 memcheck_ops=(); for op in ${EAGLE_MEMCHECK_OPS:-}; do memcheck_ops+=(--op "$op"); done
-step gpu-tests 200 "$PY" -m pytest "${gpu_tests[@]}" -m gpu -q -rfEs -p no:cacheprovider "${workers[@]}" \
-  --junitxml="$WORK/gpu-tests.xml"
+step gpu-tests 200 "$PY" -m pytest "${gpu_tests[@]}" -m gpu -q -rfEs -p no:cacheprovider \
+  "${workers[@]}" --junitxml="$WORK/gpu-tests.xml"
 
 if [ "$DRY_RUN" = 1 ]; then
   step memcheck-left-out 60 "$PY" -c "print('dry run: no compute-sanitizer')"

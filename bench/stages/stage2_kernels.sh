@@ -21,7 +21,8 @@ fi
 # EAGLE_BENCH_FAMILIES: a subset (a rerun of the families whose benchmark failed before).
 for family in ${EAGLE_BENCH_FAMILIES:-attention decoder acceptance topk kv}; do  # attention bar first
   seconds=75; [ "$family" = attention ] && seconds=90  # + its Triton variants (~15 s on an H100)
-  step "bench_$family" "$seconds" "$PY" "bench/kernels/bench_$family.py" --out "$WORK/kernels" "${smoke[@]}"
+  step "bench_$family" "$seconds" "$PY" "bench/kernels/bench_$family.py" --out "$WORK/kernels" \
+    "${smoke[@]}"
 done
 step verdict 30 "$PY" bench/verdict.py stage "$WORK" --table "$WORK/summary-extra.txt"
 finish
