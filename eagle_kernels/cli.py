@@ -101,6 +101,9 @@ def _train_parser(commands) -> None:
                  "skip_code_prompts"):
         train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     train.add_argument("--lr", type=float, default=defaults.lr)
+    train.add_argument("--target-temperature", type=float, default=defaults.target_temperature,
+                       help="soft labels softmax(target logits / T); below 1 sharpens them "
+                            "towards the target's greedy token")
     train.add_argument("--max-minutes", type=float, default=defaults.max_minutes,
                        help="stop and save after this long (resume by running again); 0 = no limit")
     train.add_argument("--regenerate", action="store_true",

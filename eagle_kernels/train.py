@@ -52,6 +52,8 @@ class TrainConfig:
     batch_tokens: int = 4096           # padded tokens per optimiser step
     epochs: int = 1
     lr: float = 1e-3
+    target_temperature: float = 1.0    # soft labels softmax(target logits / T); < 1 sharpens
+                                       # them towards the greedy token (eagle3_ttt_loss)
     warmup_steps: int = 20
     ttt_steps: int = 0                 # 0: the drafting depth of the device (default_ttt_steps)
     seed: int = 0
@@ -85,6 +87,7 @@ class TrainConfig:
         for name, low in self._INT_MINIMA.items():
             check_int(name, getattr(self, name), low)
         check_positive("lr", self.lr)
+        check_positive("target_temperature", self.target_temperature)
         check_eps("max_minutes", self.max_minutes)  # a finite number >= 0 (0: no limit)
 
 
@@ -317,7 +320,8 @@ def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig, cached
     with no_value_checks():  # the loss is checked instead (below, in train)
         result = training.eagle3_ttt_loss(head, features.float(), ids, logits, head.t2d[argmax],
                                           mask, steps=config.ttt_steps or default_ttt_steps(ids.device),
-                                          loss_backend=config.loss_backend)
+                                          loss_backend=config.loss_backend,
+                                          target_temperature=config.target_temperature)
     return result.loss, {"step_loss": [round(x, 4) for x in result.step_losses],
                          "step_acc": [round(x, 4) for x in result.step_accuracy]}
 

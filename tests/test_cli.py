@@ -77,6 +77,8 @@ def test_train_user_errors_are_one_line_and_status_2(capsys, no_model, tmp_path)
                            (["--epochs", "0"], r"--epochs: expected an int >= 1"),
                            (["--regenerate-batch", "0"], r"--regenerate-batch: expected"),
                            (["--lr", "nan"], r"--lr: expected a finite float > 0"),
+                           (["--target-temperature", "0"],
+                            r"--target-temperature: expected a finite float > 0"),
                            (["--max-minutes", "-1"], r"--max-minutes: expected a finite"),
                            (["--init-from", str(tmp_path / "none")], r"--init-from: expected"),
                            (["--device", "meta"], r"--device: expected cpu")):

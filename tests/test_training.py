@@ -132,6 +132,24 @@ def test_ttt_loss_is_the_weighted_sum_of_masked_soft_cross_entropies(target):
     torch.testing.assert_close(result.loss, total, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_target_temperature_divides_the_target_logits_only(target, temperature):
+    """The soft labels become softmax(y / T): the loss equals T = 1 on logits divided by T (the
+    head's own logits untouched), and differs from T = 1 (the option reaches the loss)."""
+    head = new_draft_head(EAGLE3, target, draft_vocab=150, seed=4).float()
+    head.t2d[:150] = True
+    ids, mask = random_batch(target, batch=2, length=15, seed=6)
+    features, logits, in_draft = ttt_inputs(target, head, ids)
+    scaled = training.eagle3_ttt_loss(head, features, ids, logits, in_draft, mask, steps=3,
+                                      target_temperature=temperature)
+    divided = training.eagle3_ttt_loss(head, features, ids, logits / temperature, in_draft,
+                                       mask, steps=3)
+    plain = training.eagle3_ttt_loss(head, features, ids, logits, in_draft, mask, steps=3)
+    torch.testing.assert_close(scaled.loss, divided.loss, rtol=1e-6, atol=1e-6)
+    assert scaled.step_accuracy == plain.step_accuracy  # the argmax is the same
+    assert abs(float(scaled.loss) - float(plain.loss)) > 1e-3
+
+
 # ------------------------------------------------------------------------------ losses fall
 
 

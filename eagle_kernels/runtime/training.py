@@ -169,7 +169,8 @@ def shift_left(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
 def eagle3_ttt_loss(head: Eagle3Head, features: torch.Tensor, input_ids: torch.Tensor,
                     target_logits: torch.Tensor, target_in_draft: torch.Tensor,
                     loss_mask: torch.Tensor, steps: int = TTT_STEPS, decay: float = TTT_DECAY,
-                    loss_backend: str = "auto", keep_hidden: bool = False) -> TTTResult:
+                    loss_backend: str = "auto", keep_hidden: bool = False,
+                    target_temperature: float = 1.0) -> TTTResult:
     """EAGLE-3 training-time-test loss of ``head`` on one batch.
 
     Parameters
@@ -180,6 +181,9 @@ def eagle3_ttt_loss(head: Eagle3Head, features: torch.Tensor, input_ids: torch.T
     target_in_draft : [B, L] bool, the target's argmax at each position is a draft token.
     loss_mask : [B, L] bool, token p is trained on (an assistant token of the conversation).
     steps, decay : unrolled drafting steps K and the weight decay^i of step i's loss.
+    target_temperature : the soft labels are softmax(target_logits / T); 1 is EAGLE-3's
+        (the target's own distribution), below 1 sharpens them towards its argmax, the token
+        greedy verification accepts. The accuracy metric is the argmax's either way.
     keep_hidden : also return each step's output (tests compare it with the drafting path).
     """
     batch, length = input_ids.shape
@@ -216,6 +220,8 @@ def eagle3_ttt_loss(head: Eagle3Head, features: torch.Tensor, input_ids: torch.T
         logits = head.lm_head(head.norm(hidden.reshape(batch * length, -1)[rows])).float()
         target_rows = rows + 1 + step  # row p + 1 + step of the same sequence
         target = flat_targets[target_rows].float()
+        if target_temperature != 1.0:
+            target = target / target_temperature
         step_loss = ops.soft_cross_entropy(logits.contiguous(), target.contiguous(),
                                            backend=loss_backend).mean()
         total = total + decay ** step * step_loss
