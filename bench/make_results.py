@@ -3,7 +3,8 @@
     python bench/make_results.py            # rewrites bench/results/RESULTS.md
 
 Each run lives in its own directory under bench/results/ (``<date>_<machine>/``), written there
-by the benchmark scripts' ``--out``: ``tau.json`` (bench/e2e/bench_tau.py), ``e2e.json``
+by the benchmark scripts' ``--out``: ``tau.json`` (bench/e2e/bench_tau.py), ``agreement.json``
+(bench/e2e/bench_agreement.py), ``e2e.json``
 (bench/e2e/bench_e2e.py), ``cycle*.json`` / kernel CSVs (GPU suite). This script only reads
 them and lays the numbers out as tables, with the device, versions, date and command of each.
 """
@@ -119,6 +120,28 @@ def csv_section(path: Path, run: Path) -> list[str]:
     return lines + [""]
 
 
+def agreement_lines(report: dict) -> list[str]:
+    """bench_agreement's table: n-α ± one standard error per head and prompt set."""
+    steps = max(len(rows) for sets in report["heads"].values() for rows in sets.values())
+    lines = ["| head | set | " + " | ".join(f"{n}-α" for n in range(1, steps + 1))
+             + " | positions |", "|---|---|" + "---|" * (steps + 1)]
+    for head, sets in report["heads"].items():
+        for name, rows in sets.items():
+            cells = [f"{r['alpha']:.3f} ± {r['stderr']:.3f}" for r in rows]
+            lines.append(f"| {head} | {name} | " + " | ".join(cells)
+                         + f" | {rows[0]['positions']} |")
+    return lines
+
+
+def agreement_section(run: Path, report: dict) -> list[str]:
+    env = report["environment"]
+    return [f"### Teacher-forced acceptance — `{run.name}`", "",
+            f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}; "
+            f"{report['max_new_tokens']} greedy reply tokens per prompt, draft weights "
+            f"{report['draft_weights']}; command `{report['command']}`", "",
+            *agreement_lines(report), ""]
+
+
 def train_section(run: Path, report: dict) -> list[str]:
     env = report["environment"]
     lines = [f"### Head training throughput — `{run.name}`", "",
@@ -144,6 +167,8 @@ def build(results: Path = RESULTS) -> str:
     for run in runs:
         for path in sorted(run.glob("tau*.json")):
             lines += tau_section(run, json.loads(path.read_text()))
+        for path in sorted(run.glob("agreement*.json")):
+            lines += agreement_section(run, json.loads(path.read_text()))
         for path in sorted(run.glob("train*.json")):
             lines += train_section(run, json.loads(path.read_text()))
         if (run / "cpu.json").is_file():

@@ -84,3 +84,25 @@ def test_alpha_1_is_zero_when_no_reply_token_is_the_prediction():
     counts = bench.count_agreement(head, target, [(prompt, wrong)], batch=1, pad_id=0)
     assert counts["tried"][0] == 7 and counts["right"][0] == 0
     assert counts["tried"][1] == 0  # nothing to condition on
+
+
+def test_report_renders_here_and_in_results_md(tmp_path):
+    import json
+
+    bench = load_bench()
+    rows = bench.alphas({"tried": [200, 80, 30], "right": [80, 30, 0]})
+    assert [r["alpha"] for r in rows] == [0.4, 30 / 80, 0.0]
+    assert abs(rows[0]["stderr"] - (0.4 * 0.6 / 200) ** 0.5) < 1e-12
+    report = {"environment": {"device": "cpu", "torch": "x", "date": "2026-01-01",
+                              "commit": "abc"},
+              "command": "python bench/e2e/bench_agreement.py", "max_new_tokens": 8,
+              "draft_weights": "exact", "heads": {"bundled": {"humaneval": rows}}}
+    assert "| bundled | humaneval | 0.400 ± 0.035 | 0.375 ± 0.054 | 0.000 ± 0.000 | 200 |" \
+        in bench.markdown(report)
+    run = tmp_path / "2026-01-01_cpu"
+    run.mkdir()
+    (run / "agreement-x.json").write_text(json.dumps(report))
+    results = sys.modules["make_results"]
+    text = results.build(tmp_path)
+    assert "Teacher-forced acceptance — `2026-01-01_cpu`" in text
+    assert "| bundled | humaneval | 0.400 ± 0.035" in text

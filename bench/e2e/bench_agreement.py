@@ -35,8 +35,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "kernels"))
 sys.path.insert(0, str(ROOT / "bench" / "e2e"))
+sys.path.insert(0, str(ROOT / "bench"))
 from bench_tau import prompt_sets  # noqa: E402
 from common import environment  # noqa: E402
+from make_results import agreement_lines  # noqa: E402
 
 STEPS = 3  # α_1..α_3: the depths CPU trees draft (runtime/tree_budget.py picks 1/1/2 .. 4/3/8)
 
@@ -101,19 +103,11 @@ def alphas(counts: dict) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Teacher-forced acceptance ({report['environment']['date']})", "",
-             f"command: `{report['command']}`", "",
-             f"{report['max_new_tokens']} greedy reply tokens per prompt; α_n over every reply "
-             "position (± one binomial standard error); draft weights as the runtime keeps "
-             f"them on this device ({report['draft_weights']}).", "",
-             "| head | set | " + " | ".join(f"{n}-α" for n in range(1, STEPS + 1))
-             + " | positions |", "|---|---|" + "---|" * (STEPS + 1)]
-    for head, sets in report["heads"].items():
-        for name, rows in sets.items():
-            cells = [f"{r['alpha']:.3f} ± {r['stderr']:.3f}" for r in rows]
-            lines.append(f"| {head} | {name} | " + " | ".join(cells)
-                         + f" | {rows[0]['positions']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([f"# Teacher-forced acceptance ({report['environment']['date']})", "",
+                      f"command: `{report['command']}`", "",
+                      f"{report['max_new_tokens']} greedy reply tokens per prompt; α_n over "
+                      "every reply position (± one binomial standard error); draft weights "
+                      f"{report['draft_weights']}.", "", *agreement_lines(report)]) + "\n"
 
 
 def main(argv=None) -> int:
