@@ -122,7 +122,8 @@ def test_plain_decoding_takes_over_when_no_tree_pays(target, gen):
     assert all(out.tokens == reference.tokens for out in later)
     speculated = [out for out in later if out.stats.tree_cycles]  # the probes
     assert len(speculated) == 2, [out.stats.fallback for out in later]
-    assert all(out.stats.mode == "autoregressive" and out.stats.fallback
+    assert all(out.stats.mode == "speculative" and out.stats.plain_steps == out.stats.cycles
+               and "plain decoding with context drafts" in out.stats.fallback
                for out in later if not out.stats.tree_cycles)
 
 

@@ -48,6 +48,7 @@ from ..ops._validate import check_eps, check_int, check_positive, no_value_check
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
 from .graphs import GraphedStep
+from .lookup import LOOKUP_MAX_NGRAM, LookupStep
 from .model import TargetModel
 from .tree_budget import AdaptiveTree
 
@@ -115,6 +116,8 @@ class GenerationStats:
     tree_cycles: dict[str, int] = field(default_factory=dict)  # "top_k/depth/nodes" -> cycles
     plain_steps: int = 0  # steps of plain decoding in a speculative call (see ``fallback``)
     fallback: str = ""  # why a speculative call decoded plainly, from where
+    lookup_steps: int = 0  # plain steps that verified a context draft (see .lookup)
+    lookup_accepted: int = 0  # context-drafted tokens accepted (all sequences)
 
     @property
     def tau(self) -> float:
@@ -136,7 +139,8 @@ class GenerationStats:
                 "decode_seconds": round(self.decode_seconds, 4),
                 "capture_seconds": round(self.capture_seconds, 4),
                 "graph_status": self.graph_status, "tree_cycles": self.tree_cycles,
-                "plain_steps": self.plain_steps, "fallback": self.fallback}
+                "plain_steps": self.plain_steps, "fallback": self.fallback,
+                "lookup_steps": self.lookup_steps, "lookup_accepted": self.lookup_accepted}
 
 
 @dataclass
@@ -288,7 +292,7 @@ class Engine:
 
     def __init__(self, target: TargetModel, head: DraftHead | None = None,
                  tree: TreeConfig | None = None, cuda_graphs: bool = True,
-                 tree_policy: AdaptiveTree | None = None):
+                 tree_policy: AdaptiveTree | None = None, prompt_lookup: bool = True):
         self.target = target
         self.head = head
         self.tree = tree or TreeConfig()
@@ -297,6 +301,9 @@ class Engine:
         # acceptance observed (eager loops only; a captured CUDA graph keeps one shape). The
         # policy's estimate of acceptance carries over from call to call: it is the head's.
         self.tree_policy = tree_policy
+        # Greedy speculative calls draft from the context in the steps they decode plainly
+        # (the tree budget's fallback; see .lookup): lossless, like every draft.
+        self.prompt_lookup = prompt_lookup
         self._last_output: GenerationOutput | None = None
 
     @property
@@ -438,17 +445,19 @@ class Engine:
         sampling = sampling or SamplingConfig()
         policy = self.tree_policy if speculative else None
         plain_instead = policy is not None and not policy.start_call()
-        if plain_instead:  # the head accepts too little for any tree to pay here (see policy)
-            speculative, policy = False, None
+        # A greedy speculative call's plainly decoded steps may verify context drafts.
+        lookup = speculative and self.prompt_lookup and sampling.greedy
         tree = self.tree if policy is None else policy.current
         # every tree a speculative call of this engine may use (the largest the policy picks)
         bound = self.tree if self.tree_policy is None else self.tree_policy.largest
         if speculative:
-            width = bound.max_depth + 1
-            stats = GenerationStats("speculative", accepted_histogram=[0] * width)
+            width = max(bound.max_depth, LOOKUP_MAX_NGRAM if lookup else 0) + 1
+            stats = GenerationStats("speculative", accepted_histogram=[0] * (bound.max_depth + 1))
         else:
             width = 1
             stats = GenerationStats("autoregressive", accepted_histogram=[0])
+        if plain_instead:  # the head accepts too little for any tree to pay here (see policy)
+            speculative, policy = False, None
         # Room past prompt + budget: the verify tree (total_tokens), plus max_depth because the
         # cycle that reaches a budget still advances the cache by its whole accepted path, and
         # a finished sequence keeps receiving (ignored) trees while others in the batch run.
@@ -460,27 +469,42 @@ class Engine:
                           f"(attention.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
                           f"row-invariant only up to that size, so greedy output may differ "
                           f"from plain decoding at near-ties", stacklevel=3)
-        max_len = max(map(len, prompts)) + max(budgets) + bound.total_tokens + bound.max_depth
+        # A context draft's chain (LOOKUP_MAX_NGRAM + 1 nodes) takes the room of a tree.
+        room = max(bound.total_tokens, LOOKUP_MAX_NGRAM + 1) + bound.max_depth
+        max_len = max(map(len, prompts)) + max(budgets) + room
         with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
             call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
                          stats, self.device, policy)
             cache = self.target.allocate_cache(len(prompts), max_len)
         if plain_instead:
-            stats.fallback = "plain decoding: no tree is expected to beat it at this acceptance"
-        loop = self._speculative if speculative else self._autoregressive
-        steps = loop(prompts, call, cache)
+            stats.fallback = ("plain decoding" + (" with context drafts" if lookup else "")
+                              + ": no tree is expected to beat it at this acceptance")
+        if speculative:
+            steps = self._speculative(prompts, call, cache, lookup)
+        else:
+            steps = self._autoregressive(prompts, call, cache, lookup)
         chunks = (self._new_tokens(call, counts) for counts in steps) if emit else steps
         return GenerationStream(chunks, call)
 
-    def _autoregressive(self, prompts, call: _Call, cache):
+    def _autoregressive(self, prompts, call: _Call, cache, lookup: bool = False):
+        """Plain decoding; with ``lookup`` (a speculative call the tree budget decodes plainly)
+        its steps verify context drafts (:class:`~.lookup.LookupStep`)."""
         start = _now(self.device)
         _, _, root, _, _ = self._prefill(prompts, cache, call)
         counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
         call.stats.prefill_seconds = _now(self.device) - start
         yield counts
+        step = self._plain_step(prompts, call, cache, lookup)
+        # a speculative call decoding plainly counts plain steps (not cycles of a tree)
+        plain = step if call.stats.mode == "speculative" else None
+        yield from self._decode(step, [root], 1, [cache.lens], call, plain_step=plain)
+
+    def _plain_step(self, prompts, call: _Call, cache, lookup: bool):
         ones = torch.ones(len(prompts), 1, 1, dtype=torch.int32, device=self.device)
         step = functools.partial(self._step, cache, call, ones)
-        yield from self._decode(step, [root], 1, [cache.lens], call)
+        if not lookup:
+            return step
+        return LookupStep(self.target, cache, call, prompts, step, LOOKUP_MAX_NGRAM)
 
     def _step(self, cache, call: _Call, ones, root, accept_u, bonus_u):
         """One autoregressive step for the whole batch (same model code and ops as a cycle)."""
@@ -496,7 +520,7 @@ class Engine:
         counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
         return root, counts, torch.zeros_like(counts), active.to(torch.int64)
 
-    def _speculative(self, prompts, call: _Call, cache):
+    def _speculative(self, prompts, call: _Call, cache, lookup: bool = False):
         head, tree = self.head, call.tree
         bound = tree if call.policy is None else call.policy.largest
         draft_cache = head.allocate_cache(len(prompts), cache.max_len + bound.drafted_keys)
@@ -512,8 +536,7 @@ class Engine:
         call.stats.prefill_seconds = _now(self.device) - start
         yield counts
         cycle = functools.partial(self._cycle, head, cache, draft_cache, call)
-        ones = torch.ones(len(prompts), 1, 1, dtype=torch.int32, device=self.device)
-        plain_step = functools.partial(self._step, cache, call, ones)
+        plain_step = self._plain_step(prompts, call, cache, lookup)
         yield from self._decode(cycle, [root, root_hidden], tree.total_tokens,
                                 [cache.lens, draft_cache.lens], call, plain_step)
 
@@ -561,7 +584,7 @@ class Engine:
             finished = all(rows[2])
             stats.cycles += 1
             plain = runner is plain_step or stats.mode == "autoregressive"
-            if timer is not None and plain:
+            if timer is not None and plain and getattr(runner, "last_was_plain", True):
                 timer.time_step(seconds, batch)
             elif timer is not None:
                 timer.time_cycle(call.tree, seconds, batch)
