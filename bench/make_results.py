@@ -65,16 +65,19 @@ def e2e_section(run: Path, report: dict) -> list[str]:
              f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}; "
              "batch 1, greedy", "",
              "| set | method | tokens/s | EAGLE speedup over it | τ | efficiency | tree | "
-             "plain decoding chosen | cycle / AR step | EAGLE == ours-ar |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "plain decoding chosen | context drafts: steps / tokens accepted | cycle / AR step | "
+             "EAGLE == ours-ar |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         cycle = row.get("cycle_x_ar_step", "")
         if cycle != "":
             cycle = f"{cycle} ({row['speculated_prompts']} prompts)"
+        context = (f"{row['context_draft_steps']} / {row['context_tokens_accepted']}"
+                   if row.get("context_draft_steps", "") != "" else "")
         lines.append(f"| {Path(str(row['set'])).name} | {row['method']} | "
                      f"{row['tokens_per_second']} | {row['eagle_speedup_over_this']} | "
                      f"{row['tau']} | {row['efficiency']} | {row['tree']} | "
-                     f"{row.get('plain_fallback_prompts', '')} | {cycle} | "
+                     f"{row.get('plain_fallback_prompts', '')} | {context} | {cycle} | "
                      f"{row['identical_to_ours_ar']} |")
     if report.get("tree_budget"):
         lines += ["", f"Tree budget after the run: {report['tree_budget']}"]

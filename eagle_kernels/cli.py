@@ -78,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     gen.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     gen.add_argument("--no-chat", action="store_true", help="raw text, no chat template")
+    gen.add_argument("--no-lookup", action="store_true",
+                     help="no context drafts in the steps the tree budget decodes plainly")
     gen.add_argument("--compare", action="store_true",
                      help="also run the autoregressive baseline and report the speedup")
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
@@ -204,6 +206,7 @@ def generate(args) -> int:
                                 args.tree, args.draft_weights)
     if hasattr(generator, "budget"):
         print(generator.budget.report())
+    generator.engine.prompt_lookup = not args.no_lookup
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=not args.no_chat)
     if args.stream:
@@ -222,6 +225,10 @@ def generate(args) -> int:
           f"{stats.prefill_seconds + stats.decode_seconds:.2f} s = {stats.tokens_per_second:.1f} "
           f"tokens/s, tau {stats.tau:.2f} tokens/cycle, {stats.cycles} cycles, "
           f"accepted-length histogram {stats.accepted_histogram}")
+    if stats.plain_steps:
+        print(f"  then {stats.plain_steps} plain steps, {stats.lookup_steps} of them verifying "
+              f"context drafts ({stats.lookup_accepted} drafted tokens accepted): "
+              f"{stats.fallback}")
     report = {"speculative": stats.summary()}
     if args.compare:
         base = generator.generate(args.prompt, speculative=False, **options)

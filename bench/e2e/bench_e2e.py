@@ -87,6 +87,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
     eos = generator.eos_token_ids()
     totals = {m: {"tokens": 0, "seconds": 0.0} for m in METHODS}
     histogram, cycles, same_as_ar, same_as_hf, fallbacks = None, 0, 0, 0, 0
+    plain = {"plain_steps": 0, "lookup_steps": 0, "lookup_accepted": 0}  # ours-eagle's
     trees: dict[str, int] = {}  # tree shape -> cycles (the adaptive tree changes between cycles)
     cycle_over_step = []  # per prompt that speculated throughout: its cycle / ours-ar's step
     for prompt in prompts:
@@ -103,6 +104,9 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
                 tokens, seconds = result.tokens[0], stats.prefill_seconds + stats.decode_seconds
                 if method == "ours-eagle" and stats.fallback:
                     fallbacks += 1  # decoded plainly (part or all): the tree budget's call
+                if method == "ours-eagle":
+                    for name in plain:  # plain steps and those that verified context drafts
+                        plain[name] += getattr(stats, name)
                 if stats.cycles and not stats.plain_steps and (
                         stats.mode == "speculative") == (method == "ours-eagle"):
                     per_cycle[method] = stats.decode_seconds / stats.cycles
@@ -124,7 +128,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
         same_as_ar += outputs["ours-eagle"] == outputs["ours-ar"]
         same_as_hf += outputs["ours-eagle"] == outputs.get("hf-greedy")
     return {"totals": totals, "histogram": histogram or [0], "cycles": cycles, "trees": trees,
-            "fallbacks": fallbacks, "cycle_over_step": cycle_over_step,
+            "fallbacks": fallbacks, "cycle_over_step": cycle_over_step, **plain,
             "identical_to_ours_ar": same_as_ar, "identical_to_hf_greedy": same_as_hf,
             "prompts": len(prompts)}
 
@@ -158,6 +162,12 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
                if method == "ours-eagle" and result["cycle_over_step"] else "",
                "speculated_prompts": len(result["cycle_over_step"])
                if method == "ours-eagle" else "",
+               # of the plainly decoded steps, those that verified a draft from the context
+               # (runtime/lookup.py) and the drafted tokens they accepted
+               "plain_steps": result["plain_steps"] if method == "ours-eagle" else "",
+               "context_draft_steps": result["lookup_steps"] if method == "ours-eagle" else "",
+               "context_tokens_accepted": result["lookup_accepted"]
+               if method == "ours-eagle" else "",
                "draft": args.draft or "default",
                "identical_to_ours_ar": f"{result['identical_to_ours_ar']}/{result['prompts']}",
                "identical_to_hf_greedy": f"{result['identical_to_hf_greedy']}/{result['prompts']}"}
@@ -176,7 +186,9 @@ def print_table(rows: list[dict]) -> None:
         if row["method"] == "ours-eagle":
             print(f"{row['set']}: histogram {row['accepted_histogram']} (speculative cycles); "
                   f"trees {row['tree'] or '-'}; plain decoding chosen on "
-                  f"{row['plain_fallback_prompts']} prompts; a cycle = "
+                  f"{row['plain_fallback_prompts']} prompts ({row['plain_steps']} plain steps, "
+                  f"{row['context_draft_steps']} verifying context drafts, "
+                  f"{row['context_tokens_accepted']} drafted tokens accepted); a cycle = "
                   f"{row['cycle_x_ar_step'] or '-'} x an AR step (median over the "
                   f"{row['speculated_prompts']} prompts that speculated throughout); "
                   f"EAGLE == ours-ar on "

@@ -121,9 +121,12 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens per cycle per sequence (accepted draft tokens + 1)."""
+        """Mean tokens per cycle per sequence (accepted draft tokens + 1) over the cycles of a
+        tree (plain steps, with or without context drafts, not included); 1.0 without any."""
         cycles = sum(self.accepted_histogram)
-        return sum((n + 1) * c for n, c in enumerate(self.accepted_histogram)) / max(cycles, 1)
+        if not cycles:
+            return 1.0
+        return sum((n + 1) * c for n, c in enumerate(self.accepted_histogram)) / cycles
 
     @property
     def tokens_per_second(self) -> float:

@@ -1,0 +1,125 @@
+"""Context drafts (prompt lookup) in the plainly decoded steps of speculative calls: what the
+index proposes, and greedy output equal to plain decoding token for token whatever it
+proposes (batch rows of different lengths and proposals, EOS and budget cuts inside an
+accepted chain, a fallback mid-call and calls that start plainly)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_kernels.runtime import Engine, SamplingConfig, TreeConfig
+from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
+from eagle_kernels.runtime.lookup import ContextIndex
+from eagle_kernels.runtime.tree_budget import AdaptiveTree, CycleCost
+from runtime_helpers import tiny_target
+
+SMALL = TreeConfig(1, 0, 2)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(seed=5)
+
+
+def test_the_longest_latest_match_proposes_as_many_tokens_as_it_matched():
+    index = ContextIndex([[1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3],   # (1, 2, 3) at 0: 9 5 2
+                          [1, 2, 3, 9, 5, 2, 3, 7, 4, 2, 3],   # only (2, 3), latest at 5: 7 4
+                          [5, 6, 7, 6],                        # (7, 6) never seen; no 1-grams
+                          [8]])
+    assert index.propose(0, 4) == [9, 5, 2]
+    assert index.propose(1, 4) == [7, 4] and index.propose(1, 1) == [7]
+    assert index.propose(2, 4) == [] and index.propose(3, 4) == []
+    index.extend(1, [7])  # now (2, 3, 7) ends the row: it followed at 5..7, then came 4
+    assert index.propose(1, 4) == [4, 2, 3]
+
+
+def test_an_index_grown_token_by_token_equals_one_built_at_once():
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 6, (200,), generator=gen).tolist()  # many repeated n-grams
+    grown = ContextIndex([tokens[:17]])
+    for token in tokens[17:]:
+        grown.extend(0, [token])
+    whole = ContextIndex([tokens])
+    assert grown.tokens == whole.tokens and grown.follower == whole.follower
+    assert grown.propose(0, 4) == whole.propose(0, 4) != []
+
+
+def repetitive_prompts(gen: torch.Generator) -> list[list[int]]:
+    """Prompts of different lengths that repeat themselves, so the context proposes drafts."""
+    bases = [torch.randint(0, 299, (n,), generator=gen).tolist() for n in (5, 8, 11)]
+    return [base + base + base[:3] for base in bases]
+
+
+def plain_policy(prior_alpha: float) -> AdaptiveTree:
+    """One tree whose cycle (14 ms) beats a 10 ms plain step only while alpha stays high."""
+    return AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=prior_alpha,
+                        step_seconds=0.01, online_timing=False)
+
+
+@pytest.mark.parametrize("max_new_tokens,eos_at", [(40, None), (40, 9), (13, None)])
+def test_context_drafts_keep_plain_greedy_output(target, max_new_tokens, eos_at):
+    """A call that decodes plainly from the start (the policy expects no tree to pay) verifies
+    context drafts, accepts some, and emits exactly the plain greedy tokens, also when EOS or
+    the budget falls inside an accepted chain."""
+    prompts = repetitive_prompts(torch.Generator().manual_seed(3))
+    plain = Engine(target).generate(prompts, 40, speculative=False).tokens
+    eos = [] if eos_at is None else [plain[2][eos_at]]  # a token of a row that repeats itself
+    reference = Engine(target).generate(prompts, max_new_tokens, eos_token_ids=eos,
+                                        speculative=False)
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
+    out = engine.generate(prompts, max_new_tokens, eos_token_ids=eos)
+    assert out.tokens == reference.tokens and out.stop_reasons == reference.stop_reasons
+    stats = out.stats
+    assert stats.mode == "speculative" and "with context drafts" in stats.fallback
+    assert stats.plain_steps == stats.cycles and stats.lookup_accepted > 0, stats.summary()
+    assert stats.tau == 1.0  # no cycle of a tree ran
+
+
+def test_context_drafts_take_over_mid_call_and_can_be_turned_off(target):
+    """An optimistic prior speculates first; once the random head's misses make plain decoding
+    the better choice the same call goes on with context drafts; ``prompt_lookup=False`` keeps
+    plain steps plain. Every way, the plain greedy tokens."""
+    prompts = repetitive_prompts(torch.Generator().manual_seed(4))
+    reference = Engine(target).generate(prompts, 40, speculative=False).tokens
+    head = new_draft_head(EAGLE3, target)
+    engine = Engine(target, head, tree_policy=plain_policy(0.9))
+    out = engine.generate(prompts, 40)
+    assert out.tokens == reference
+    assert out.stats.tree_cycles and "plain decoding from cycle" in out.stats.fallback
+    assert out.stats.lookup_steps > 0 and out.stats.lookup_accepted > 0, out.stats.summary()
+    engine.prompt_lookup = False
+    off = engine.generate(prompts, 40)
+    assert off.tokens == reference and off.stats.lookup_steps == 0 and off.stats.plain_steps
+
+
+def test_sampling_calls_draw_no_context_drafts(target):
+    """Context drafts are verified greedily: a sampling call's plain steps stay plain."""
+    prompts = repetitive_prompts(torch.Generator().manual_seed(5))
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
+    out = engine.generate(prompts, 20, sampling=SamplingConfig(temperature=0.8, seed=1))
+    assert out.stats.lookup_steps == 0 and out.stats.plain_steps == out.stats.cycles
+
+
+@pytest.mark.parametrize("argv, lookup", [([], True), (["--no-lookup"], False)])
+def test_cli_no_lookup_turns_context_drafts_off(argv, lookup, monkeypatch, capsys):
+    """``generate --no-lookup`` sets the engine's switch before generating."""
+    from types import SimpleNamespace
+
+    from eagle_kernels import cli
+
+    engine = SimpleNamespace(head=object(), prompt_lookup=None)
+
+    class Generator:
+        def __init__(self):
+            self.engine = engine
+
+        def generate(self, *args, **kwargs):
+            raise ValueError("stopped after the settings")
+
+    monkeypatch.setattr("eagle_kernels.runtime.api.from_pretrained",
+                        lambda *args, **kwargs: Generator())
+    with pytest.raises(SystemExit):
+        cli.main(["generate", *argv])
+    assert "stopped after the settings" in capsys.readouterr().err
+    assert engine.prompt_lookup is lookup
