@@ -123,3 +123,45 @@ def test_cli_no_lookup_turns_context_drafts_off(argv, lookup, monkeypatch, capsy
         cli.main(["generate", *argv])
     assert "stopped after the settings" in capsys.readouterr().err
     assert engine.prompt_lookup is lookup
+
+
+@pytest.mark.parametrize("draft_seconds, pauses", [(100.0, True), (1.0, False)])
+def test_drafts_that_lose_to_plain_steps_pause(target, monkeypatch, draft_seconds, pauses):
+    """A fake clock: plain steps take 1 s, a drafted step `draft_seconds`. Drafts 100x slower
+    produce fewer tokens per second than plain steps and are paused (then tried again); as
+    fast as a plain step they always win. Output: the plain greedy tokens either way."""
+    from eagle_kernels.runtime import lookup
+    from eagle_kernels.runtime.generation import Engine as EngineClass
+
+    now = [0.0]
+    monkeypatch.setattr(lookup, "time", type("Clock", (), {"perf_counter": lambda: now[0]}))
+    verify, step = lookup.LookupStep._verify, EngineClass._step
+
+    def slow_verify(self, *args):
+        now[0] += draft_seconds
+        return verify(self, *args)
+
+    def plain_step(self, *args):
+        now[0] += 1.0
+        return step(self, *args)
+
+    monkeypatch.setattr(lookup.LookupStep, "_verify", slow_verify)
+    asked, propose = [0], lookup.ContextIndex.propose
+
+    def counted_propose(self, *args):
+        asked[0] += 1
+        return propose(self, *args)
+
+    monkeypatch.setattr(lookup.ContextIndex, "propose", counted_propose)
+    monkeypatch.setattr(EngineClass, "_step", plain_step)
+    prompts = repetitive_prompts(torch.Generator().manual_seed(3))[2:]  # it repeats itself
+    reference = Engine(target).generate(prompts, 200, speculative=False)
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
+    out = engine.generate(prompts, 200)
+    assert out.tokens == reference.tokens
+    assert (out.stats.lookup_pauses > 0) == pauses, out.stats.summary()
+    assert out.stats.lookup_steps >= lookup.LOOKUP_WINDOW
+    # a pause skips LOOKUP_PAUSE steps' proposals (the last step of the call is not a step)
+    skipped = out.stats.cycles - asked[0]
+    assert skipped == (lookup.LOOKUP_PAUSE * out.stats.lookup_pauses if pauses else 0), (
+        skipped, out.stats.summary())

@@ -118,6 +118,7 @@ class GenerationStats:
     fallback: str = ""  # why a speculative call decoded plainly, from where
     lookup_steps: int = 0  # plain steps that verified a context draft (see .lookup)
     lookup_accepted: int = 0  # context-drafted tokens accepted (all sequences)
+    lookup_pauses: int = 0  # times context drafts lost to plain steps and paused (see .lookup)
 
     @property
     def tau(self) -> float:
@@ -143,7 +144,8 @@ class GenerationStats:
                 "capture_seconds": round(self.capture_seconds, 4),
                 "graph_status": self.graph_status, "tree_cycles": self.tree_cycles,
                 "plain_steps": self.plain_steps, "fallback": self.fallback,
-                "lookup_steps": self.lookup_steps, "lookup_accepted": self.lookup_accepted}
+                "lookup_steps": self.lookup_steps, "lookup_accepted": self.lookup_accepted,
+                "lookup_pauses": self.lookup_pauses}
 
 
 @dataclass

@@ -19,9 +19,17 @@ replies to 30 + 30 held-out HumanEval / ShareGPT prompts x 128 tokens, with the 
 verify costs (2 / 3 / 4 / 5 nodes = 1.24 / 1.55 / 1.85 / 2.2 plain steps): modelled speedups
 over plain decoding 1.30 / 1.16 for this rule, against 1.26 / 1.15 for a fixed 2 tokens after a
 2-3 token match, 1.06 / 0.93 for 4 tokens after any 1-3 token match.
+
+Drafts that do not pay are dropped: every LOOKUP_WINDOW steps with a draft, the tokens per
+second they produced are compared with plain steps' (timed by the step itself, the latest
+LOOKUP_WINDOW of each); when the drafts lost, the next LOOKUP_PAUSE steps are plain, then
+drafting is tried again (a reply may start to repeat itself later).
 """
 
 from __future__ import annotations
+
+import time
+from collections import deque
 
 import torch
 
@@ -30,6 +38,8 @@ from .drafting import causal_tree_mask
 
 LOOKUP_MIN_NGRAM = 2  # shortest match that proposes a draft (1-token matches mislead)
 LOOKUP_MAX_NGRAM = 4  # longest match looked for; a draft has at most this many tokens
+LOOKUP_WINDOW = 16  # steps with a draft between two checks that drafting beats plain steps
+LOOKUP_PAUSE = 64  # plain steps after drafts were found to lose, before they are tried again
 
 
 class ContextIndex:
@@ -70,15 +80,21 @@ class LookupStep:
     counts, accepted drafts, active), all [B] int64. ``last_was_plain`` tells the tree budget
     whether the step it just timed was a plain step. The context index is built at the first
     call from the prompts and the tokens recorded so far, so the step can take over mid-call.
+    ``clock``: seconds, for the check that drafts pay (see the module docstring).
     """
 
     def __init__(self, target, cache, call, prompts: list[list[int]], plain_step,
-                 max_draft: int):
+                 max_draft: int, clock=None):
         self.target, self.cache, self.call = target, cache, call
         self.prompts, self.plain_step = prompts, plain_step
         self.max_draft = max(0, min(max_draft, LOOKUP_MAX_NGRAM))
         self.index: ContextIndex | None = None
         self.last_was_plain = True
+        self.clock = clock or time.perf_counter
+        # (tokens produced by active rows, seconds) of the latest steps of each kind
+        self.timed = {kind: deque(maxlen=LOOKUP_WINDOW) for kind in ("plain", "draft")}
+        self.drafts_since_check = 0
+        self.paused = 0  # plain steps left before drafting is tried again
 
     def __call__(self, root: torch.Tensor, accept_u: torch.Tensor, bonus_u: torch.Tensor):
         call = self.call
@@ -86,9 +102,11 @@ class LookupStep:
             generated, out = call.generated.tolist(), call.out.tolist()
             self.index = ContextIndex([prompt + out[b][:generated[b]]
                                        for b, prompt in enumerate(self.prompts)])
+        began = self.clock()
         done = call.done.tolist()
-        drafts = [[] if stop else self.index.propose(b, self.max_draft)
+        drafts = [[] if stop or self.paused else self.index.propose(b, self.max_draft)
                   for b, stop in enumerate(done)]
+        self.paused = max(self.paused - 1, 0)
         width = max(map(len, drafts))
         self.last_was_plain = width == 0
         if width == 0:
@@ -100,11 +118,35 @@ class LookupStep:
             outputs = outputs[:-1]
             call.stats.lookup_steps += 1
             call.stats.lookup_accepted += int(outputs[2].sum())
-        rows = new_tokens.tolist()
-        for b, count in enumerate(outputs[1].tolist()):
+        rows, counts = new_tokens.tolist(), outputs[1].tolist()
+        for b, count in enumerate(counts):
             if count:
                 self.index.extend(b, rows[b][:count])
+        self._time(width > 0, sum(counts), self.clock() - began)
         return outputs
+
+    def _time(self, drafted: bool, tokens: int, seconds: float) -> None:
+        """Record a step; after every LOOKUP_WINDOW drafted steps, pause drafting for
+        LOOKUP_PAUSE steps if they produced fewer tokens per second than plain steps."""
+        if tokens == 0:  # every row finished: nothing to learn from
+            return
+        self.timed["draft" if drafted else "plain"].append((tokens, seconds))
+        if not drafted:
+            return
+        self.drafts_since_check += 1
+        plain = self.timed["plain"]
+        if self.drafts_since_check < LOOKUP_WINDOW:
+            return
+        if not plain:  # every step drafted: time one plain step to compare with
+            self.paused = 1
+            return
+        self.drafts_since_check = 0
+        draft = self.timed["draft"]
+        draft_rate = sum(t for t, _ in draft) / max(sum(s for _, s in draft), 1e-12)
+        plain_rate = sum(t for t, _ in plain) / max(sum(s for _, s in plain), 1e-12)
+        if draft_rate < plain_rate:
+            self.paused = LOOKUP_PAUSE
+            self.call.stats.lookup_pauses += 1
 
     def _verify(self, root: torch.Tensor, drafts: list[list[int]], width: int):
         """One target forward over [root, draft] chains (a shorter draft padded with its last
