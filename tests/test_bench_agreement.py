@@ -67,7 +67,13 @@ def test_alpha_1_is_one_on_replies_the_head_itself_predicts():
         prompt = torch.randint(0, target.vocab_size, (prompt_len,), generator=gen).tolist()
         first = int(torch.randint(0, target.vocab_size, (1,), generator=gen))
         sequences.append((prompt, built_reply(head, target, prompt, first, reply_len, 0)))
-    counts = bench.count_agreement(head, target, sequences, batch=2, pad_id=0)
+    other = new_draft_head(EAGLE3, target, draft_vocab=target.vocab_size, seed=4).float()
+    other.t2d[:] = True
+    # several heads share one target pass per chunk, each counted on its own
+    counts, other_counts = bench.count_agreement([head, other], target, sequences, batch=2,
+                                                 pad_id=0)
+    assert bench.count_agreement([other], target, sequences, batch=2, pad_id=0) == [other_counts]
+    assert other_counts["right"][0] < other_counts["tried"][0] == counts["tried"][0]
     assert counts["tried"][0] == sum(len(r) - 1 for _, r in sequences)
     assert counts["right"][0] == counts["tried"][0]
     # later steps are conditional: tried only where every earlier step was right
@@ -81,7 +87,7 @@ def test_alpha_1_is_zero_when_no_reply_token_is_the_prediction():
     target, head = setup()
     prompt = [3, 1, 4, 1]
     wrong = built_reply(head, target, prompt, 5, 8, offset=1)
-    counts = bench.count_agreement(head, target, [(prompt, wrong)], batch=1, pad_id=0)
+    [counts] = bench.count_agreement([head], target, [(prompt, wrong)], batch=1, pad_id=0)
     assert counts["tried"][0] == 7 and counts["right"][0] == 0
     assert counts["tried"][1] == 0  # nothing to condition on
 

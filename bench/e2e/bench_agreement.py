@@ -56,13 +56,15 @@ def greedy_replies(generator, prompts: list[str], max_new: int, batch: int) -> l
 
 
 @torch.no_grad()
-def count_agreement(head, target, sequences, batch: int, pad_id: int) -> dict:
-    """Per step: positions tried (steps before all right) and positions right."""
-    from eagle_kernels.ops._validate import no_value_checks
+def count_agreement(heads: list, target, sequences, batch: int, pad_id: int) -> list[dict]:
+    """Per head, per step: positions tried (steps before all right) and positions right. One
+    target pass per chunk serves every head (they read the same target layers)."""
     from eagle_kernels.runtime import training
 
-    draft_ids = training.draft_vocab_ids(head)
-    tried, right = [0] * STEPS, [0] * STEPS
+    layers = {tuple(head.feature_layers) for head in heads}
+    if len(layers) != 1:
+        raise ValueError(f"--draft: the heads read different target layers {sorted(layers)}")
+    counts = [{"tried": [0] * STEPS, "right": [0] * STEPS} for _ in heads]
     for start in range(0, len(sequences), batch):
         chunk = sequences[start:start + batch]
         length = max(len(p) + len(r) for p, r in chunk)
@@ -71,26 +73,36 @@ def count_agreement(head, target, sequences, batch: int, pad_id: int) -> dict:
         for b, (prompt, tokens) in enumerate(chunk):
             ids[b, :len(prompt) + len(tokens)] = torch.tensor(prompt + tokens)
             reply[b, len(prompt):len(prompt) + len(tokens)] = True
-        hidden, features = training.target_pass(target, ids, head.feature_layers)
-        logits, argmax = training.target_draft_logits(target, hidden, draft_ids)
-        with no_value_checks():
-            result = training.eagle3_ttt_loss(head, features.float(), ids, logits,
-                                              head.t2d[argmax], reply, steps=STEPS,
-                                              keep_hidden=True)
-        all_right = torch.ones(len(chunk), length, dtype=torch.bool)
-        for step, out in enumerate(result.hidden):
-            predicted = draft_ids[head.draft_logits(out).argmax(-1)]  # [B, L] target ids
-            # position p predicts token p + 2 + step from token p + 1: both must be reply
-            # tokens (the first reply token is the prefill's, drafted from nothing)
-            truth = torch.full_like(ids, -1)
-            truth[:, :length - 2 - step] = ids[:, 2 + step:]
-            valid = torch.zeros_like(reply)
-            valid[:, :length - 2 - step] = reply[:, 1:length - 1 - step] & reply[:, 2 + step:]
-            hit = (predicted == truth) & valid
-            tried[step] += int((valid & all_right).sum())
-            right[step] += int((hit & all_right).sum())
-            all_right &= hit
-    return {"tried": tried, "right": right}
+        hidden, features = training.target_pass(target, ids, heads[0].feature_layers)
+        for head, count in zip(heads, counts):
+            count_chunk(head, target, hidden, features, ids, reply, count)
+    return counts
+
+
+def count_chunk(head, target, hidden, features, ids, reply, count: dict) -> None:
+    """Add one chunk's tried / right positions of one head to ``count``."""
+    from eagle_kernels.ops._validate import no_value_checks
+    from eagle_kernels.runtime import training
+
+    draft_ids = training.draft_vocab_ids(head)
+    logits, argmax = training.target_draft_logits(target, hidden, draft_ids)
+    with no_value_checks():
+        result = training.eagle3_ttt_loss(head, features.float(), ids, logits, head.t2d[argmax],
+                                          reply, steps=STEPS, keep_hidden=True)
+    length = ids.shape[1]
+    all_right = torch.ones_like(reply)
+    for step, out in enumerate(result.hidden):
+        predicted = draft_ids[head.draft_logits(out).argmax(-1)]  # [B, L] target ids
+        # position p predicts token p + 2 + step from token p + 1: both must be reply tokens
+        # (the first reply token is the prefill's, drafted from nothing)
+        truth = torch.full_like(ids, -1)
+        truth[:, :length - 2 - step] = ids[:, 2 + step:]
+        valid = torch.zeros_like(reply)
+        valid[:, :length - 2 - step] = reply[:, 1:length - 1 - step] & reply[:, 2 + step:]
+        hit = (predicted == truth) & valid
+        count["tried"][step] += int((valid & all_right).sum())
+        count["right"][step] += int((hit & all_right).sum())
+        all_right &= hit
 
 
 def alphas(counts: dict) -> list[dict]:
@@ -111,7 +123,8 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from eagle_kernels.runtime.api import DRAFT_WEIGHTS, EagleGenerator
+    from eagle_kernels.runtime.api import (DRAFT_WEIGHTS, EagleGenerator, _load_head,
+                                           _store_head_weights)
 
     parse = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parse.add_argument("--draft", action="append", help="head dir (repeat to compare; default: "
@@ -131,19 +144,27 @@ def main(argv=None) -> int:
     drafts = args.draft or [None]
     report = {"environment": environment(), "command": "python " + " ".join(sys.argv),
               "max_new_tokens": args.max_new_tokens, "heads": {}}
-    replies = None
-    for draft in drafts:
-        generator = EagleGenerator.from_pretrained(args.target, draft,
-                                                   draft_weights=args.draft_weights)
-        report["draft_weights"] = generator.draft_weights
-        if replies is None:  # the target's replies do not depend on the head
-            replies = {name: greedy_replies(generator, prompts, args.max_new_tokens, args.batch)
-                       for name, prompts in prompt_sets(args).items()}
-        engine = generator.engine
-        pad = generator.eos_token_ids()[0]
-        report["heads"][draft or "bundled"] = {
-            name: alphas(count_agreement(engine.head, engine.target, sequences, args.batch, pad))
-            for name, sequences in replies.items()}
+    # The target loads once; the other heads join it as from_pretrained would load them.
+    generator = EagleGenerator.from_pretrained(args.target, drafts[0],
+                                               draft_weights=args.draft_weights)
+    target, heads = generator.engine.target, [generator.engine.head]
+    default_target = args.target is None
+    with torch.inference_mode(False):
+        for draft in drafts[1:]:
+            heads.append(_load_head(draft, target, default_target))
+            _store_head_weights(heads[-1], args.draft_weights)
+    report["draft_weights"] = generator.draft_weights
+    # the target's replies do not depend on the head
+    replies = {name: greedy_replies(generator, prompts, args.max_new_tokens, args.batch)
+               for name, prompts in prompt_sets(args).items()}
+    pad = generator.eos_token_ids()[0]
+    names = [draft or "bundled" for draft in drafts]
+    for name in names:
+        report["heads"][name] = {}
+    for set_name, sequences in replies.items():
+        counts = count_agreement(heads, target, sequences, args.batch, pad)
+        for name, count in zip(names, counts):
+            report["heads"][name][set_name] = alphas(count)
     report["seconds"] = time.perf_counter() - started
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
