@@ -51,20 +51,41 @@ def repetitive_prompts(gen: torch.Generator) -> list[list[int]]:
     return [base + base + base[:3] for base in bases]
 
 
+def echo_prompts(target) -> list[list[int]]:
+    """Prompts followed by their own plain reply and the prompt again: the replies copy
+    the earlier reply (row 2 exactly), tokens a draft brings in before the reply has them."""
+    gen = torch.Generator().manual_seed(3)
+    bases = [torch.randint(0, 299, (n,), generator=gen).tolist() for n in (5, 8, 11)]
+    replies = Engine(target).generate(bases, 12, speculative=False).tokens
+    return [base + reply + base for base, reply in zip(bases, replies)]
+
+
 def plain_policy(prior_alpha: float) -> AdaptiveTree:
     """One tree whose cycle (14 ms) beats a 10 ms plain step only while alpha stays high."""
     return AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=prior_alpha,
                         step_seconds=0.01, online_timing=False)
 
 
-@pytest.mark.parametrize("max_new_tokens,eos_at", [(40, None), (40, 9), (13, None)])
-def test_context_drafts_keep_plain_greedy_output(target, max_new_tokens, eos_at):
+@pytest.mark.parametrize("max_new_tokens,eos_at", [(40, None), (40, (2, 3)), (13, None)])
+def test_context_drafts_keep_plain_greedy_output(target, monkeypatch, max_new_tokens, eos_at):
     """A call that decodes plainly from the start (the policy expects no tree to pay) verifies
-    context drafts, accepts some, and emits exactly the plain greedy tokens, also when EOS or
-    the budget falls inside an accepted chain."""
-    prompts = repetitive_prompts(torch.Generator().manual_seed(3))
+    context drafts, accepts some, and emits exactly the plain greedy tokens, also when EOS cuts
+    an accepted chain or the budget ends inside where a draft would have gone (drafts are
+    capped to the tokens a row may still record)."""
+    from eagle_kernels.runtime import generation
+
+    cuts, record = [], generation._Call.record
+
+    def watched(self, new_tokens, counts):  # (produced, recorded) per row of every chain
+        recorded = record(self, new_tokens, counts)
+        if new_tokens.shape[1] > 1:
+            cuts.extend(zip(counts.tolist(), recorded.tolist()))
+        return recorded
+
+    monkeypatch.setattr(generation._Call, "record", watched)
+    prompts = echo_prompts(target)
     plain = Engine(target).generate(prompts, 40, speculative=False).tokens
-    eos = [] if eos_at is None else [plain[2][eos_at]]  # a token of a row that repeats itself
+    eos = [] if eos_at is None else [plain[eos_at[0]][eos_at[1]]]  # a drafted token
     reference = Engine(target).generate(prompts, max_new_tokens, eos_token_ids=eos,
                                         speculative=False)
     engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
@@ -74,6 +95,10 @@ def test_context_drafts_keep_plain_greedy_output(target, max_new_tokens, eos_at)
     assert stats.mode == "speculative" and "with context drafts" in stats.fallback
     assert stats.plain_steps == stats.cycles and stats.lookup_accepted > 0, stats.summary()
     assert stats.tau == 1.0  # no cycle of a tree ran
+    assert stats.lookup_accepted <= sum(map(len, out.tokens)) - stats.cycles - 1
+    assert all(recorded <= produced for produced, recorded in cuts)
+    # EOS inside an accepted chain: a row recorded fewer tokens than the chain produced
+    assert any(0 < recorded < produced for produced, recorded in cuts) == (eos_at is not None)
 
 
 def test_context_drafts_take_over_mid_call_and_can_be_turned_off(target):
@@ -97,8 +122,11 @@ def test_sampling_calls_draw_no_context_drafts(target):
     """Context drafts are verified greedily: a sampling call's plain steps stay plain."""
     prompts = repetitive_prompts(torch.Generator().manual_seed(5))
     engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
-    out = engine.generate(prompts, 20, sampling=SamplingConfig(temperature=0.8, seed=1))
+    sampling = SamplingConfig(temperature=0.8, seed=1)
+    out = engine.generate(prompts, 20, sampling=sampling)
     assert out.stats.lookup_steps == 0 and out.stats.plain_steps == out.stats.cycles
+    plain = Engine(target).generate(prompts, 20, sampling=sampling, speculative=False)
+    assert out.tokens == plain.tokens  # the same draws: plain steps exactly
 
 
 @pytest.mark.parametrize("argv, lookup", [([], True), (["--no-lookup"], False)])
@@ -165,3 +193,55 @@ def test_drafts_that_lose_to_plain_steps_pause(target, monkeypatch, draft_second
     skipped = out.stats.cycles - asked[0]
     assert skipped == (lookup.LOOKUP_PAUSE * out.stats.lookup_pauses if pauses else 0), (
         skipped, out.stats.summary())
+
+
+def test_steps_with_drafts_are_not_timed_as_cycles_or_steps(target, monkeypatch):
+    """The tree budget times plain steps (its reference) and tree cycles; a step that verified
+    a context draft is neither, and must not pass for a cheap cycle of the current tree."""
+    policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.0, step_seconds=0.01)
+    timed = {"step": 0, "cycle": 0}
+    monkeypatch.setattr(policy, "time_step", lambda *a: timed.__setitem__("step", timed["step"] + 1))
+    monkeypatch.setattr(policy, "time_cycle",
+                        lambda *a: timed.__setitem__("cycle", timed["cycle"] + 1))
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
+    out = engine.generate(repetitive_prompts(torch.Generator().manual_seed(3)), 40)
+    assert out.stats.lookup_steps > 0 and not out.stats.tree_cycles
+    assert timed == {"step": out.stats.cycles - out.stats.lookup_steps, "cycle": 0}
+
+
+@pytest.mark.parametrize("eos_at", [None, 3])
+def test_accepted_drafted_tokens_are_the_recorded_ones(target, eos_at):
+    """Batch 1: every step records its root's successor plus the drafted tokens it accepted,
+    so new tokens = 1 (prefill) + steps + lookup_accepted, also when EOS cuts a chain."""
+    prompts = echo_prompts(target)[2:]
+    plain = Engine(target).generate(prompts, 40, speculative=False).tokens
+    eos = [] if eos_at is None else [plain[0][eos_at]]
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
+    stats = engine.generate(prompts, 40, eos_token_ids=eos).stats
+    assert stats.lookup_accepted > 0
+    assert sum(stats.new_tokens) == 1 + stats.cycles + stats.lookup_accepted, stats.summary()
+
+
+def test_a_row_accepts_no_more_than_its_draft_nor_its_budget(target, monkeypatch):
+    """A row's draft leaves room for the chain's own next token within the budget, and a row
+    whose draft is shorter than the batch's widest accepts none of its padding (a reply that
+    repeats one token would accept it, and run past its budget)."""
+    from eagle_kernels.runtime import lookup
+
+    verify, seen = lookup.LookupStep._verify, []
+
+    def checked(self, root, drafts, width):
+        left = (self.call.budgets - self.call.generated).tolist()
+        outputs = verify(self, root, drafts, width)
+        for b, draft in enumerate(drafts):
+            seen.append((len(draft), left[b], int(outputs[2][b]), int(outputs[3][b])))
+        return outputs
+
+    monkeypatch.setattr(lookup.LookupStep, "_verify", checked)
+    prompts = repetitive_prompts(torch.Generator().manual_seed(4))  # row 0 ends in one token
+    reference = Engine(target).generate(prompts, 40, speculative=False)
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
+    assert engine.generate(prompts, 40).tokens == reference.tokens
+    active = [(n, left, accepted) for n, left, accepted, on in seen if on]
+    assert all(accepted <= n <= left - 1 for n, left, accepted in active), active
+    assert any(0 < n == left - 1 < 4 for n, left, _ in active)  # the budget capped a draft

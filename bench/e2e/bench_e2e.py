@@ -137,7 +137,9 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
     totals = result["totals"]
     rate = {m: t["tokens"] / t["seconds"] for m, t in totals.items() if t["seconds"] > 0}
     histogram = result["histogram"]
-    tau = sum((n + 1) * c for n, c in enumerate(histogram)) / max(sum(histogram), 1)
+    # 1.0 when no cycle of a tree ran (as GenerationStats.tau): the call decoded plainly
+    tau = (sum((n + 1) * c for n, c in enumerate(histogram)) / sum(histogram)
+           if sum(histogram) else 1.0)
     trees = sorted(result["trees"].items(), key=lambda item: -item[1])
     tree_column = " ".join(f"{name}x{count}" for name, count in trees)
     rows = []

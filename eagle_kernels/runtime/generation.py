@@ -474,8 +474,10 @@ class Engine:
                           f"(attention.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
                           f"row-invariant only up to that size, so greedy output may differ "
                           f"from plain decoding at near-ties", stacklevel=3)
-        # A context draft's chain (LOOKUP_MAX_NGRAM + 1 nodes) takes the room of a tree.
-        room = max(bound.total_tokens, LOOKUP_MAX_NGRAM + 1) + bound.max_depth
+        # A context draft's chain (LOOKUP_MAX_NGRAM + 1 nodes, a draft never longer than the
+        # tokens its row may still record) takes the room of a tree, and its depth.
+        room = (max(bound.total_tokens, LOOKUP_MAX_NGRAM + 1)
+                + max(bound.max_depth, LOOKUP_MAX_NGRAM))
         max_len = max(map(len, prompts)) + max(budgets) + room
         with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
             call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
@@ -559,7 +561,9 @@ class Engine:
         start = _now(self.device)
         finished = bool(call.done.all())
         runner = step
-        stats.graph_status = self._graph_plan() or "captured"
+        stats.graph_status = self._graph_plan() or (
+            "eager (context drafts are proposed on the host)" if isinstance(step, LookupStep)
+            else "captured")
         if not finished and stats.graph_status == "captured":
             mutable = [*lens, call.out, call.generated, call.done]
             # Placeholder uniforms (draw=False): capture must not consume the call's seeded
@@ -589,8 +593,9 @@ class Engine:
             finished = all(rows[2])
             stats.cycles += 1
             plain = runner is plain_step or stats.mode == "autoregressive"
-            if timer is not None and plain and getattr(runner, "last_was_plain", True):
-                timer.time_step(seconds, batch)
+            if timer is not None and plain:  # a step that verified a context draft: neither
+                if getattr(runner, "last_was_plain", True):
+                    timer.time_step(seconds, batch)
             elif timer is not None:
                 timer.time_cycle(call.tree, seconds, batch)
             if runner is plain_step:

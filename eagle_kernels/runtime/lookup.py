@@ -104,7 +104,12 @@ class LookupStep:
                                        for b, prompt in enumerate(self.prompts)])
         began = self.clock()
         done = call.done.tolist()
-        drafts = [[] if stop or self.paused else self.index.propose(b, self.max_draft)
+        # A row's draft is at most the tokens it may still record but one (its chain also
+        # yields the target's next token), and a row accepts no more than its own draft (see
+        # _verify), so an accepted chain never runs past the budget.
+        left = (call.budgets - call.generated).tolist()
+        drafts = [[] if stop or self.paused else
+                  self.index.propose(b, max(min(self.max_draft, left[b] - 1), 0))
                   for b, stop in enumerate(done)]
         self.paused = max(self.paused - 1, 0)
         width = max(map(len, drafts))
@@ -116,9 +121,13 @@ class LookupStep:
             outputs = self._verify(root, drafts, width)
             new_tokens = outputs[-1]
             outputs = outputs[:-1]
-            call.stats.lookup_steps += 1
-            call.stats.lookup_accepted += int(outputs[2].sum())
         rows, counts = new_tokens.tolist(), outputs[1].tolist()
+        if width:
+            call.stats.lookup_steps += 1
+            # drafted tokens recorded (not what an EOS cut off)
+            call.stats.lookup_accepted += sum(
+                min(accepted, max(count - 1, 0))
+                for accepted, count in zip(outputs[2].tolist(), counts))
         for b, count in enumerate(counts):
             if count:
                 self.index.extend(b, rows[b][:count])
@@ -149,9 +158,10 @@ class LookupStep:
             self.call.stats.lookup_pauses += 1
 
     def _verify(self, root: torch.Tensor, drafts: list[list[int]], width: int):
-        """One target forward over [root, draft] chains (a shorter draft padded with its last
-        token or the root: any token is a valid draft, greedy acceptance keeps only what the
-        target itself would emit) -> the step's outputs and the chains' output tokens."""
+        """One target forward over [root, draft] chains -> the step's outputs and the chains'
+        output tokens. A shorter draft is padded with its last token (or the root), and its
+        row accepts at most its own draft's length: the first k + 1 output tokens of a greedy
+        chain that accepted more than k are still the target's argmax after nodes 0..k."""
         call, cache, target = self.call, self.cache, self.target
         roots = root.tolist()
         chains = []
@@ -165,11 +175,12 @@ class LookupStep:
         hidden, _ = target(tokens, positions, cache,
                            causal_tree_mask(len(chains), width + 1, device))
         result = ops.greedy_accept_chain(tokens, target.logits(hidden))
+        lengths = torch.tensor([len(draft) for draft in drafts], device=device)
+        accepted = torch.minimum(result.num_accepted.to(torch.int64), lengths)
         # The accepted chain's K/V already sit right after the prefix: no compaction.
         active = ~call.done
-        produced = (result.num_accepted + 1) * active.to(torch.int32)
+        produced = ((accepted + 1) * active).to(torch.int32)
         cache.lens += produced
         counts = call.record(result.output_tokens, produced)
-        accepted = result.num_accepted.to(torch.int64)
         next_root = result.output_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
         return next_root, counts, accepted * active, active.to(torch.int64), result.output_tokens
