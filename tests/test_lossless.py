@@ -141,3 +141,23 @@ def test_trained_head_batch2(setup, reference):
                for tokens in engine.generate(prompts[start:start + 2], NEW_TOKENS).tokens]
     assert_lossless(target, prompts[:count], reference[:count], outputs)
     assert engine.last_output.stats.tau > 1.0  # it accepts drafts
+
+
+def test_context_drafts_batch4(setup, reference):
+    """Context drafts (runtime/lookup.py) on real text, batch 4: a policy that expects no tree
+    to pay decodes plainly (after a first probe), and those steps verify drafts copied from the
+    prompt and the reply; accepted runs of them must not change a token."""
+    from eagle_kernels.runtime.tree_budget import AdaptiveTree, CycleCost
+
+    target, prompts = setup
+    policy = AdaptiveTree({RANDOM_HEAD_TREE: CycleCost(0.002, 0.012)}, prior_alpha=0.0,
+                          step_seconds=0.01, online_timing=False)
+    engine = Engine(target, new_draft_head(EAGLE3, target, seed=7), tree_policy=policy)
+    outputs, accepted = [], 0
+    for start in range(0, len(prompts), BATCH):
+        result = engine.generate(prompts[start:start + BATCH], NEW_TOKENS)
+        assert result.stats.plain_steps > 0.9 * result.stats.cycles  # (a probe's few cycles)
+        outputs += result.tokens
+        accepted += result.stats.lookup_accepted
+    assert_lossless(target, prompts, reference, outputs)
+    assert accepted > 100, accepted  # the drafts really ran
