@@ -230,9 +230,9 @@ def test_a_row_accepts_no_more_than_its_draft_nor_its_budget(target, monkeypatch
 
     verify, seen = lookup.LookupStep._verify, []
 
-    def checked(self, root, drafts, width):
+    def checked(self, root, drafts):
         left = (self.call.budgets - self.call.generated).tolist()
-        outputs = verify(self, root, drafts, width)
+        outputs = verify(self, root, drafts)
         for b, draft in enumerate(drafts):
             seen.append((len(draft), left[b], int(outputs[2][b]), int(outputs[3][b])))
         return outputs
@@ -245,3 +245,46 @@ def test_a_row_accepts_no_more_than_its_draft_nor_its_budget(target, monkeypatch
     active = [(n, left, accepted) for n, left, accepted, on in seen if on]
     assert all(accepted <= n <= left - 1 for n, left, accepted in active), active
     assert any(0 < n == left - 1 < 4 for n, left, _ in active)  # the budget capped a draft
+
+
+def test_cycles_verify_context_drafts_and_keep_the_head_fed(target):
+    """A fixed tree on the CPU (eager): cycles whose sequences have a context draft verify it
+    instead of the head's tree, and still feed the head the accepted tokens, so the head's
+    own cycles keep predicting the right positions: an oracle head (boosted towards the
+    reference continuation by the position its cache says it is at) keeps accepting. The
+    histogram and tree counts are the head's cycles only."""
+    from runtime_helpers import oracle_head
+
+    prompts = echo_prompts(target)
+    reference = Engine(target).generate(prompts, 40, speculative=False).tokens
+    head = oracle_head(target, [p + r for p, r in zip(prompts, reference)])
+    out = Engine(target, head, TreeConfig(2, 2, 4)).generate(prompts, 40)
+    assert out.tokens == reference
+    stats = out.stats
+    tree_cycles = stats.cycles - stats.lookup_steps
+    assert stats.lookup_steps > 0 and stats.lookup_accepted > 0 and tree_cycles > 0
+    assert stats.tree_cycles == {"2/2/4": tree_cycles} and not stats.plain_steps
+    # one entry per active row of each of the head's cycles
+    assert tree_cycles <= sum(stats.accepted_histogram) <= tree_cycles * len(prompts)
+    assert stats.tau > 2.0, stats.summary()  # the head's cycles still accept (oracle)
+
+
+def test_cycles_with_context_drafts_are_not_shown_to_the_tree_budget(target, monkeypatch):
+    """A policy that keeps speculating: it times and observes the head's cycles only (a
+    verified context chain would pass for a cheap, well-accepted cycle of its tree)."""
+    from runtime_helpers import oracle_head
+
+    policy = AdaptiveTree({SMALL: CycleCost(0.001, 0.002)}, prior_alpha=0.9, step_seconds=0.01)
+    seen = {"time_cycle": 0, "observe": 0, "time_step": 0}
+    for name in seen:
+        def count(*args, name=name):
+            seen[name] += 1
+        monkeypatch.setattr(policy, name, count)
+    prompts = echo_prompts(target)
+    reference = Engine(target).generate(prompts, 40, speculative=False).tokens
+    head = oracle_head(target, [p + r for p, r in zip(prompts, reference)])
+    out = Engine(target, head, tree_policy=policy).generate(prompts, 40)
+    assert out.tokens == reference
+    head_cycles = out.stats.cycles - out.stats.lookup_steps
+    assert out.stats.lookup_steps > 0 and head_cycles > 0 and not out.stats.plain_steps
+    assert seen == {"time_cycle": head_cycles, "observe": head_cycles, "time_step": 0}

@@ -48,7 +48,7 @@ from ..ops._validate import check_eps, check_int, check_positive, no_value_check
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
 from .graphs import GraphedStep
-from .lookup import LOOKUP_MAX_NGRAM, LookupStep
+from .lookup import LOOKUP_MAX_NGRAM, ContextDrafts, LookupStep, chain_tree, within_drafts
 from .model import TargetModel
 from .tree_budget import AdaptiveTree
 
@@ -185,6 +185,10 @@ class _Call:
         # On CPU one C++ call does record()'s dozen tensor ops (each costs 10-20 us inside the
         # loop, where every step's weight stream has evicted the interpreter's working set).
         self.native = cpu_bookkeeping(self.out.device)
+        # A greedy speculative call's context drafts (.lookup), set by Engine._start_call;
+        # context_cycle: whether the cycle that just ran verified one instead of a tree.
+        self.context: ContextDrafts | None = None
+        self.context_cycle = False
         self._state = [t.data_ptr() for t in (self.generated, self.done, self.out, self.budgets,
                                               self.eos)]
         self.rng = None
@@ -483,35 +487,37 @@ class Engine:
             call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
                          stats, self.device, policy)
             cache = self.target.allocate_cache(len(prompts), max_len)
+        if lookup:
+            call.context = ContextDrafts(call, prompts)
         if plain_instead:
             stats.fallback = ("plain decoding" + (" with context drafts" if lookup else "")
                               + ": no tree is expected to beat it at this acceptance")
         if speculative:
-            steps = self._speculative(prompts, call, cache, lookup)
+            steps = self._speculative(prompts, call, cache)
         else:
-            steps = self._autoregressive(prompts, call, cache, lookup)
+            steps = self._autoregressive(prompts, call, cache)
         chunks = (self._new_tokens(call, counts) for counts in steps) if emit else steps
         return GenerationStream(chunks, call)
 
-    def _autoregressive(self, prompts, call: _Call, cache, lookup: bool = False):
-        """Plain decoding; with ``lookup`` (a speculative call the tree budget decodes plainly)
-        its steps verify context drafts (:class:`~.lookup.LookupStep`)."""
+    def _autoregressive(self, prompts, call: _Call, cache):
+        """Plain decoding; in a speculative call the tree budget decodes plainly, with context
+        drafts (``call.context``: :class:`~.lookup.LookupStep`)."""
         start = _now(self.device)
         _, _, root, _, _ = self._prefill(prompts, cache, call)
         counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
         call.stats.prefill_seconds = _now(self.device) - start
         yield counts
-        step = self._plain_step(prompts, call, cache, lookup)
+        step = self._plain_step(prompts, call, cache)
         # a speculative call decoding plainly counts plain steps (not cycles of a tree)
         plain = step if call.stats.mode == "speculative" else None
         yield from self._decode(step, [root], 1, [cache.lens], call, plain_step=plain)
 
-    def _plain_step(self, prompts, call: _Call, cache, lookup: bool):
+    def _plain_step(self, prompts, call: _Call, cache):
         ones = torch.ones(len(prompts), 1, 1, dtype=torch.int32, device=self.device)
         step = functools.partial(self._step, cache, call, ones)
-        if not lookup:
+        if call.context is None:
             return step
-        return LookupStep(self.target, cache, call, prompts, step, LOOKUP_MAX_NGRAM)
+        return LookupStep(self.target, cache, call, call.context, step)
 
     def _step(self, cache, call: _Call, ones, root, accept_u, bonus_u):
         """One autoregressive step for the whole batch (same model code and ops as a cycle)."""
@@ -527,7 +533,7 @@ class Engine:
         counts = call.record(root.unsqueeze(1), torch.ones_like(call.generated))
         return root, counts, torch.zeros_like(counts), active.to(torch.int64)
 
-    def _speculative(self, prompts, call: _Call, cache, lookup: bool = False):
+    def _speculative(self, prompts, call: _Call, cache):
         head, tree = self.head, call.tree
         bound = tree if call.policy is None else call.policy.largest
         draft_cache = head.allocate_cache(len(prompts), cache.max_len + bound.drafted_keys)
@@ -542,8 +548,10 @@ class Engine:
                              lengths)
         call.stats.prefill_seconds = _now(self.device) - start
         yield counts
-        cycle = functools.partial(self._cycle, head, cache, draft_cache, call)
-        plain_step = self._plain_step(prompts, call, cache, lookup)
+        # Cycles take context drafts only where the loop runs eagerly (not a captured graph).
+        context = call.context if self._graph_plan() is not None else None
+        cycle = functools.partial(self._cycle, head, cache, draft_cache, call, context)
+        plain_step = self._plain_step(prompts, call, cache)
         yield from self._decode(cycle, [root, root_hidden], tree.total_tokens,
                                 [cache.lens, draft_cache.lens], call, plain_step)
 
@@ -593,13 +601,19 @@ class Engine:
             finished = all(rows[2])
             stats.cycles += 1
             plain = runner is plain_step or stats.mode == "autoregressive"
-            if timer is not None and plain:  # a step that verified a context draft: neither
+            # A step or cycle that verified a context draft is neither a plain step nor a
+            # cycle of the tree: the tree budget learns nothing from it.
+            context = not plain and call.context_cycle
+            if timer is not None and plain:
                 if getattr(runner, "last_was_plain", True):
                     timer.time_step(seconds, batch)
-            elif timer is not None:
+            elif timer is not None and not context:
                 timer.time_cycle(call.tree, seconds, batch)
             if runner is plain_step:
                 stats.plain_steps += 1
+                yield counts
+                continue
+            if context:
                 yield counts
                 continue
             accepted_counts = [n for n, on in zip(rows[0], rows[1]) if on]
@@ -621,14 +635,23 @@ class Engine:
         stats.decode_seconds = _now(self.device) - start
         self._finish(call)
 
-    def _cycle(self, head: DraftHead, cache, draft_cache, call: _Call, root, root_hidden,
-               accept_u, bonus_u):
-        """One draft -> verify -> accept -> compact -> commit cycle for the whole batch."""
-        tree = draft_tree(head, draft_cache, root, root_hidden, call.tree)
+    def _cycle(self, head: DraftHead, cache, draft_cache, call: _Call,
+               context: ContextDrafts | None, root, root_hidden, accept_u, bonus_u):
+        """One draft -> verify -> accept -> compact -> commit cycle for the whole batch. With
+        ``context``, a cycle whose sequences have context drafts verifies those chains instead
+        of drafting a tree (greedy acceptance, cut to each row's own draft)."""
+        drafts = context.propose() if context is not None else []
+        call.context_cycle = any(drafts)
+        if call.context_cycle:
+            tree = chain_tree(root, drafts)
+        else:
+            tree = draft_tree(head, draft_cache, root, root_hidden, call.tree)
         positions = cache.lens.to(torch.int64).unsqueeze(1) + tree.depth
         hidden, features = self.target(tree.tokens, positions, cache, tree.tree_mask,
                                        head.feature_layers)
         result = self._accept_tree(tree, self.target.logits(hidden), call, accept_u, bonus_u)
+        if call.context_cycle:
+            result = within_drafts(result, drafts)
         active = ~call.done
         ops.compact_kv(cache.all_tensors(), cache.lens, result.accepted_nodes,
                        result.num_accepted)
@@ -643,6 +666,8 @@ class Engine:
                              head.project(picked_hidden, picked_features), produced)
         last = (result.num_accepted.to(torch.int64)).unsqueeze(1)
         root = result.output_tokens.gather(1, last).squeeze(1)
+        if context is not None:
+            context.observe(drafts, result.output_tokens, counts, result.num_accepted)
         return (root, root_hidden, counts, result.num_accepted.to(torch.int64),
                 active.to(torch.int64))
 

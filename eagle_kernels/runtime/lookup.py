@@ -1,5 +1,5 @@
-"""Drafts from the context itself (prompt lookup), for the steps a speculative call would
-otherwise decode plainly.
+"""Drafts from the context itself (prompt lookup), in the cycles and plain steps of greedy
+speculative calls.
 
 When the adaptive tree finds that no tree of the draft head beats plain decoding here (on a
 2-core CPU the Q4 verify is compute-bound: every extra node costs ~0.25-0.3 of a plain step, and
@@ -11,7 +11,10 @@ a draft verifies the chain [root, drafted tokens] in one target forward and keep
 prefix the target's argmax agrees with, plus the target's next token: greedy acceptance of any
 draft is lossless, and the verify pass computes each token's logits bit for bit as a plain step
 would (row-invariant kernels), so the output is the plain greedy output. A step without a draft
-is exactly a plain step.
+is exactly a plain step. Cycles of the head's tree take context drafts too (where the decode
+loop runs eagerly: a captured CUDA graph cannot ask the host for a draft): a cycle whose
+sequences have one verifies the chain instead of drafting a tree, and feeds the head the
+accepted tokens as any cycle does.
 
 Draft length follows the match: n matched tokens propose n more (n from LOOKUP_MAX_NGRAM down
 to LOOKUP_MIN_NGRAM; longer matches are likelier to continue). Chosen on the target's greedy
@@ -21,9 +24,10 @@ over plain decoding 1.30 / 1.16 for this rule, against 1.26 / 1.15 for a fixed 2
 2-3 token match, 1.06 / 0.93 for 4 tokens after any 1-3 token match.
 
 Drafts that do not pay are dropped: every LOOKUP_WINDOW steps with a draft, the tokens per
-second they produced are compared with plain steps' (timed by the step itself, the latest
-LOOKUP_WINDOW of each); when the drafts lost, the next LOOKUP_PAUSE steps are plain, then
-drafting is tried again (a reply may start to repeat itself later).
+second they produced are compared with those of the steps without one (plain steps, or cycles
+of the head's tree; the latest LOOKUP_WINDOW of each, timed here); when the drafts lost, the
+next LOOKUP_PAUSE steps go without, then drafting is tried again (a reply may start to repeat
+itself later).
 """
 
 from __future__ import annotations
@@ -34,12 +38,13 @@ from collections import deque
 import torch
 
 from .. import ops
+from ..ops.reference import chain_paths
 from .drafting import causal_tree_mask
 
 LOOKUP_MIN_NGRAM = 2  # shortest match that proposes a draft (1-token matches mislead)
 LOOKUP_MAX_NGRAM = 4  # longest match looked for; a draft has at most this many tokens
-LOOKUP_WINDOW = 16  # steps with a draft between two checks that drafting beats plain steps
-LOOKUP_PAUSE = 64  # plain steps after drafts were found to lose, before they are tried again
+LOOKUP_WINDOW = 16  # steps with a draft between two checks that drafting beats the others
+LOOKUP_PAUSE = 64  # steps without drafts after drafts were found to lose, before a retry
 
 
 class ContextIndex:
@@ -73,112 +78,153 @@ class ContextIndex:
         return []
 
 
-class LookupStep:
-    """A plain decoding step of a greedy call that verifies a context draft when there is one.
+class ContextDrafts:
+    """One call's context drafts: the index of its sequences, each step's drafts (capped to
+    what a row may still record), and the check that they pay (see the module docstring).
 
-    Called like the engine's plain step, ``(root, accept_u, bonus_u)`` -> (next root, recorded
-    counts, accepted drafts, active), all [B] int64. ``last_was_plain`` tells the tree budget
-    whether the step it just timed was a plain step. The context index is built at the first
-    call from the prompts and the tokens recorded so far, so the step can take over mid-call.
-    ``clock``: seconds, for the check that drafts pay (see the module docstring).
+    ``propose()`` starts a step and returns each sequence's draft ([] for none, all [] while
+    paused); ``observe(...)`` ends it with what the step recorded. The index is built at the
+    first proposal from the prompts and the tokens recorded so far, so drafting can start
+    mid-call. ``clock``: seconds.
     """
 
-    def __init__(self, target, cache, call, prompts: list[list[int]], plain_step,
-                 max_draft: int, clock=None):
-        self.target, self.cache, self.call = target, cache, call
-        self.prompts, self.plain_step = prompts, plain_step
-        self.max_draft = max(0, min(max_draft, LOOKUP_MAX_NGRAM))
+    def __init__(self, call, prompts: list[list[int]], clock=None):
+        self.call, self.prompts = call, prompts
         self.index: ContextIndex | None = None
-        self.last_was_plain = True
         self.clock = clock or time.perf_counter
-        # (tokens produced by active rows, seconds) of the latest steps of each kind
-        self.timed = {kind: deque(maxlen=LOOKUP_WINDOW) for kind in ("plain", "draft")}
+        # (tokens produced by active rows, seconds) of the latest steps with and without drafts
+        self.timed = {kind: deque(maxlen=LOOKUP_WINDOW) for kind in ("other", "draft")}
         self.drafts_since_check = 0
-        self.paused = 0  # plain steps left before drafting is tried again
+        self.paused = 0  # steps left before drafting is tried again
+        self._began = 0.0
 
-    def __call__(self, root: torch.Tensor, accept_u: torch.Tensor, bonus_u: torch.Tensor):
+    def propose(self) -> list[list[int]]:
         call = self.call
         if self.index is None:
             generated, out = call.generated.tolist(), call.out.tolist()
             self.index = ContextIndex([prompt + out[b][:generated[b]]
                                        for b, prompt in enumerate(self.prompts)])
-        began = self.clock()
+        self._began = self.clock()
         done = call.done.tolist()
         # A row's draft is at most the tokens it may still record but one (its chain also
-        # yields the target's next token), and a row accepts no more than its own draft (see
-        # _verify), so an accepted chain never runs past the budget.
+        # yields the target's next token), and a row accepts no more than its own draft
+        # (within_drafts), so an accepted chain never runs past the budget.
         left = (call.budgets - call.generated).tolist()
-        drafts = [[] if stop or self.paused else
-                  self.index.propose(b, max(min(self.max_draft, left[b] - 1), 0))
-                  for b, stop in enumerate(done)]
-        self.paused = max(self.paused - 1, 0)
-        width = max(map(len, drafts))
-        self.last_was_plain = width == 0
-        if width == 0:
-            outputs = self.plain_step(root, accept_u, bonus_u)
-            new_tokens = outputs[0].unsqueeze(1)
-        else:
-            outputs = self._verify(root, drafts, width)
-            new_tokens = outputs[-1]
-            outputs = outputs[:-1]
-        rows, counts = new_tokens.tolist(), outputs[1].tolist()
-        if width:
-            call.stats.lookup_steps += 1
+        paused, self.paused = self.paused, max(self.paused - 1, 0)
+        return [[] if stop or paused else
+                self.index.propose(b, max(min(LOOKUP_MAX_NGRAM, left[b] - 1), 0))
+                for b, stop in enumerate(done)]
+
+    def observe(self, drafts: list[list[int]], new_tokens: torch.Tensor, counts: torch.Tensor,
+                accepted: torch.Tensor) -> None:
+        """End a step: ``new_tokens`` [B, W] of which ``counts`` [B] were recorded; with
+        drafts, ``accepted`` [B] drafted tokens accepted per row (before any EOS cut)."""
+        rows, counts = new_tokens.tolist(), counts.tolist()
+        drafted = any(drafts)
+        if drafted:
+            stats = self.call.stats
+            stats.lookup_steps += 1
             # drafted tokens recorded (not what an EOS cut off)
-            call.stats.lookup_accepted += sum(
-                min(accepted, max(count - 1, 0))
-                for accepted, count in zip(outputs[2].tolist(), counts))
+            stats.lookup_accepted += sum(min(a, max(c - 1, 0))
+                                         for a, c in zip(accepted.tolist(), counts))
         for b, count in enumerate(counts):
             if count:
                 self.index.extend(b, rows[b][:count])
-        self._time(width > 0, sum(counts), self.clock() - began)
-        return outputs
+        self._time(drafted, sum(counts), self.clock() - self._began)
 
     def _time(self, drafted: bool, tokens: int, seconds: float) -> None:
         """Record a step; after every LOOKUP_WINDOW drafted steps, pause drafting for
-        LOOKUP_PAUSE steps if they produced fewer tokens per second than plain steps."""
+        LOOKUP_PAUSE steps if they produced fewer tokens per second than the others."""
         if tokens == 0:  # every row finished: nothing to learn from
             return
-        self.timed["draft" if drafted else "plain"].append((tokens, seconds))
+        self.timed["draft" if drafted else "other"].append((tokens, seconds))
         if not drafted:
             return
         self.drafts_since_check += 1
-        plain = self.timed["plain"]
+        other = self.timed["other"]
         if self.drafts_since_check < LOOKUP_WINDOW:
             return
-        if not plain:  # every step drafted: time one plain step to compare with
+        if not other:  # every step drafted: time one without to compare with
             self.paused = 1
             return
         self.drafts_since_check = 0
         draft = self.timed["draft"]
         draft_rate = sum(t for t, _ in draft) / max(sum(s for _, s in draft), 1e-12)
-        plain_rate = sum(t for t, _ in plain) / max(sum(s for _, s in plain), 1e-12)
-        if draft_rate < plain_rate:
+        other_rate = sum(t for t, _ in other) / max(sum(s for _, s in other), 1e-12)
+        if draft_rate < other_rate:
             self.paused = LOOKUP_PAUSE
             self.call.stats.lookup_pauses += 1
 
-    def _verify(self, root: torch.Tensor, drafts: list[list[int]], width: int):
-        """One target forward over [root, draft] chains -> the step's outputs and the chains'
-        output tokens. A shorter draft is padded with its last token (or the root), and its
-        row accepts at most its own draft's length: the first k + 1 output tokens of a greedy
-        chain that accepted more than k are still the target's argmax after nodes 0..k."""
+
+def chain_tree(root: torch.Tensor, drafts: list[list[int]]) -> ops.DraftTree:
+    """The chains [root, draft] as a batch of chain-shaped trees of the widest draft's length
+    + 1 nodes (a shorter draft padded with its last token, or the root; within_drafts keeps
+    its row from accepting the padding)."""
+    width = max(map(len, drafts)) + 1
+    chains = []
+    for token, draft in zip(root.tolist(), drafts):
+        chain = [token, *draft]
+        chains.append(chain + [chain[-1]] * (width - len(chain)))
+    device, batch = root.device, len(chains)
+    nodes = torch.arange(width, device=device)
+    return ops.DraftTree(
+        tokens=torch.tensor(chains, dtype=torch.int64, device=device),
+        parents=(nodes - 1).to(torch.int32).expand(batch, -1).contiguous(),
+        depth=nodes.expand(batch, -1).contiguous(),
+        scores=torch.zeros(batch, width, device=device),
+        tree_mask=causal_tree_mask(batch, width, device),
+        paths=chain_paths(batch, width, device).contiguous())
+
+
+def within_drafts(result: ops.AcceptResult, drafts: list[list[int]]) -> ops.AcceptResult:
+    """A greedy chain's acceptance cut to each row's own draft: the first k + 1 output tokens
+    of a chain that accepted more than k drafts are still the target's argmax after nodes
+    0..k, so the cut result is what verifying the unpadded draft would have given."""
+    device = result.num_accepted.device
+    lengths = torch.tensor([len(draft) for draft in drafts], device=device)
+    accepted = torch.minimum(result.num_accepted.to(torch.int64), lengths)
+    steps = torch.arange(result.accepted_nodes.shape[1], device=device)
+    nodes = torch.where(steps <= accepted.unsqueeze(1), result.accepted_nodes,
+                        torch.full_like(result.accepted_nodes, -1))
+    return ops.AcceptResult(result.output_tokens, accepted.to(result.num_accepted.dtype), nodes)
+
+
+class LookupStep:
+    """A plain decoding step of a greedy call that verifies a context draft when there is one.
+
+    Called like the engine's plain step, ``(root, accept_u, bonus_u)`` -> (next root, recorded
+    counts, accepted drafts, active), all [B] int64. ``last_was_plain`` tells the tree budget
+    whether the step it just timed was a plain step.
+    """
+
+    def __init__(self, target, cache, call, context: ContextDrafts, plain_step):
+        self.target, self.cache, self.call = target, cache, call
+        self.context, self.plain_step = context, plain_step
+        self.last_was_plain = True
+
+    def __call__(self, root: torch.Tensor, accept_u: torch.Tensor, bonus_u: torch.Tensor):
+        drafts = self.context.propose()
+        self.last_was_plain = not any(drafts)
+        if self.last_was_plain:
+            outputs = self.plain_step(root, accept_u, bonus_u)
+            new_tokens = outputs[0].unsqueeze(1)
+        else:
+            *outputs, new_tokens = self._verify(root, drafts)
+        self.context.observe(drafts, new_tokens, outputs[1], outputs[2])
+        return tuple(outputs)
+
+    def _verify(self, root: torch.Tensor, drafts: list[list[int]]):
+        """One target forward over the chains -> the step's outputs and the chains' output
+        tokens."""
         call, cache, target = self.call, self.cache, self.target
-        roots = root.tolist()
-        chains = []
-        for token, draft in zip(roots, drafts):
-            chain = [token, *draft]
-            chains.append(chain + [chain[-1]] * (width + 1 - len(chain)))
-        device = root.device
-        tokens = torch.tensor(chains, dtype=torch.int64, device=device)
-        positions = (cache.lens.to(torch.int64).unsqueeze(1)
-                     + torch.arange(width + 1, device=device))
-        hidden, _ = target(tokens, positions, cache,
-                           causal_tree_mask(len(chains), width + 1, device))
-        result = ops.greedy_accept_chain(tokens, target.logits(hidden))
-        lengths = torch.tensor([len(draft) for draft in drafts], device=device)
-        accepted = torch.minimum(result.num_accepted.to(torch.int64), lengths)
+        tree = chain_tree(root, drafts)
+        positions = cache.lens.to(torch.int64).unsqueeze(1) + tree.depth
+        hidden, _ = target(tree.tokens, positions, cache, tree.tree_mask)
+        result = within_drafts(ops.greedy_accept_tree(tree.tokens, tree.paths,
+                                                      target.logits(hidden)), drafts)
         # The accepted chain's K/V already sit right after the prefix: no compaction.
         active = ~call.done
+        accepted = result.num_accepted.to(torch.int64)
         produced = ((accepted + 1) * active).to(torch.int32)
         cache.lens += produced
         counts = call.record(result.output_tokens, produced)
