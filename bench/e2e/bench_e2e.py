@@ -164,7 +164,7 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
                if method == "ours-eagle" and result["cycle_over_step"] else "",
                "speculated_prompts": len(result["cycle_over_step"])
                if method == "ours-eagle" else "",
-               # of the plainly decoded steps, those that verified a draft from the context
+               # steps (plain or in place of a cycle) that verified a draft from the context
                # (runtime/lookup.py) and the drafted tokens they accepted
                "plain_steps": result["plain_steps"] if method == "ours-eagle" else "",
                "context_draft_steps": result["lookup_steps"] if method == "ours-eagle" else "",
@@ -188,9 +188,9 @@ def print_table(rows: list[dict]) -> None:
         if row["method"] == "ours-eagle":
             print(f"{row['set']}: histogram {row['accepted_histogram']} (speculative cycles); "
                   f"trees {row['tree'] or '-'}; plain decoding chosen on "
-                  f"{row['plain_fallback_prompts']} prompts ({row['plain_steps']} plain steps, "
-                  f"{row['context_draft_steps']} verifying context drafts, "
-                  f"{row['context_tokens_accepted']} drafted tokens accepted); a cycle = "
+                  f"{row['plain_fallback_prompts']} prompts ({row['plain_steps']} plain steps); "
+                  f"{row['context_draft_steps']} steps verified context drafts, "
+                  f"{row['context_tokens_accepted']} drafted tokens accepted; a cycle = "
                   f"{row['cycle_x_ar_step'] or '-'} x an AR step (median over the "
                   f"{row['speculated_prompts']} prompts that speculated throughout); "
                   f"EAGLE == ours-ar on "
