@@ -40,7 +40,7 @@ def test_greedy_random_head_equals_autoregressive(target, gen, kind):
     base = autoregressive(target, prompts, 40)
     seed = int(torch.randint(1000, (1,), generator=gen))
     engine = Engine(target, new_draft_head(kind, target, seed=seed), TREE)
-    spec = engine.generate(prompts, 40)  # some cycles verify context drafts (test_lookup.py)
+    spec = engine.generate(prompts, 40)  # context drafts on (test_lookup.py tests them)
     assert spec.tokens == base.tokens
     engine.prompt_lookup = False  # every cycle the head's: the histogram counts them all
     spec = engine.generate(prompts, 40)

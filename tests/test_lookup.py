@@ -1,7 +1,8 @@
-"""Context drafts (prompt lookup) in the plainly decoded steps of speculative calls: what the
-index proposes, and greedy output equal to plain decoding token for token whatever it
-proposes (batch rows of different lengths and proposals, EOS and budget cuts inside an
-accepted chain, a fallback mid-call and calls that start plainly)."""
+"""Context drafts (prompt lookup) in the cycles and plainly decoded steps of speculative calls:
+what the index proposes, greedy output equal to plain decoding token for token whatever it
+proposes (batch rows of different lengths and proposals, EOS cuts inside an accepted chain,
+budget caps, a fallback mid-call and calls that start plainly), the pause check, the head fed
+after a context cycle, and the tree budget kept out of it."""
 
 from __future__ import annotations
 
@@ -255,14 +256,15 @@ def test_cycles_verify_context_drafts_and_keep_the_head_fed(target):
     histogram and tree counts are the head's cycles only."""
     from runtime_helpers import oracle_head
 
-    prompts = echo_prompts(target)
+    prompts = echo_prompts(target)[2:]  # (a cycle takes drafts only when every row has one)
     reference = Engine(target).generate(prompts, 40, speculative=False).tokens
     head = oracle_head(target, [p + r for p, r in zip(prompts, reference)])
     out = Engine(target, head, TreeConfig(2, 2, 4)).generate(prompts, 40)
     assert out.tokens == reference
     stats = out.stats
-    tree_cycles = stats.cycles - stats.lookup_steps
-    assert stats.lookup_steps > 0 and stats.lookup_accepted > 0 and tree_cycles > 0
+    tree_cycles = stats.cycles - stats.context_cycles
+    assert stats.context_cycles == stats.lookup_steps > 0  # no plain steps here
+    assert stats.lookup_accepted > 0 and tree_cycles > 0
     assert stats.tree_cycles == {"2/2/4": tree_cycles} and not stats.plain_steps
     # one entry per active row of each of the head's cycles
     assert tree_cycles <= sum(stats.accepted_histogram) <= tree_cycles * len(prompts)
@@ -280,11 +282,75 @@ def test_cycles_with_context_drafts_are_not_shown_to_the_tree_budget(target, mon
         def count(*args, name=name):
             seen[name] += 1
         monkeypatch.setattr(policy, name, count)
-    prompts = echo_prompts(target)
+    prompts = echo_prompts(target)[2:]
     reference = Engine(target).generate(prompts, 40, speculative=False).tokens
     head = oracle_head(target, [p + r for p, r in zip(prompts, reference)])
     out = Engine(target, head, tree_policy=policy).generate(prompts, 40)
     assert out.tokens == reference
-    head_cycles = out.stats.cycles - out.stats.lookup_steps
-    assert out.stats.lookup_steps > 0 and head_cycles > 0 and not out.stats.plain_steps
+    head_cycles = out.stats.cycles - out.stats.context_cycles
+    assert out.stats.context_cycles > 0 and head_cycles > 0 and not out.stats.plain_steps
     assert seen == {"time_cycle": head_cycles, "observe": head_cycles, "time_step": 0}
+
+
+def test_a_cycle_takes_context_drafts_only_when_every_row_has_one():
+    """Plain steps take any row's draft (a row without one still gets its token); a cycle
+    only all rows' (a row without one would lose its tree's tokens); finished rows aside."""
+    from types import SimpleNamespace
+
+    from eagle_kernels.runtime.lookup import ContextDrafts
+
+    call = SimpleNamespace(generated=torch.tensor([0, 0, 0]), out=torch.zeros(3, 8),
+                           done=torch.tensor([False, False, True]),
+                           budgets=torch.tensor([10, 10, 10]))
+    context = ContextDrafts(call, [[1, 2, 3, 1, 2], [4, 5, 6], [1, 2, 3, 1, 2]])
+    assert context.propose() == [[3, 1], [], []]
+    assert context.propose(every_row=True) == [[], [], []]
+    call.done[1] = True
+    assert context.propose(every_row=True) == [[3, 1], [], []]
+
+
+@pytest.mark.parametrize("lookup", [True, False])
+def test_the_head_cache_holds_what_a_fresh_prefill_of_the_output_gives(target, monkeypatch,
+                                                                       lookup):
+    """After a call whose cycles verified context chains (and one whose cycles are all the
+    head's), the head's cache holds, bit for bit, the keys and values of one prefill of the
+    head over the final sequence: every accepted token was committed once, in order, with its
+    own target features (row-invariant cpu kernels make the two ways equal)."""
+    from eagle_kernels.runtime.drafting import causal_tree_mask, commit
+
+    head = new_draft_head(EAGLE3, target, seed=2)
+    caches, allocate = [], head.allocate_cache
+    monkeypatch.setattr(head, "allocate_cache", lambda *a: caches.append(allocate(*a)) or
+                        caches[-1])
+    prompts = echo_prompts(target)[2:]
+    engine = Engine(target, head, TreeConfig(2, 2, 4), prompt_lookup=lookup)
+    out = engine.generate(prompts, 40)
+    assert (out.stats.context_cycles > 0) == lookup and out.stats.tree_cycles
+    [cache] = caches
+    n = int(cache.lens[0])
+    sequence = torch.tensor([prompts[0] + out.tokens[0]])
+    assert n == sequence.shape[1] - 1  # every pair (token t, token t + 1) but the last root
+    with torch.inference_mode():
+        target_cache = target.allocate_cache(1, n)
+        hidden, features = target(sequence[:, :n], torch.arange(n).unsqueeze(0), target_cache,
+                                  causal_tree_mask(1, n, sequence.device), head.feature_layers)
+        fresh = allocate(1, cache.max_len)
+        commit(head, fresh, sequence[:, 1:], head.project(hidden, features), torch.tensor([n]))
+    for got, want in zip(cache.all_tensors(), fresh.all_tensors()):
+        assert torch.equal(got[:, :n], want[:, :n])
+
+
+def test_within_drafts_cuts_each_row_to_its_own_draft():
+    """A row whose draft was padded to the batch's widest accepts at most its own draft; the
+    output tokens up to the cut are kept (the target's argmax after each accepted node)."""
+    from eagle_kernels import ops
+    from eagle_kernels.runtime.lookup import within_drafts
+
+    result = ops.AcceptResult(
+        output_tokens=torch.tensor([[7, 8, 9, 5], [4, 6, -1, -1]]),
+        num_accepted=torch.tensor([3, 1], dtype=torch.int32),
+        accepted_nodes=torch.tensor([[0, 1, 2, 3], [0, 1, -1, -1]], dtype=torch.int32))
+    cut = within_drafts(result, [[7], [4, 6, 2]])
+    assert cut.num_accepted.tolist() == [1, 1] and cut.num_accepted.dtype == torch.int32
+    assert cut.accepted_nodes.tolist() == [[0, 1, -1, -1], [0, 1, -1, -1]]
+    assert torch.equal(cut.output_tokens, result.output_tokens)

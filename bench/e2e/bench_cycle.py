@@ -131,6 +131,7 @@ def _measure(target, head, tree, context, batch, args) -> dict:
             tree = choose_tree(target, head, batch, context, args.budget_alpha,
                                repeats=3).current
         engine = Engine(target, head, tree)
+        engine.prompt_lookup = False  # the head's cycle, every cycle (not context drafts)
         cycle, cycle_graph = time_generation(engine, prompts, args.new_tokens, True, args.repeats)
         step, step_graph = time_generation(engine, prompts, args.new_tokens, False, args.repeats)
     except Exception as error:  # keep the other backends' rows

@@ -107,7 +107,9 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
                 if method == "ours-eagle":
                     for name in plain:  # plain steps and those that verified context drafts
                         plain[name] += getattr(stats, name)
-                if stats.cycles and not stats.plain_steps and (
+                # a cycle's cost: calls whose every cycle was the head's tree (no plain steps,
+                # no context drafts in place of the tree)
+                if stats.cycles and not stats.plain_steps and not stats.context_cycles and (
                         stats.mode == "speculative") == (method == "ours-eagle"):
                     per_cycle[method] = stats.decode_seconds / stats.cycles
                 if method == "ours-eagle" and stats.mode == "speculative":

@@ -66,6 +66,7 @@ def run_set(generator, prompts, tree, args, baseline=None):
     from eagle_kernels.runtime.generation import Engine
 
     engine = Engine(generator.engine.target, generator.engine.head, tree)
+    engine.prompt_lookup = False  # the head's acceptance alone (context drafts replace cycles)
     tokens, histogram, cycles, new = [], {}, 0, 0
     started = time.perf_counter()
     for start in tqdm(range(0, len(prompts), args.batch), desc=f"tree {tree.top_k}/{tree.depth}/"

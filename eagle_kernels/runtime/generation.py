@@ -116,7 +116,8 @@ class GenerationStats:
     tree_cycles: dict[str, int] = field(default_factory=dict)  # "top_k/depth/nodes" -> cycles
     plain_steps: int = 0  # steps of plain decoding in a speculative call (see ``fallback``)
     fallback: str = ""  # why a speculative call decoded plainly, from where
-    lookup_steps: int = 0  # plain steps that verified a context draft (see .lookup)
+    lookup_steps: int = 0  # plain steps and cycles that verified context drafts (.lookup)
+    context_cycles: int = 0  # of those, cycles that verified them in place of the tree
     lookup_accepted: int = 0  # context-drafted tokens accepted (all sequences)
     lookup_pauses: int = 0  # times context drafts lost to plain steps and paused (see .lookup)
 
@@ -144,7 +145,8 @@ class GenerationStats:
                 "capture_seconds": round(self.capture_seconds, 4),
                 "graph_status": self.graph_status, "tree_cycles": self.tree_cycles,
                 "plain_steps": self.plain_steps, "fallback": self.fallback,
-                "lookup_steps": self.lookup_steps, "lookup_accepted": self.lookup_accepted,
+                "lookup_steps": self.lookup_steps, "context_cycles": self.context_cycles,
+                "lookup_accepted": self.lookup_accepted,
                 "lookup_pauses": self.lookup_pauses}
 
 
@@ -310,8 +312,8 @@ class Engine:
         # acceptance observed (eager loops only; a captured CUDA graph keeps one shape). The
         # policy's estimate of acceptance carries over from call to call: it is the head's.
         self.tree_policy = tree_policy
-        # Greedy speculative calls draft from the context in the steps they decode plainly
-        # (the tree budget's fallback; see .lookup): lossless, like every draft.
+        # Greedy speculative calls also draft from the context, in cycles (eager loops) and
+        # in the steps the tree budget decodes plainly (see .lookup): lossless, like every draft.
         self.prompt_lookup = prompt_lookup
         self._last_output: GenerationOutput | None = None
 
@@ -640,9 +642,11 @@ class Engine:
         """One draft -> verify -> accept -> compact -> commit cycle for the whole batch. With
         ``context``, a cycle whose sequences have context drafts verifies those chains instead
         of drafting a tree (greedy acceptance, cut to each row's own draft)."""
-        drafts = context.propose() if context is not None else []
+        # only when every sequence has one: a row without would lose its tree's tokens
+        drafts = context.propose(every_row=True) if context is not None else []
         call.context_cycle = any(drafts)
         if call.context_cycle:
+            call.stats.context_cycles += 1
             tree = chain_tree(root, drafts)
         else:
             tree = draft_tree(head, draft_cache, root, root_hidden, call.tree)

@@ -98,7 +98,9 @@ class ContextDrafts:
         self.paused = 0  # steps left before drafting is tried again
         self._began = 0.0
 
-    def propose(self) -> list[list[int]]:
+    def propose(self, every_row: bool = False) -> list[list[int]]:
+        """Each sequence's draft ([] for a finished one); with ``every_row``, all [] unless
+        every unfinished sequence has one."""
         call = self.call
         if self.index is None:
             generated, out = call.generated.tolist(), call.out.tolist()
@@ -111,9 +113,12 @@ class ContextDrafts:
         # (within_drafts), so an accepted chain never runs past the budget.
         left = (call.budgets - call.generated).tolist()
         paused, self.paused = self.paused, max(self.paused - 1, 0)
-        return [[] if stop or paused else
-                self.index.propose(b, max(min(LOOKUP_MAX_NGRAM, left[b] - 1), 0))
-                for b, stop in enumerate(done)]
+        drafts = [[] if stop or paused else
+                  self.index.propose(b, max(min(LOOKUP_MAX_NGRAM, left[b] - 1), 0))
+                  for b, stop in enumerate(done)]
+        if every_row and not all(draft or stop for draft, stop in zip(drafts, done)):
+            return [[] for _ in drafts]
+        return drafts
 
     def observe(self, drafts: list[list[int]], new_tokens: torch.Tensor, counts: torch.Tensor,
                 accepted: torch.Tensor) -> None:
