@@ -354,3 +354,28 @@ def test_within_drafts_cuts_each_row_to_its_own_draft():
     assert cut.num_accepted.tolist() == [1, 1] and cut.num_accepted.dtype == torch.int32
     assert cut.accepted_nodes.tolist() == [[0, 1, -1, -1], [0, 1, -1, -1]]
     assert torch.equal(cut.output_tokens, result.output_tokens)
+
+
+def test_a_cycle_row_accepts_none_of_its_padding(target, monkeypatch):
+    """Batch 2, both rows with context drafts of different lengths: the shorter one's padding
+    can match the target's argmax (here it does, twice, without the cut), and the cycle still
+    takes no more than each row's own draft."""
+    from eagle_kernels.runtime import lookup
+
+    observed, observe = [], lookup.ContextDrafts.observe
+
+    def watched(self, drafts, new_tokens, counts, accepted):
+        if any(drafts):
+            observed.append(([len(d) for d in drafts], accepted.tolist()))
+        return observe(self, drafts, new_tokens, counts, accepted)
+
+    monkeypatch.setattr(lookup.ContextDrafts, "observe", watched)
+    gen = torch.Generator().manual_seed(0)
+    bases = [torch.randint(0, 299, (n,), generator=gen).tolist() for n in (6, 9)]
+    prompts = [base + base + base[:3] for base in bases]
+    reference = Engine(target).generate(prompts, 60, speculative=False).tokens
+    engine = Engine(target, new_draft_head(EAGLE3, target, seed=1), TreeConfig(1, 1, 2))
+    out = engine.generate(prompts, 60)
+    assert out.tokens == reference and out.stats.context_cycles > 0
+    assert any(len(set(lengths)) > 1 for lengths, _ in observed)  # padding in some cycle
+    assert all(a <= n for lengths, accepted in observed for n, a in zip(lengths, accepted))
