@@ -226,9 +226,11 @@ def generate(args) -> int:
           f"tokens/s, tau {stats.tau:.2f} tokens/cycle, {stats.cycles} cycles, "
           f"accepted-length histogram {stats.accepted_histogram}")
     if stats.plain_steps:
-        print(f"  then {stats.plain_steps} plain steps, {stats.lookup_steps} of them verifying "
-              f"context drafts ({stats.lookup_accepted} drafted tokens accepted): "
-              f"{stats.fallback}")
+        print(f"  {stats.plain_steps} of the cycles were plain steps: {stats.fallback}")
+    if stats.lookup_steps:
+        print(f"  context drafts: {stats.lookup_steps} steps verified one ("
+              f"{stats.context_cycles} in place of a tree), {stats.lookup_accepted} drafted "
+              f"tokens accepted")
     report = {"speculative": stats.summary()}
     if args.compare:
         base = generator.generate(args.prompt, speculative=False, **options)

@@ -294,7 +294,8 @@ def test_cycles_with_context_drafts_are_not_shown_to_the_tree_budget(target, mon
 
 def test_a_cycle_takes_context_drafts_only_when_every_row_has_one():
     """Plain steps take any row's draft (a row without one still gets its token); a cycle
-    only all rows' (a row without one would lose its tree's tokens); finished rows aside."""
+    only all rows' (a row without one would lose its tree's tokens; finished rows aside), and
+    only from matches of 3 tokens or more."""
     from types import SimpleNamespace
 
     from eagle_kernels.runtime.lookup import ContextDrafts
@@ -304,9 +305,11 @@ def test_a_cycle_takes_context_drafts_only_when_every_row_has_one():
                            budgets=torch.tensor([10, 10, 10]))
     context = ContextDrafts(call, [[1, 2, 3, 1, 2], [4, 5, 6], [1, 2, 3, 1, 2]])
     assert context.propose() == [[3, 1], [], []]
-    assert context.propose(every_row=True) == [[], [], []]
+    assert context.propose(in_cycle=True) == [[], [], []]
     call.done[1] = True
-    assert context.propose(every_row=True) == [[3, 1], [], []]
+    assert context.propose(in_cycle=True) == [[], [], []]  # a 2-token match: not in a cycle
+    context.index.extend(0, [3, 1, 2])  # ... 1 2 3 1 2: (3, 1, 2) followed by 3 at 3
+    assert context.propose(in_cycle=True) == [[3, 1, 2], [], []]
 
 
 @pytest.mark.parametrize("lookup", [True, False])

@@ -642,8 +642,7 @@ class Engine:
         """One draft -> verify -> accept -> compact -> commit cycle for the whole batch. With
         ``context``, a cycle whose sequences have context drafts verifies those chains instead
         of drafting a tree (greedy acceptance, cut to each row's own draft)."""
-        # only when every sequence has one: a row without would lose its tree's tokens
-        drafts = context.propose(every_row=True) if context is not None else []
+        drafts = context.propose(in_cycle=True) if context is not None else []
         call.context_cycle = any(drafts)
         if call.context_cycle:
             call.stats.context_cycles += 1
