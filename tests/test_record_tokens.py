@@ -1,5 +1,5 @@
 """The decode loop's bookkeeping in C++ (csrc/cpu/acceptance.h record_tokens / greedy_step)
-against its torch version (generation.py _Call.record): same output buffer, lengths, stop flags
+against its torch version (calls.py _Call.record): same output buffer, lengths, stop flags
 and recorded counts, exactly, on random batches that hit every rule (finished rows, EOS inside
 and outside the offered tokens, spent budgets); and whole generate calls with either version
 give the same tokens and stop reasons. The comparisons are exact; the one chance event is the
@@ -12,7 +12,7 @@ import torch
 
 from cpu_support import needs_cpu_backend
 from eagle_kernels.runtime import Engine, SamplingConfig, TreeConfig
-from eagle_kernels.runtime import generation
+from eagle_kernels.runtime import calls
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
 from eagle_kernels.runtime.generation import GenerationStats, _Call
 from runtime_helpers import tiny_target
@@ -107,7 +107,7 @@ def test_generate_with_either_bookkeeping_is_the_same(gen, monkeypatch, speculat
     runs = []
     for native in (True, False):
         if not native:
-            monkeypatch.setattr(generation, "cpu_bookkeeping", lambda device: None)
+            monkeypatch.setattr(calls, "cpu_bookkeeping", lambda device: None)
         head = new_draft_head(EAGLE3, target) if speculative else None
         out = Engine(target, head, tree).generate(prompts, 30, eos_token_ids=eos,
                                                   speculative=speculative)
