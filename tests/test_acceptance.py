@@ -166,6 +166,19 @@ def test_target_probs_temperature_top_k_top_p():
     torch.testing.assert_close(per_row[0], torch.tensor([0.5, 0.3, 0.2]))
 
 
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (1, 1.0), (7, 1.0), (50, 1.0),
+                                          (100000, 1.0), (0, 0.9), (7, 0.5), (-3, 1.5)])
+def test_target_probs_scalar_shortcuts_equal_the_sorted_path(gen, top_k, top_p):
+    """Scalar top_k / top_p skip the full-vocabulary sorts (no filter: none; top-k: topk):
+    bit for bit what per-row tensors (the sorting path) give, ties at the k-th logit included."""
+    logits = torch.randn(5, 4099, generator=gen) * 3
+    logits[:, ::3] = torch.round(logits[:, ::3])  # many ties, some at the k-th value
+    per_row = dict(top_k=torch.full((5,), top_k), top_p=torch.full((5,), top_p))
+    for temperature in (0.7, 1.0):
+        fast = reference.target_probs(logits, temperature, top_k, top_p)
+        assert torch.equal(fast, reference.target_probs(logits, temperature, **per_row))
+
+
 def test_sample_from_probs_never_emits_zero_probability(gen):
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(4, 5)
     uniforms = torch.tensor([0.0, 0.5, 0.9999999, float.fromhex("0x1.fffffep-1")])
