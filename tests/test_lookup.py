@@ -1,8 +1,9 @@
 """Context drafts (prompt lookup) in the cycles and plainly decoded steps of speculative calls:
 what the index proposes, greedy output equal to plain decoding token for token whatever it
 proposes (batch rows of different lengths and proposals, EOS cuts inside an accepted chain,
-budget caps, a fallback mid-call and calls that start plainly), the pause check, the head fed
-after a context cycle, and the tree budget kept out of it."""
+budget caps, a fallback mid-call and calls that start plainly), sampled output distributed as
+the target's (against its exact joint), the pause check, the head fed after a context cycle,
+and the tree budget kept out of it."""
 
 from __future__ import annotations
 
@@ -119,15 +120,89 @@ def test_context_drafts_take_over_mid_call_and_can_be_turned_off(target):
     assert off.tokens == reference and off.stats.lookup_steps == 0 and off.stats.plain_steps
 
 
-def test_sampling_calls_draw_no_context_drafts(target):
-    """Context drafts are verified greedily: a sampling call's plain steps stay plain."""
-    prompts = repetitive_prompts(torch.Generator().manual_seed(5))
+def test_sampling_with_top_k_1_verifies_context_drafts_to_the_greedy_tokens(target):
+    """A sampling call takes context drafts through rejection sampling: with top_k = 1 the
+    target's distribution is its argmax, so the tokens are exactly the plain greedy ones while
+    drafted tokens are accepted (and prompt_lookup=False keeps its steps plain)."""
+    prompts = echo_prompts(target)
+    greedy = Engine(target).generate(prompts, 30, speculative=False).tokens
     engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
-    sampling = SamplingConfig(temperature=0.8, seed=1)
-    out = engine.generate(prompts, 20, sampling=sampling)
-    assert out.stats.lookup_steps == 0 and out.stats.plain_steps == out.stats.cycles
-    plain = Engine(target).generate(prompts, 20, sampling=sampling, speculative=False)
-    assert out.tokens == plain.tokens  # the same draws: plain steps exactly
+    sampling = SamplingConfig(temperature=0.8, top_k=1, seed=1)
+    out = engine.generate(prompts, 30, sampling=sampling)
+    assert out.tokens == greedy
+    assert out.stats.lookup_steps > 0 and out.stats.lookup_accepted > 0, out.stats.summary()
+    engine.prompt_lookup = False
+    off = engine.generate(prompts, 30, sampling=sampling)
+    assert off.tokens == greedy and off.stats.lookup_steps == 0
+
+
+def de_bruijn(vocab: int) -> list[int]:
+    """Every ordered pair of tokens in [0, vocab) once, in vocab**2 + 1 tokens: the context
+    then matches every 2-token suffix, so every step of a reply has a context draft."""
+    sequence, seen, token = [0], set(), 0
+    while len(seen) < vocab * vocab:
+        token = next(t for t in range(vocab - 1, -1, -1) if (sequence[-1], t) not in seen)
+        seen.add((sequence[-1], token))
+        sequence.append(token)
+    return sequence
+
+
+def first_tokens_probs(target, prompt: list[int], sampling: SamplingConfig, count: int):
+    """The target's exact sampling distribution of the first ``count`` generated tokens:
+    [V] * count probabilities, from one forward over every prefix (no draws)."""
+    from eagle_kernels.ops import reference
+    from eagle_kernels.runtime.drafting import causal_tree_mask
+
+    vocab = target.vocab_size
+    probs = torch.ones(())
+    for step in range(count):
+        ends = torch.cartesian_prod(*[torch.arange(vocab)] * step) if step else None
+        rows = [prompt] if ends is None else [prompt + end.flatten().tolist() for end in ends]
+        ids = torch.tensor(rows)
+        batch, width = ids.shape
+        cache = target.allocate_cache(batch, width)
+        with torch.inference_mode():
+            hidden, _ = target(ids, torch.arange(width).expand(batch, -1), cache,
+                               causal_tree_mask(batch, width, ids.device))
+            logits = target.logits(hidden[:, -1])
+        p = reference.target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        probs = probs.unsqueeze(-1) * p.reshape([vocab] * step + [vocab])
+    return probs
+
+
+def test_sampling_with_context_drafts_keeps_the_target_distribution(capsys):
+    """The first three tokens of 4000 sampled replies (two prompts: one whose every step has a
+    draft, one whose rows mostly have none, so chains are padded) against the target's exact
+    joint distribution, cell by cell (216 cells per prompt).
+
+    Threshold: Bernstein's inequality per cell, |f - p| <= sqrt(2 p (1 - p) L / n) + 2 L / (3 n)
+    with L = ln(2 * 432 / 1e-6): the union over the 432 cells fails with probability <= 1e-6
+    for a correct sampler (the reference joint is computed, not drawn). Power (this seed):
+    greedy acceptance of the drafts puts a cell 8.5 bounds off, a chain uniform reused as the
+    bonus uniform 1.7, acceptance reading the logits of the node after 3.5."""
+    import math
+
+    vocab, rows, count = 6, 2000, 3
+    target = tiny_target(seed=2, vocab=vocab)
+    sampling = SamplingConfig(temperature=2.0, seed=11)
+    print(f"seed {sampling.seed}")
+    drafted = de_bruijn(vocab)
+    sparse = [0, 1, 2, 0, 3, 4, 0, 1]  # few 2-token suffixes recur
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
+    out = engine.generate([drafted] * rows + [sparse] * rows, count + 1, sampling=sampling)
+    assert out.stats.lookup_steps > 0 and out.stats.lookup_accepted > rows // 4, out.stats.summary()
+    log_term = math.log(2 * 2 * vocab**count / 1e-6)
+    worst = 0.0
+    for group, prompt in enumerate((drafted, sparse)):
+        exact = first_tokens_probs(target, prompt, sampling, count).flatten()
+        counts = torch.zeros(vocab**count)
+        for tokens in out.tokens[group * rows:(group + 1) * rows]:
+            counts[(tokens[0] * vocab + tokens[1]) * vocab + tokens[2]] += 1
+        bound = torch.sqrt(2 * exact * (1 - exact) * log_term / rows) + 2 * log_term / (3 * rows)
+        ratio = float(((counts / rows - exact).abs() / bound).max())
+        worst = max(worst, ratio)
+    print(f"largest |f - p| / bound: {worst:.3f}")
+    assert worst <= 1.0
 
 
 @pytest.mark.parametrize("argv, lookup", [([], True), (["--no-lookup"], False)])
@@ -231,9 +306,9 @@ def test_a_row_accepts_no_more_than_its_draft_nor_its_budget(target, monkeypatch
 
     verify, seen = lookup.LookupStep._verify, []
 
-    def checked(self, root, drafts):
+    def checked(self, root, drafts, bonus_u):
         left = (self.call.budgets - self.call.generated).tolist()
-        outputs = verify(self, root, drafts)
+        outputs = verify(self, root, drafts, bonus_u)
         for b, draft in enumerate(drafts):
             seen.append((len(draft), left[b], int(outputs[2][b]), int(outputs[3][b])))
         return outputs

@@ -47,7 +47,8 @@ from .calls import (GenerationOutput, GenerationStats, GenerationStream, Samplin
 from .draft_heads import DraftHead
 from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_rows
 from .graphs import GraphedStep
-from .lookup import LOOKUP_MAX_NGRAM, ContextDrafts, LookupStep, chain_tree, within_drafts
+from .lookup import (LOOKUP_MAX_NGRAM, ContextDrafts, LookupStep, accept_chain, chain_tree,
+                     within_drafts)
 from .model import TargetModel
 from .tree_budget import AdaptiveTree
 
@@ -216,8 +217,8 @@ class Engine:
         sampling = sampling or SamplingConfig()
         policy = self.tree_policy if speculative else None
         plain_instead = policy is not None and not policy.start_call()
-        # A greedy speculative call's plainly decoded steps may verify context drafts.
-        lookup = speculative and self.prompt_lookup and sampling.greedy
+        # A speculative call's plainly decoded steps (and eager cycles) may verify context drafts.
+        lookup = speculative and self.prompt_lookup
         tree = self.tree if policy is None else policy.current
         # every tree a speculative call of this engine may use (the largest the policy picks)
         bound = self.tree if self.tree_policy is None else self.tree_policy.largest
@@ -401,7 +402,8 @@ class Engine:
                context: ContextDrafts | None, root, root_hidden, accept_u, bonus_u):
         """One draft -> verify -> accept -> compact -> commit cycle for the whole batch. With
         ``context``, a cycle whose sequences have context drafts verifies those chains instead
-        of drafting a tree (greedy acceptance, cut to each row's own draft)."""
+        of drafting a tree (accepted as a plain step's chain would be, cut to each row's own
+        draft)."""
         drafts = context.propose(in_cycle=True) if context is not None else []
         call.context_cycle = any(drafts)
         if call.context_cycle:
@@ -412,9 +414,11 @@ class Engine:
         positions = cache.lens.to(torch.int64).unsqueeze(1) + tree.depth
         hidden, features = self.target(tree.tokens, positions, cache, tree.tree_mask,
                                        head.feature_layers)
-        result = self._accept_tree(tree, self.target.logits(hidden), call, accept_u, bonus_u)
+        logits = self.target.logits(hidden)
         if call.context_cycle:
-            result = within_drafts(result, drafts)
+            result = within_drafts(accept_chain(tree, logits, call, bonus_u), drafts)
+        else:
+            result = self._accept_tree(tree, logits, call, accept_u, bonus_u)
         active = ~call.done
         ops.compact_kv(cache.all_tensors(), cache.lens, result.accepted_nodes,
                        result.num_accepted)

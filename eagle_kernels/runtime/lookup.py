@@ -1,5 +1,5 @@
-"""Drafts from the context itself (prompt lookup), in the cycles and plain steps of greedy
-speculative calls.
+"""Drafts from the context itself (prompt lookup), in the cycles and plain steps of speculative
+calls.
 
 When the adaptive tree finds that no tree of the draft head beats plain decoding here (on a
 2-core CPU the Q4 verify is compute-bound: every extra node costs ~0.25-0.3 of a plain step, and
@@ -11,7 +11,10 @@ a draft verifies the chain [root, drafted tokens] in one target forward and keep
 prefix the target's argmax agrees with, plus the target's next token: greedy acceptance of any
 draft is lossless, and the verify pass computes each token's logits bit for bit as a plain step
 would (row-invariant kernels), so the output is the plain greedy output. A step without a draft
-is exactly a plain step. Cycles of the head's tree take context drafts too (where the decode
+is exactly a plain step. A sampling call verifies the same drafts by rejection sampling
+(``stochastic_accept_tree`` with the draft as a deterministic candidate): the draft depends only
+on the tokens so far, never on the step's uniforms, so every emitted token follows the target's
+sampling distribution exactly. Cycles of the head's tree take context drafts too (where the decode
 loop runs eagerly: a captured CUDA graph cannot ask the host for a draft): a cycle whose
 sequences have one verifies the chain instead of drafting a tree, and feeds the head the
 accepted tokens as any cycle does.
@@ -192,9 +195,12 @@ def chain_tree(root: torch.Tensor, drafts: list[list[int]]) -> ops.DraftTree:
 
 
 def within_drafts(result: ops.AcceptResult, drafts: list[list[int]]) -> ops.AcceptResult:
-    """A greedy chain's acceptance cut to each row's own draft: the first k + 1 output tokens
+    """A chain's acceptance cut to each row's own draft. Greedy: the first k + 1 output tokens
     of a chain that accepted more than k drafts are still the target's argmax after nodes
-    0..k, so the cut result is what verifying the unpadded draft would have given."""
+    0..k, so the cut result is what verifying the unpadded draft would have given. Sampling:
+    output token k is then padding node k + 1's token, accepted with probability p_k(token),
+    else drawn from p_k without it, renormalised: distributed as p_k, the target's
+    distribution after node k, exactly like the bonus token of the unpadded draft."""
     device = result.num_accepted.device
     lengths = torch.tensor([len(draft) for draft in drafts], device=device)
     accepted = torch.minimum(result.num_accepted.to(torch.int64), lengths)
@@ -204,8 +210,25 @@ def within_drafts(result: ops.AcceptResult, drafts: list[list[int]]) -> ops.Acce
     return ops.AcceptResult(result.output_tokens, accepted.to(result.num_accepted.dtype), nodes)
 
 
+def accept_chain(tree: ops.DraftTree, logits: torch.Tensor, call,
+                 bonus_u: torch.Tensor) -> ops.AcceptResult:
+    """Acceptance of a context chain: the target's argmax for a greedy call; for a sampling
+    call rejection sampling of the deterministic draft (``stochastic_accept_tree``: the emitted
+    tokens follow the target's distribution exactly, since the draft is fixed by the tokens so
+    far before this step's uniforms are drawn), with fresh acceptance uniforms for the chain's
+    nodes and the step's own bonus uniform."""
+    if call.sampling.greedy:
+        return ops.greedy_accept_tree(tree.tokens, tree.paths, logits)
+    s = call.sampling
+    batch, width = tree.tokens.shape
+    return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits,
+                                      call.uniforms(batch, width), bonus_u, width - 1,
+                                      s.temperature, s.top_k, s.top_p)
+
+
 class LookupStep:
-    """A plain decoding step of a greedy call that verifies a context draft when there is one.
+    """A plain decoding step of a speculative call that verifies a context draft when there
+    is one.
 
     Called like the engine's plain step, ``(root, accept_u, bonus_u)`` -> (next root, recorded
     counts, accepted drafts, active), all [B] int64. ``last_was_plain`` tells the tree budget
@@ -224,19 +247,18 @@ class LookupStep:
             outputs = self.plain_step(root, accept_u, bonus_u)
             new_tokens = outputs[0].unsqueeze(1)
         else:
-            *outputs, new_tokens = self._verify(root, drafts)
+            *outputs, new_tokens = self._verify(root, drafts, bonus_u)
         self.context.observe(drafts, new_tokens, outputs[1], outputs[2])
         return tuple(outputs)
 
-    def _verify(self, root: torch.Tensor, drafts: list[list[int]]):
+    def _verify(self, root: torch.Tensor, drafts: list[list[int]], bonus_u: torch.Tensor):
         """One target forward over the chains -> the step's outputs and the chains' output
         tokens."""
         call, cache, target = self.call, self.cache, self.target
         tree = chain_tree(root, drafts)
         positions = cache.lens.to(torch.int64).unsqueeze(1) + tree.depth
         hidden, _ = target(tree.tokens, positions, cache, tree.tree_mask)
-        result = within_drafts(ops.greedy_accept_tree(tree.tokens, tree.paths,
-                                                      target.logits(hidden)), drafts)
+        result = within_drafts(accept_chain(tree, target.logits(hidden), call, bonus_u), drafts)
         # The accepted chain's K/V already sit right after the prefix: no compaction.
         active = ~call.done
         accepted = result.num_accepted.to(torch.int64)
