@@ -167,16 +167,27 @@ def test_target_probs_temperature_top_k_top_p():
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (1, 1.0), (7, 1.0), (50, 1.0),
-                                          (100000, 1.0), (0, 0.9), (7, 0.5), (-3, 1.5)])
+                                          (100000, 1.0), (0, 0.9), (7, 0.5), (-3, 1.5),
+                                          (0, 0.5), (0, 0.99), (0, 0.999), (0, 0.99999),
+                                          (300, 0.95)])
 def test_target_probs_scalar_shortcuts_equal_the_sorted_path(gen, top_k, top_p):
-    """Scalar top_k / top_p skip the full-vocabulary sorts (no filter: none; top-k: topk):
-    bit for bit what per-row tensors (the sorting path) give, ties at the k-th logit included."""
-    logits = torch.randn(5, 4099, generator=gen) * 3
-    logits[:, ::3] = torch.round(logits[:, ::3])  # many ties, some at the k-th value
-    per_row = dict(top_k=torch.full((5,), top_k), top_p=torch.full((5,), top_p))
-    for temperature in (0.7, 1.0):
-        fast = reference.target_probs(logits, temperature, top_k, top_p)
-        assert torch.equal(fast, reference.target_probs(logits, temperature, **per_row))
+    """Scalar top_k / top_p skip the full-vocabulary sorts (no filter: none; top-k: topk;
+    top-p: the kept set searched among the largest few, then 4x as many): bit for bit what
+    per-row tensors (the sorting path) give, for flat and peaked rows, ties at the k-th logit
+    and at the top-p boundary included."""
+    # float64: the scalar's value exactly (a float32 0.99999 is another threshold)
+    per_row = dict(top_k=torch.full((5,), top_k),
+                   top_p=torch.full((5,), top_p, dtype=torch.float64))
+    for scale in (0.3, 3.0, 12.0):  # nearly flat: the search reaches the whole vocabulary
+        logits = torch.randn(5, 4099, generator=gen) * scale
+        logits[:, ::3] = torch.round(logits[:, ::3])  # many ties, some at the k-th value
+        logits[0, :300] = logits[0, 0]  # a row of 300 tied leaders
+        # 64 leaders whose 64th takes the mass past top_p = 0.99: the tail must still go
+        logits[1] = -20.0
+        logits[1, :64] = 10.0 + 0.001 * torch.arange(64)
+        for temperature in (0.7, 1.0):
+            fast = reference.target_probs(logits, temperature, top_k, top_p)
+            assert torch.equal(fast, reference.target_probs(logits, temperature, **per_row))
 
 
 def test_sample_from_probs_never_emits_zero_probability(gen):

@@ -410,7 +410,8 @@ def target_probs(
     # a filter keeps every token or only a few: the full-vocabulary sorts are then skipped or
     # replaced by topk, with the same numbers (a sampling step on CPU spent 13 ms in them).
     k_scalar = None if isinstance(top_k, torch.Tensor) else int(top_k)
-    p_off = not isinstance(top_p, torch.Tensor) and top_p >= 1
+    p_scalar = not isinstance(top_p, torch.Tensor)
+    p_off = p_scalar and top_p >= 1
     temperature = _per_row(temperature, rows, torch.float32, device)
     top_k = _per_row(top_k, rows, torch.int64, device)
     top_p = _per_row(top_p, rows, torch.float64, device)
@@ -428,17 +429,44 @@ def target_probs(
     probs = torch.softmax(scaled.masked_fill(~keep_k, float("-inf")), dim=-1).double()
     if p_off:
         return (probs / probs.sum(-1, keepdim=True)).float()
-
-    descending = torch.sort(probs, dim=-1, descending=True).values
-    mass_before = torch.cumsum(descending, dim=-1) - descending  # exclusive prefix sums
-    ascending = torch.flip(descending, dims=[-1]).contiguous()
-    count_greater = vocab - torch.searchsorted(ascending, probs, right=True)
-    mass_greater = mass_before.gather(1, count_greater.clamp(max=vocab - 1))
-    # top_p >= 1 disables top-p exactly: summed fp32 probabilities can fall a hair short of 1,
-    # which would otherwise drop tokens far in the tail.
-    keep_p = (mass_greater < top_p.unsqueeze(1)) | (top_p >= 1).unsqueeze(1)
+    if p_scalar and probs.device.type == "cpu":
+        keep_p = _top_p_among_the_largest(probs, top_p)
+    else:
+        keep_p = _top_p_keep(torch.sort(probs, dim=-1, descending=True).values, probs, top_p)
     probs = probs * keep_p
     return (probs / probs.sum(-1, keepdim=True)).float()
+
+
+def _top_p_keep(largest: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-p's keep mask [R, V] from ``largest`` [R, m], each row's m largest ``probs`` in
+    descending order (m = V: the whole sort). Only tokens at least the m-th largest are
+    decided here; :func:`_top_p_among_the_largest` says when the others are all dropped."""
+    m = largest.shape[1]
+    mass_before = torch.cumsum(largest, dim=-1) - largest  # exclusive prefix sums
+    ascending = torch.flip(largest, dims=[-1]).contiguous()
+    count_greater = m - torch.searchsorted(ascending, probs, right=True)
+    mass_greater = mass_before.gather(1, count_greater.clamp(max=m - 1))
+    # top_p >= 1 disables top-p exactly: summed fp32 probabilities can fall a hair short of 1,
+    # which would otherwise drop tokens far in the tail.
+    keep = (mass_greater < top_p.unsqueeze(1)) | (top_p >= 1).unsqueeze(1)
+    return keep if m == probs.shape[1] else keep & (probs >= largest[:, -1:])
+
+
+TOP_P_FIRST_CANDIDATES = 64  # top-p's kept set is looked for among this many tokens, then x4
+
+
+def _top_p_among_the_largest(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The keep mask of :func:`_top_p_keep` over the full sort, from the m largest only, m
+    growing until their mass reaches top_p (with a margin far above double rounding): every
+    smaller token then has at least that mass before it and is dropped, and the larger ones
+    see the same prefix sums (CPU cumsum adds in order, so a prefix of the sort sums alike)."""
+    vocab = probs.shape[1]
+    m = min(TOP_P_FIRST_CANDIDATES, vocab)
+    while True:
+        largest = torch.topk(probs, m, dim=-1).values
+        if m == vocab or bool((largest.sum(-1) >= top_p + 1e-9).all()):
+            return _top_p_keep(largest, probs, top_p)
+        m = min(4 * m, vocab)
 
 
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
