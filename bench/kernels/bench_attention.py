@@ -16,7 +16,9 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
   contexts): the Triton kernel with its row-invariant tile of TRITON_BLOCK_M rows set to 32 / 64
   (still row-invariant: one tile shape for every call) or with the tree keys walked in slot
   order by FA2-like tiles (not row-invariant): what the invariance costs, and which fixed tile
-  to take, measured in one run.
+  to take, measured in one run; ``triton_s1`` / ``triton_s4``: the ordered kernel with 1 / 4 key
+  splits instead of its capacity's (17 at 4k: whether the split count is what costs);
+  ``triton_decode``: its call for one query (a decode step's attention, against decode_sdpa).
 
 Columns: median time, ``speedup_vs_torch`` (sdpa_dense / method), ``ratio_to_causal``,
 ``ratio_to_decode``, ``max_err_vs_dense`` (kernels only: a wrong kernel cannot post a time
@@ -52,6 +54,9 @@ NUM_NODES = 60
 # Triton variants (module constants of ops.attention set around the call), on these shapes only
 TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32}, "triton_m64": {"TRITON_BLOCK_M": 64},
                    "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0}}
+# The ordered kernel with num_splits set (its default: splits of split_keys_for(max_len) keys,
+# 17 at 4k), and ``triton_decode``: its one-query call, a decode step's attention.
+SPLIT_VARIANTS = (1, 4)
 VARIANT_SHAPES = {("llama3-8b", b, c) for b in (1, 8) for c in (1024, 4096, 16384)} \
     | {("smoke", 1, 32)}
 
@@ -112,6 +117,16 @@ def methods(case, context, device, variants=False):
         for name, constants in TRITON_VARIANTS.items():
             found[name] = (lambda c=constants: with_constants(attention, c, found["triton"][0]),
                            " ".join(f"{k}={v}" for k, v in constants.items()))
+        for splits in SPLIT_VARIANTS:  # fewer, longer key splits than the capacity's
+            found[f"triton_s{splits}"] = (
+                lambda s=splits: attention._tree_attention_triton(q, k, v, lens, mask, None,
+                                                                  num_nodes, num_splits=s),
+                f"num_splits={splits}")
+        root_only = mask[:, :1, :1].contiguous()  # node 0 sees itself: a decode step's row
+        found["triton_decode"] = (
+            lambda: ops.tree_attention(q[:, :1].contiguous(), k, v, lens, root_only,
+                                       num_tree_keys=1, backend="triton"),
+            "one query over the prefix and itself (compare decode_sdpa)")
     for name, call in (("sdpa_dense", sdpa_call(q_bhsd, keys, values, attn_mask=visible)),
                        ("causal_sdpa", sdpa_call(q_bhsd, keys, values,
                                                  is_causal_lower_right=True)),
@@ -154,10 +169,12 @@ def main():
         timings, notes, errors = {}, {}, {}
         found = methods(case, context, device, (model, batch, context) in VARIANT_SHAPES)
         dense = found["sdpa_dense"][0]().transpose(1, 2).float()
+        decode = found["decode_sdpa"][0]().transpose(1, 2).float()
         for name, (fn, note) in found.items():
             # a wrong kernel (or variant) must not post a fast time unseen
             if name.startswith("triton") or name == "cuda":
-                errors[name] = round((fn().float() - dense).abs().max().item(), 4)
+                expected = decode if name == "triton_decode" else dense
+                errors[name] = round((fn().float() - expected).abs().max().item(), 4)
             timings[name], notes[name] = time_method(fn, device, repeats), note
         base, causal = timings["sdpa_dense"], timings["causal_sdpa"]
         for name, timing in timings.items():
