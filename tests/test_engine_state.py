@@ -107,13 +107,22 @@ def _fake_capture(record):
 @pytest.mark.parametrize("speculative", [True, False])
 def test_graph_capture_leaves_the_seeded_random_stream_alone(models, gen, monkeypatch,
                                                             speculative):
+    """One seed samples the same tokens with and without CUDA graphs (both as on a CUDA
+    device), also when every sequence has a context draft, which an eager loop could verify in
+    place of a cycle's tree: a sampling call does not there (the chain draws its uniforms)."""
+    from eagle_kernels.runtime import lookup
+
     target, head = models
     prompts = _prompts(gen, [5, 3])
-    eager = Engine(target, head, TREE, cuda_graphs=False).generate(prompts, 6, SAMPLED,
-                                                                   speculative=speculative)
+    monkeypatch.setattr(lookup.ContextIndex, "propose",  # a draft for every row, every time
+                        lambda self, row, limit, min_ngram=2: [7, 8, 9][:limit])
+    engine_off = Engine(target, head, TREE, cuda_graphs=False)
+    monkeypatch.setattr(engine_off, "_graph_plan",  # as on a CUDA device, cuda_graphs=False
+                        lambda cuda_graphs=None: None if cuda_graphs else "eager (off)")
+    eager = engine_off.generate(prompts, 6, SAMPLED, speculative=speculative)
     engine = Engine(target, head, TREE, cuda_graphs=True)
     captured = []
-    monkeypatch.setattr(engine, "_graph_plan", lambda: None)  # as on a CUDA device
+    monkeypatch.setattr(engine, "_graph_plan", lambda cuda_graphs=None: None)  # a CUDA device
     monkeypatch.setattr(generation.GraphedStep, "try_capture",
                         staticmethod(_fake_capture(captured)))
     graphed = engine.generate(prompts, 6, SAMPLED, speculative=speculative)

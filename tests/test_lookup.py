@@ -136,15 +136,18 @@ def test_sampling_with_top_k_1_verifies_context_drafts_to_the_greedy_tokens(targ
     assert off.tokens == greedy and off.stats.lookup_steps == 0
 
 
-def de_bruijn(vocab: int) -> list[int]:
-    """Every ordered pair of tokens in [0, vocab) once, in vocab**2 + 1 tokens: the context
-    then matches every 2-token suffix, so every step of a reply has a context draft."""
-    sequence, seen, token = [0], set(), 0
-    while len(seen) < vocab * vocab:
-        token = next(t for t in range(vocab - 1, -1, -1) if (sequence[-1], t) not in seen)
-        seen.add((sequence[-1], token))
+def de_bruijn(vocab: int, order: int) -> list[int]:
+    """A sequence over [0, vocab) with every ``order``-gram once (greedy: the largest token
+    whose n-gram is new): the context then matches every ``order``-token suffix but the one it
+    ends with, so nearly every step of a reply has a context draft."""
+    sequence, seen = [0] * (order - 1), set()
+    while True:
+        head = tuple(sequence[len(sequence) - order + 1:])
+        token = next((t for t in range(vocab - 1, -1, -1) if head + (t,) not in seen), None)
+        if token is None:
+            return sequence
+        seen.add(head + (token,))
         sequence.append(token)
-    return sequence
 
 
 def first_tokens_probs(target, prompt: list[int], sampling: SamplingConfig, count: int):
@@ -170,30 +173,41 @@ def first_tokens_probs(target, prompt: list[int], sampling: SamplingConfig, coun
     return probs
 
 
-def test_sampling_with_context_drafts_keeps_the_target_distribution(capsys):
-    """The first three tokens of 4000 sampled replies (two prompts: one whose every step has a
-    draft, one whose rows mostly have none, so chains are padded) against the target's exact
-    joint distribution, cell by cell (216 cells per prompt).
+@pytest.mark.parametrize("where", ["plain steps", "cycles"])
+def test_sampling_with_context_drafts_keeps_the_target_distribution(where):
+    """The first three tokens of 4000 sampled replies against the target's exact joint
+    distribution, cell by cell (V**3 cells per prompt, two prompts). Drafts verified in the
+    plain steps the tree budget falls back to (V = 6; one prompt with a draft at nearly every
+    step, one whose rows mostly have none, so chains are padded), or in place of a fixed tree's
+    cycles (V = 4; two prompts with every 3-token suffix seen: 3+-token matches replace a tree).
 
     Threshold: Bernstein's inequality per cell, |f - p| <= sqrt(2 p (1 - p) L / n) + 2 L / (3 n)
-    with L = ln(2 * 432 / 1e-6): the union over the 432 cells fails with probability <= 1e-6
-    for a correct sampler (the reference joint is computed, not drawn). Power (this seed):
-    greedy acceptance of the drafts puts a cell 8.5 bounds off, a chain uniform reused as the
-    bonus uniform 1.7, acceptance reading the logits of the node after 3.5."""
+    with L = ln(2 * cells / 1e-6): the union over the 2 V**3 cells fails with probability
+    <= 1e-6 for a correct sampler (the reference joint is computed, not drawn). Power (this seed):
+    greedy acceptance of the drafts puts a cell 8.5 bounds off in plain steps / 2.3 in
+    cycles, acceptance reading the logits of the node after 3.5 / 7.3, a chain uniform reused
+    as the bonus uniform 1.7 in plain steps (0.5 in cycles: not caught there)."""
     import math
 
-    vocab, rows, count = 6, 2000, 3
+    vocab, rows, count = (6 if where == "plain steps" else 4), 2000, 3
     target = tiny_target(seed=2, vocab=vocab)
     sampling = SamplingConfig(temperature=2.0, seed=11)
     print(f"seed {sampling.seed}")
-    drafted = de_bruijn(vocab)
-    sparse = [0, 1, 2, 0, 3, 4, 0, 1]  # few 2-token suffixes recur
-    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0))
-    out = engine.generate([drafted] * rows + [sparse] * rows, count + 1, sampling=sampling)
-    assert out.stats.lookup_steps > 0 and out.stats.lookup_accepted > rows // 4, out.stats.summary()
+    head = new_draft_head(EAGLE3, target)
+    if where == "plain steps":
+        prompts = (de_bruijn(vocab, 2), [0, 1, 2, 0, 3, 4, 0, 1])  # the second: few recur
+        engine = Engine(target, head, tree_policy=plain_policy(0.0))
+    else:
+        prompts = (de_bruijn(vocab, 3), de_bruijn(vocab, 3)[::-1])
+        engine = Engine(target, head, TreeConfig(2, 2, 4))
+    out = engine.generate([prompts[0]] * rows + [prompts[1]] * rows, count + 1,
+                          sampling=sampling)
+    stats = out.stats
+    drafted = stats.lookup_steps if where == "plain steps" else stats.context_cycles
+    assert drafted > 0 and stats.lookup_accepted > rows // 4, stats.summary()
     log_term = math.log(2 * 2 * vocab**count / 1e-6)
     worst = 0.0
-    for group, prompt in enumerate((drafted, sparse)):
+    for group, prompt in enumerate(prompts):
         exact = first_tokens_probs(target, prompt, sampling, count).flatten()
         counts = torch.zeros(vocab**count)
         for tokens in out.tokens[group * rows:(group + 1) * rows]:

@@ -95,11 +95,12 @@ class Engine:
             return "no call has finished yet"
         return self._last_output.stats.graph_status
 
-    def _graph_plan(self) -> str | None:
-        """None when the decode loop should try CUDA-graph capture, else why it runs eagerly."""
+    def _graph_plan(self, cuda_graphs: bool | None = None) -> str | None:
+        """None when the decode loop should try CUDA-graph capture, else why it runs eagerly
+        (``cuda_graphs``: the plan with that setting instead of the engine's)."""
         if self.device.type != "cuda":
             return "eager (not a CUDA device)"
-        if not self.cuda_graphs:
+        if not (self.cuda_graphs if cuda_graphs is None else cuda_graphs):
             return "eager (cuda_graphs=False)"
         if self.tree_policy is not None:
             return "eager (adaptive tree: one graph per shape is not worth it)"
@@ -311,8 +312,11 @@ class Engine:
                              lengths)
         call.stats.prefill_seconds = _now(self.device) - start
         yield counts
-        # Cycles take context drafts only where the loop runs eagerly (not a captured graph).
-        context = call.context if self._graph_plan() is not None else None
+        # Cycles take context drafts only where the loop runs eagerly (not a captured graph);
+        # a sampling call's only where it would run eagerly with cuda_graphs on too (a context
+        # cycle draws its own uniforms, and one seed must sample alike with and without graphs).
+        eager = self._graph_plan(None if call.sampling.greedy else True) is not None
+        context = call.context if eager else None
         cycle = functools.partial(self._cycle, head, cache, draft_cache, call, context)
         plain_step = self._plain_step(prompts, call, cache)
         yield from self._decode(cycle, [root, root_hidden], tree.total_tokens,
