@@ -154,7 +154,7 @@ class _Call:
         # On CPU one C++ call does record()'s dozen tensor ops (each costs 10-20 us inside the
         # loop, where every step's weight stream has evicted the interpreter's working set).
         self.native = cpu_bookkeeping(self.out.device)
-        # A greedy speculative call's context drafts (.lookup), set by Engine._start_call;
+        # A speculative call's context drafts (.lookup), set by Engine._start_call;
         # context_cycle: whether the cycle that just ran verified one instead of a tree.
         self.context: ContextDrafts | None = None
         self.context_cycle = False
@@ -211,6 +211,17 @@ class _Call:
                                 active.data_ptr(), recorded.data_ptr(), self._state, batch,
                                 vocab, self.out.shape[1], len(self.eos))
         return root, recorded, active
+
+    def accept(self, tree: ops.DraftTree, logits: torch.Tensor, accept_u, bonus_u,
+               max_depth: int) -> ops.AcceptResult:
+        """Verify a tree against the target's logits [B, N, V] as this call picks tokens:
+        greedy (the uniforms unused) or rejection sampling with ``accept_u`` [B, N] and
+        ``bonus_u`` [B]; output width ``max_depth + 1``."""
+        if self.sampling.greedy:
+            return ops.greedy_accept_tree(tree.tokens, tree.paths, logits)
+        s = self.sampling
+        return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits, accept_u, bonus_u,
+                                          max_depth, s.temperature, s.top_k, s.top_p)
 
     def uniforms(self, *shape) -> torch.Tensor:
         return torch.rand(*shape, generator=self.rng, device=self.out.device)

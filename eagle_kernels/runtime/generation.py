@@ -73,8 +73,8 @@ class Engine:
         # acceptance observed (eager loops only; a captured CUDA graph keeps one shape). The
         # policy's estimate of acceptance carries over from call to call: it is the head's.
         self.tree_policy = tree_policy
-        # Greedy speculative calls also draft from the context, in cycles (eager loops) and
-        # in the steps the tree budget decodes plainly (see .lookup): lossless, like every draft.
+        # Speculative calls also draft from the context, in cycles (eager loops) and in the
+        # steps the tree budget decodes plainly (see .lookup): lossless, like every draft.
         self.prompt_lookup = prompt_lookup
         self._last_output: GenerationOutput | None = None
 
@@ -134,14 +134,6 @@ class Engine:
             result = ops.stochastic_accept_tree(tokens, parents, logits, accept_u[:, :1], bonus_u,
                                                 0, s.temperature, s.top_k, s.top_p)
         return result.output_tokens[:, 0]
-
-    def _accept_tree(self, tree: ops.DraftTree, logits, call: _Call, accept_u,
-                     bonus_u) -> ops.AcceptResult:
-        if call.sampling.greedy:
-            return ops.greedy_accept_tree(tree.tokens, tree.paths, logits)
-        s = call.sampling
-        return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits, accept_u, bonus_u,
-                                          call.tree.max_depth, s.temperature, s.top_k, s.top_p)
 
     # --------------------------------------------------------------------------- prefill
     def _prefill(self, prompts: list[list[int]], cache, call: _Call,
@@ -422,7 +414,7 @@ class Engine:
         if call.context_cycle:
             result = within_drafts(accept_chain(tree, logits, call, bonus_u), drafts)
         else:
-            result = self._accept_tree(tree, logits, call, accept_u, bonus_u)
+            result = call.accept(tree, logits, accept_u, bonus_u, call.tree.max_depth)
         active = ~call.done
         ops.compact_kv(cache.all_tensors(), cache.lens, result.accepted_nodes,
                        result.num_accepted)

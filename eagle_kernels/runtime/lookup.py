@@ -217,13 +217,9 @@ def accept_chain(tree: ops.DraftTree, logits: torch.Tensor, call,
     tokens follow the target's distribution exactly, since the draft is fixed by the tokens so
     far before this step's uniforms are drawn), with fresh acceptance uniforms for the chain's
     nodes and the step's own bonus uniform."""
-    if call.sampling.greedy:
-        return ops.greedy_accept_tree(tree.tokens, tree.paths, logits)
-    s = call.sampling
     batch, width = tree.tokens.shape
-    return ops.stochastic_accept_tree(tree.tokens, tree.parents, logits,
-                                      call.uniforms(batch, width), bonus_u, width - 1,
-                                      s.temperature, s.top_k, s.top_p)
+    accept_u = None if call.sampling.greedy else call.uniforms(batch, width)
+    return call.accept(tree, logits, accept_u, bonus_u, width - 1)
 
 
 class LookupStep:
