@@ -58,7 +58,11 @@ def test_greedy_oracle_head_accepts_and_stays_exact(target, gen, tree):
     reference = [p + t for p, t in zip(prompts, base.tokens)]
     spec = Engine(target, oracle_head(target, reference), tree).generate(prompts, 48)
     assert spec.tokens == base.tokens
-    assert spec.stats.tau > 1.5, spec.stats.summary()  # multi-token accepts were exercised
+    # Multi-token accepts were exercised. Not a chance event: which drafts hit is a fixed hash
+    # of (row, position) at rate 0.8, and a hit's boosted logit (+40) makes the head draft the
+    # reference token whatever the prompt; context cycles only add accepted tokens. Lowest tau
+    # over 30 seeds: 1.76 / 3.47 / 4.18 for the three trees.
+    assert spec.stats.tau > 1.5, spec.stats.summary()
     if tree.max_depth >= 2:
         assert sum(spec.stats.accepted_histogram[2:]) > 0
 
@@ -123,8 +127,11 @@ def test_sampling_that_keeps_one_token_is_greedy(target, gen, sampling):
     assert spec.stats.tau > 1.5
 
 
-def test_sampling_is_seeded(target, gen):
-    prompts = random_prompts(gen, [8])
+def test_sampling_is_seeded(target):
+    """One seed samples alike, another not. Deterministic (fixed prompt and seeds; false-failure
+    probability 0): on a random prompt, seeds 1 and 2 could draw the same 16 tokens with the
+    probability of a sampled path, ~4e-9 on average but not bounded for every prompt."""
+    prompts = random_prompts(torch.Generator().manual_seed(20261129), [8])
     engine = Engine(target, new_draft_head(EAGLE3, target), TREE)
     runs = [engine.generate(prompts, 16, SamplingConfig(temperature=1.0, seed=s)).tokens
             for s in (1, 1, 2)]
@@ -165,12 +172,17 @@ def test_speculative_sampling_keeps_the_target_distribution(gen):
     mean_bound = 0.5 * float((joint * (1 - joint) / draws).sqrt().sum())
     threshold = mean_bound + math.sqrt(math.log(1e6) / (2 * draws))
     assert total_variation < threshold, (total_variation, threshold, f"sampling seed {seed}")
-    # Drafts were accepted too. Each sequence's first cycle accepts its drafted greedy token
-    # with probability >= first.max() when the oracle hits (hit_rate 0.8, fixed per sequence by
-    # a hash): Hoeffding, P(count <= mean - sqrt(n ln(1e6) / 2)) <= 1e-6.
-    hits = 0.8 * draws - 0.05 * draws  # hash-based hit rate 0.8; 0.05 n slack for the hash
-    floor = hits * float(first.max()) - math.sqrt(draws * math.log(1e6) / 2)
-    assert out.stats.accepted_histogram[1] > min(floor, draws // 10), out.stats.summary()
+    # Drafts were accepted too. A sequence's one cycle (its first token came from the prefill,
+    # sampled: x) verifies drafts after x; where the oracle hits (a fixed 0.8 of the sequences,
+    # by a hash; 0.05 n slack for it) they hold the greedy path's second token g, accepted with
+    # probability second[x, g] at least. The cycles that accept a draft so outnumber a
+    # Binomial(hits, r) draw, r = sum_x first[x] second[x, g] (computed exactly), and Hoeffding
+    # gives P(count <= hits r - sqrt(n ln(1e6) / 2)) <= 1e-6.
+    hits = 0.8 * draws - 0.05 * draws
+    r = float((first * second[:, int(greedy[0][-1])]).sum())
+    floor = hits * r - math.sqrt(draws * math.log(1e6) / 2)
+    accepting = sum(out.stats.accepted_histogram[1:])
+    assert floor > draws / 20 and accepting > floor, (floor, out.stats.summary())
 
 
 def _last_hidden(target, prompts):

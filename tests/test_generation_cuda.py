@@ -36,10 +36,15 @@ def test_graph_replay_equals_eager(gen, monkeypatch, backend, dtype, head_dim):
     prompts = _prompts(gen)
     base = Engine(target, cuda_graphs=False).generate(prompts, 40, speculative=False)
     reference = [p + t for p, t in zip(prompts, base.tokens)]
+    # An eager greedy loop takes context-draft cycles a captured one cannot: the same tokens
+    # only where every kernel is row-invariant (triton); with the cuda backend a verify of
+    # another shape may flip a bf16 near-tie, so there both runs draft from the head alone.
+    lookup = backend != "cuda"
     for sampling in (SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.9, seed=5)):
         runs = []
         for graphs in (False, True):
-            engine = Engine(target, oracle_head(target, reference), TREE, cuda_graphs=graphs)
+            engine = Engine(target, oracle_head(target, reference), TREE, cuda_graphs=graphs,
+                            prompt_lookup=lookup)
             runs.append(engine.generate(prompts, 40, sampling).tokens)
             if graphs:
                 assert engine.graph_status == "captured", engine.graph_status

@@ -87,10 +87,15 @@ def test_first_cycles_pair_with_the_start_up_plain_step(target):
     assert policy.steps_per_cycle(tree) == pytest.approx(3.0)
 
 
-def test_adaptive_trees_stay_exact(target, gen):
+def test_adaptive_trees_stay_exact(target):
     """A call that switches tree shapes between cycles still emits the autoregressive tokens:
-    an optimistic prior picks a branching tree, the random head's misses shrink it."""
-    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (7, 12)]
+    an optimistic prior picks a branching tree, the random head's misses shrink it.
+
+    Deterministic (fixed target, head and prompts; false-failure probability 0): on a random
+    prompt the switch is only likely (the big tree stays if the random head accepts ~3 tokens a
+    cycle, as on a reply that repeats one token the head happens to predict)."""
+    fixed = torch.Generator().manual_seed(20261128)
+    prompts = [torch.randint(0, 300, (n,), generator=fixed).tolist() for n in (7, 12)]
     reference = Engine(target).generate(prompts, 24, speculative=False)
     big = TreeConfig(4, 3, 16)
     costs = {SMALL: CycleCost(0.001, 0.009), big: CycleCost(0.002, 0.02)}
@@ -103,12 +108,18 @@ def test_adaptive_trees_stay_exact(target, gen):
     assert policy.current == SMALL and policy.history
 
 
-def test_plain_decoding_takes_over_when_no_tree_pays(target, gen):
+def test_plain_decoding_takes_over_when_no_tree_pays(target):
     """A weak head on a device where verify costs more than a step: the call switches to plain
-    decoding mid-way (same tokens), later calls decode plainly, every PROBE_EVERY-th speculates."""
+    decoding mid-way (same tokens), later calls decode plainly, every PROBE_EVERY-th speculates.
+
+    Deterministic (false-failure probability 0): the target, the head (seed 0) and the prompt
+    (its own fixed seed) are fixed. Drawn from the run's seed, the prompt was a chance: a reply
+    on which the random head happens to accept enough never makes the call switch within 24
+    tokens (none in 25 seeds with context drafts off; 4 in 60 with them on)."""
     from eagle_kernels.runtime.tree_budget import PROBE_EVERY
 
-    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (9,)]
+    fixed = torch.Generator().manual_seed(20261127)
+    prompts = [torch.randint(0, 300, (n,), generator=fixed).tolist() for n in (9,)]
     reference = Engine(target).generate(prompts, 24, speculative=False)
     policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.9, step_seconds=0.01,
                           online_timing=False)
