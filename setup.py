@@ -89,8 +89,11 @@ class CMakeExtension(Extension):
 def _cpu_extension() -> Extension:
     from pybind11.setup_helpers import Pybind11Extension  # a build requirement (pyproject.toml)
 
-    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cpu").glob("*.cpp"))
-    return Pybind11Extension(CPU_EXTENSION, sources, include_dirs=["csrc/cpu"],
+    folder = ROOT / "csrc" / "cpu"
+    sources = sorted(str(p.relative_to(ROOT)) for p in folder.glob("*.cpp"))
+    # The kernels live in headers: without them as depends, an edited .h left a stale build.
+    headers = sorted(str(p.relative_to(ROOT)) for p in folder.glob("*.h"))
+    return Pybind11Extension(CPU_EXTENSION, sources, depends=headers, include_dirs=["csrc/cpu"],
                              extra_compile_args=CPU_FLAGS, extra_link_args=["-fopenmp"],
                              optional=True)
 
