@@ -56,29 +56,39 @@ EK_INLINE const float* visible_row(const float* prefix_rows, const float* tree_r
 }
 
 /// s[t] = dot(q, k_t) * scale for the `count` visible keys. Each score is dot()'s arithmetic
-/// exactly (its own chain, its own vhsum); a block only interleaves kKeyBlock such chains.
+/// exactly (its own chain, its own vhsum's additions); a block only interleaves kBlock such
+/// chains. kBlock = kSumBlock takes a block's sums together (vhsum_block): the compute-bound
+/// passes of many queries over the prefix (attention_task) use it; the decode step's split
+/// pass, bound by DRAM, keeps kKeyBlock (16 chains there measured 5-10 % slower).
+template <int kBlock = kKeyBlock>
 static void key_scores(const float* q, const float* k_prefix, const float* k_tree,
                        const int32_t* tree_slots, int64_t prefix, int64_t count, int64_t stride,
                        int64_t dim, float scale, float* s) {
+  static_assert(kBlock == kKeyBlock || kBlock == kSumBlock, "a block sums one way or the other");
   int64_t t0 = 0;
-  for (; t0 + kKeyBlock <= count; t0 += kKeyBlock) {
-    const float* keys[kKeyBlock];
-    vf acc[kKeyBlock];
-    for (int j = 0; j < kKeyBlock; ++j) {
-      keys[j] = visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t0 + j);
+  for (; t0 + kBlock <= count; t0 += kBlock) {
+    const float* keys[kBlock];  // with vhsum_block: keys[sum_slot(j)] is key t0 + j
+    vf acc[kBlock];
+    for (int j = 0; j < kBlock; ++j) {
+      const int slot = kBlock == kSumBlock ? sum_slot(j) : j;
+      keys[slot] = visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t0 + j);
       acc[j] = vzero();
     }
     int64_t i = 0;
     for (; i + kW <= dim; i += kW) {
       const vf qv = vload(q + i);
-      for (int j = 0; j < kKeyBlock; ++j) acc[j] = vfma(qv, vload(keys[j] + i), acc[j]);
+      for (int j = 0; j < kBlock; ++j) acc[j] = vfma(qv, vload(keys[j] + i), acc[j]);
     }
     if (i < dim) {
       const int rest = static_cast<int>(dim - i);
       const vf qv = vload_n(q + i, rest);
-      for (int j = 0; j < kKeyBlock; ++j) acc[j] = vfma(qv, vload_n(keys[j] + i, rest), acc[j]);
+      for (int j = 0; j < kBlock; ++j) acc[j] = vfma(qv, vload_n(keys[j] + i, rest), acc[j]);
     }
-    for (int j = 0; j < kKeyBlock; ++j) s[t0 + j] = vhsum(acc[j]) * scale;
+    if constexpr (kBlock == kSumBlock) {
+      vhsum_block(acc, scale, s + t0);
+    } else {
+      for (int j = 0; j < kBlock; ++j) s[t0 + j] = vhsum(acc[j]) * scale;
+    }
   }
   for (int64_t t = t0; t < count; ++t)
     s[t] = dot(q, visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t), dim) * scale;
@@ -344,8 +354,9 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
     prefetch_next_block(k_prefix, t0, keys, prefix, stride, dim);
     for (int64_t q = 0; q < task_queries; ++q)
-      key_scores(a.q + query_offset(q), k_prefix + t0 * stride, nullptr, nullptr, keys, keys,
-                 stride, dim, a.scale, query_scratch(a, workspace, q).scores + t0);
+      key_scores<kSumBlock>(a.q + query_offset(q), k_prefix + t0 * stride, nullptr, nullptr,
+                            keys, keys, stride, dim, a.scale,
+                            query_scratch(a, workspace, q).scores + t0);
   }
   float inverse[kAttentionTaskNodes * kAttentionMaxGroup];
   for (int64_t q = 0; q < task_queries; ++q) {

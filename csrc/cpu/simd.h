@@ -104,6 +104,32 @@ EK_INLINE float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
 /// Bit i set where !(a[i] <= b[i]): a above b, or either of them NaN.
 EK_INLINE unsigned vmask_not_le(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_NLE_UQ); }
 
+/// Vectors whose sums vhsum_block forms at once.
+constexpr int kSumBlock = 16;
+/// The slot of vhsum_block's input whose sum lands at output j: the levels below leave vector
+/// s's sum in lane 4 (s % 4) + s / 4, a 4 x 4 transpose (its own inverse).
+constexpr int sum_slot(int j) { return j % 4 * 4 + j / 4; }
+/// out[j] = vhsum(v[sum_slot(j)]) * scale for j < kSumBlock, bit for bit: the very additions of
+/// vhsum (lane i + lane i + 8, then + 4, + 2, + 1, the lower operand first), for 16 vectors in
+/// 15 vector adds and 30 in-register shuffles instead of 16 extract-and-add ladders (~140
+/// instructions). Each level halves the partial sums of two vectors at once and packs the two
+/// halves into one vector.
+EK_INLINE void vhsum_block(const vf* v, float scale, float* out) {
+  vf half[8], quarter[4], eighth[2];
+  for (int i = 0; i < 8; ++i)  // lanes i + (i + 8) of v[2i] | of v[2i + 1]
+    half[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                            _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // + 4: 128-bit blocks 0 + 1 and 2 + 3 of each
+    quarter[i] = _mm512_add_ps(_mm512_shuffle_f32x4(half[2 * i], half[2 * i + 1], 0x88),
+                               _mm512_shuffle_f32x4(half[2 * i], half[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // + 2 within each 128-bit block
+    eighth[i] = _mm512_add_ps(_mm512_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], 0x44),
+                              _mm512_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], 0xEE));
+  const vf sums = _mm512_add_ps(_mm512_shuffle_ps(eighth[0], eighth[1], 0x88),  // + 1
+                                _mm512_shuffle_ps(eighth[0], eighth[1], 0xDD));
+  _mm512_storeu_ps(out, _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+}
+
 #elif defined(EK_ISA_AVX2)
 
 constexpr int kW = 8;
@@ -260,6 +286,13 @@ EK_INLINE unsigned vmask_not_le(vf a, vf b) {
 #endif
 
 #if !defined(EK_ISA_AVX512)
+/// vhsum_block's contract without a batched form: one vhsum per vector.
+constexpr int kSumBlock = 8;
+constexpr int sum_slot(int j) { return j; }
+EK_INLINE void vhsum_block(const vf* v, float scale, float* out) {
+  for (int j = 0; j < kSumBlock; ++j) out[j] = vhsum(v[j]) * scale;
+}
+
 /// A Q4 block's per-column scales (decoder.h kQ4BlockBytes: a = kQ4LowScale d for columns 0-7,
 /// kQ4HighScale d for 8-15, c = m - a, both exact) as d = a / scale and m = a + c (both exact
 /// again: a power-of-two division, and c was exact), so that vq4_weights is the GGUF
