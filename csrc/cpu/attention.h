@@ -243,39 +243,38 @@ static void prefetch_rows(const float* rows, int64_t t0, int64_t t1, int64_t str
     for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows + t * stride + d, 0, 3);
 }
 
-/// Before a pass uses prefix block [t0, t0 + keys): requests the next block's rows (and, for
-/// the pass's first block, its own).
-static void prefetch_next_block(const float* rows, int64_t t0, int64_t keys, int64_t prefix,
-                                int64_t stride, int64_t dim) {
-  if (t0 == 0) prefetch_rows(rows, 0, keys, stride, dim);
-  const int64_t end = t0 + keys + kAttentionKeyBlock;
-  prefetch_rows(rows, t0 + keys, end < prefix ? end : prefix, stride, dim);
-}
-
-/// The next block of a split pass's cache rows (whole rows, contiguous: `lines` 64-byte lines
-/// from `from`), asked for in `parts` equal shares, share i just before the pass's i-th piece
-/// of work on the current block, into L2 (prefetcht1). Asking for the whole 48 KB block at once
-/// into L1 (prefetch_rows) stalled the thread on its miss buffers until most of it had come, so
-/// DRAM and the FMA units took turns, and the block pushed the one in use out of L1. Measured
-/// (Zen VM, 2 threads, 30 layers' SmolLM2 caches, one decode query; in-process A/B, medians of
-/// 21): attention 256 / 512 / 2048 / 4096 keys -11 / -8 / -24 / -29 %. Never changes what is
-/// computed.
+/// The next block of a pass's cache rows (rows [t0, t1), `dim` floats each, `stride` floats
+/// apart), asked for in `parts` equal shares of rows, share i just before the pass's i-th piece
+/// of work on the current block, into L2 (prefetcht1). Asking for a whole block at once into L1
+/// (prefetch_rows) stalled the thread on its miss buffers until most of it had come, so DRAM
+/// and the FMA units took turns, and the block pushed the one in use out of L1. Measured (Zen
+/// VM, 2 threads, 30 layers' SmolLM2 caches, in-process A/B, medians of 9-31 rounds): a decode
+/// query's attention (split pass, whole rows) at 256 / 512 / 2048 / 4096 keys -11 / -8 / -24 /
+/// -29 %. Never changes what is computed.
 struct BlockAhead {
-  const char* from;
-  int64_t lines, parts;
+  const float* rows;
+  int64_t t0, t1, stride, dim, parts;
 
   EK_INLINE void ask(int64_t part) const {
-    const int64_t begin = lines * part / parts, end = lines * (part + 1) / parts;
-    for (int64_t line = begin; line < end; ++line) __builtin_prefetch(from + line * 64, 0, 2);
+    const int64_t count = t1 - t0;
+    const int64_t begin = t0 + count * part / parts, end = t0 + count * (part + 1) / parts;
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows + t * stride + d, 0, 2);
   }
 };
 
-/// Rows [t0, t1) of a cache whose rows are `row` floats, in `parts` shares (see BlockAhead).
-static BlockAhead block_ahead(const float* rows, int64_t t0, int64_t t1, int64_t row,
-                              int64_t parts) {
-  const int64_t bytes = t1 > t0 ? (t1 - t0) * row * static_cast<int64_t>(sizeof(float)) : 0;
-  return {reinterpret_cast<const char*>(rows + t0 * row), (bytes + 63) / 64,
-          parts > 0 ? parts : 1};
+/// Rows [t0, t1) of a cache, in `parts` shares (see BlockAhead).
+static BlockAhead block_ahead(const float* rows, int64_t t0, int64_t t1, int64_t stride,
+                              int64_t dim, int64_t parts) {
+  return {rows, t0, t1 > t0 ? t1 : t0, stride, dim, parts > 0 ? parts : 1};
+}
+
+/// The prefix block after the one ending at `from` (at most kAttentionKeyBlock rows, none past
+/// `prefix`), in `parts` shares.
+static BlockAhead next_block_ahead(const float* rows, int64_t from, int64_t prefix,
+                                   int64_t stride, int64_t dim, int64_t parts) {
+  const int64_t end = from + kAttentionKeyBlock < prefix ? from + kAttentionKeyBlock : prefix;
+  return block_ahead(rows, from, end, stride, dim, parts);
 }
 
 /// The queries of one task: nodes [n0, n1) x query heads [h0, h1) of sequence b, all reading
@@ -346,17 +345,23 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
     return ((task.b * a.queries + task.n0 + q / heads) * a.q_heads + task.h0 + q % heads) * dim;
   };
   // Prefix rows are requested a block ahead of use: the next block's keys while this block's
-  // scores run, the next block's values while this block's sums run (each pass's first block
-  // at its start). Measured on a SmolLM2 layer stack, one process, alternating: decode step
-  // -1.5 % at context 256, -2.5 % at 1024; 4 nodes -2.5 % (requesting a block's values during
-  // its scores instead measured the same, but a long prefix would evict them before use).
+  // scores run, the next block's values while this block's sums run, a share before each
+  // query's work (BlockAhead; each pass's first block at its start). Measured on a SmolLM2
+  // layer stack, one process, alternating, with the whole next block asked for at once: decode
+  // step -1.5 % at context 256, -2.5 % at 1024; 4 nodes -2.5 % (requesting a block's values
+  // during its scores instead measured the same, but a long prefix would evict them before
+  // use).
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
-    prefetch_next_block(k_prefix, t0, keys, prefix, stride, dim);
-    for (int64_t q = 0; q < task_queries; ++q)
+    if (t0 == 0) prefetch_rows(k_prefix, 0, keys, stride, dim);
+    const BlockAhead ahead = next_block_ahead(k_prefix, t0 + keys, prefix, stride, dim,
+                                              task_queries);
+    for (int64_t q = 0; q < task_queries; ++q) {
+      ahead.ask(q);
       key_scores<kSumBlock>(a.q + query_offset(q), k_prefix + t0 * stride, nullptr, nullptr,
                             keys, keys, stride, dim, a.scale,
                             query_scratch(a, workspace, q).scores + t0);
+    }
   }
   float inverse[kAttentionTaskNodes * kAttentionMaxGroup];
   for (int64_t q = 0; q < task_queries; ++q) {
@@ -371,8 +376,11 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
   // total; the last, part of a block, opens the block the tree keys continue.
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
-    prefetch_next_block(v_prefix, t0, keys, prefix, stride, dim);
+    if (t0 == 0) prefetch_rows(v_prefix, 0, keys, stride, dim);
+    const BlockAhead ahead = next_block_ahead(v_prefix, t0 + keys, prefix, stride, dim,
+                                              task_queries);
     for (int64_t q = 0; q < task_queries; ++q) {
+      ahead.ask(q);
       const QueryScratch scratch = query_scratch(a, workspace, q);
       if (keys == kAttentionValueBlock)
         accumulate_values<true>(scratch.scores + t0, keys, v_prefix + t0 * stride, nullptr,
@@ -489,7 +497,8 @@ static void split_prefix_scores(const AttentionArgs& a, const SplitLayout& l, in
                [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first) {
     const float* rows = a.k_cache + b * a.max_len * row;
     if (first) prefetch_rows(rows, t0, t0 + keys, row, row);
-    split_block_scores(a, l, b, t0, keys, block_ahead(rows, t0 + keys, next_end, row, parts));
+    split_block_scores(a, l, b, t0, keys,
+                       block_ahead(rows, t0 + keys, next_end, row, row, parts));
   });
 }
 
@@ -505,7 +514,7 @@ static void split_value_blocks(const AttentionArgs& a, const SplitLayout& l, int
                [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first) {
     const float* rows = a.v_cache + b * a.max_len * row;
     if (first) prefetch_rows(rows, t0, t0 + keys, row, row);
-    const BlockAhead ahead = block_ahead(rows, t0 + keys, next_end, row, parts);
+    const BlockAhead ahead = block_ahead(rows, t0 + keys, next_end, row, row, parts);
     const int64_t first_query = b * a.queries * a.q_heads;
     for (int64_t query = first_query; query < (b + 1) * a.queries * a.q_heads; ++query) {
       ahead.ask(query - first_query);
