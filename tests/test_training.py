@@ -147,7 +147,7 @@ def test_target_temperature_divides_the_target_logits_only(target, temperature):
     plain = training.eagle3_ttt_loss(head, features, ids, logits, in_draft, mask, steps=3)
     torch.testing.assert_close(scaled.loss, divided.loss, rtol=1e-6, atol=1e-6)
     assert scaled.step_accuracy == plain.step_accuracy  # the argmax is the same
-    assert abs(float(scaled.loss) - float(plain.loss)) > 1e-3
+    assert abs(float(scaled.loss.detach()) - float(plain.loss.detach())) > 1e-3
 
 
 # ------------------------------------------------------------------------------ losses fall

@@ -40,11 +40,13 @@ EK_INLINE float dot(const float* a, const float* b, int64_t n) {
   return vhsum(acc);
 }
 
-/// Keys per block of key_scores: that many independent FMA chains in flight. One chain at a
-/// time waits on the FMA latency at every step (a 64-wide dot: 8 dependent FMAs, then vhsum).
-/// Not measured on its own: with the tasks per query head and the register-resident values it
-/// took a 16-node layer's attention from 226 to 177 us; a decode step's (K/V from DRAM) stayed.
-constexpr int kKeyBlock = 8;
+/// Keys per block of key_scores: that many independent FMA chains in flight (one chain at a
+/// time waits on the FMA latency at every step: a 64-wide dot is 4-8 dependent FMAs), their
+/// horizontal sums formed together (vhsum_block, simd.h: 16 keys on AVX-512, 8 elsewhere).
+/// Blocks of 8 with a vhsum each took a 16-node layer's attention from 226 to 177 us against
+/// one chain at a time; the batched sums of 16 then verify passes (compute-bound) -2.7 / -5.9 %
+/// at 16 nodes over 256 / 1024 keys, the decode step (DRAM-bound) within noise (+-4 %).
+constexpr int kKeyBlock = kSumBlock;
 
 /// Address of the t-th visible key (or value) row: the prefix in position order, then the
 /// visible tree slots.
@@ -56,39 +58,30 @@ EK_INLINE const float* visible_row(const float* prefix_rows, const float* tree_r
 }
 
 /// s[t] = dot(q, k_t) * scale for the `count` visible keys. Each score is dot()'s arithmetic
-/// exactly (its own chain, its own vhsum's additions); a block only interleaves kBlock such
-/// chains. kBlock = kSumBlock takes a block's sums together (vhsum_block): the compute-bound
-/// passes of many queries over the prefix (attention_task) use it; the decode step's split
-/// pass, bound by DRAM, keeps kKeyBlock (16 chains there measured 5-10 % slower).
-template <int kBlock = kKeyBlock>
+/// exactly (its own chain, vhsum's additions); a block only interleaves kKeyBlock such chains
+/// and forms their sums together.
 static void key_scores(const float* q, const float* k_prefix, const float* k_tree,
                        const int32_t* tree_slots, int64_t prefix, int64_t count, int64_t stride,
                        int64_t dim, float scale, float* s) {
-  static_assert(kBlock == kKeyBlock || kBlock == kSumBlock, "a block sums one way or the other");
   int64_t t0 = 0;
-  for (; t0 + kBlock <= count; t0 += kBlock) {
-    const float* keys[kBlock];  // with vhsum_block: keys[sum_slot(j)] is key t0 + j
-    vf acc[kBlock];
-    for (int j = 0; j < kBlock; ++j) {
-      const int slot = kBlock == kSumBlock ? sum_slot(j) : j;
-      keys[slot] = visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t0 + j);
+  for (; t0 + kKeyBlock <= count; t0 += kKeyBlock) {
+    const float* keys[kKeyBlock];  // keys[sum_slot(j)] is key t0 + j (vhsum_block's order)
+    vf acc[kKeyBlock];
+    for (int j = 0; j < kKeyBlock; ++j) {
+      keys[sum_slot(j)] = visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t0 + j);
       acc[j] = vzero();
     }
     int64_t i = 0;
     for (; i + kW <= dim; i += kW) {
       const vf qv = vload(q + i);
-      for (int j = 0; j < kBlock; ++j) acc[j] = vfma(qv, vload(keys[j] + i), acc[j]);
+      for (int j = 0; j < kKeyBlock; ++j) acc[j] = vfma(qv, vload(keys[j] + i), acc[j]);
     }
     if (i < dim) {
       const int rest = static_cast<int>(dim - i);
       const vf qv = vload_n(q + i, rest);
-      for (int j = 0; j < kBlock; ++j) acc[j] = vfma(qv, vload_n(keys[j] + i, rest), acc[j]);
+      for (int j = 0; j < kKeyBlock; ++j) acc[j] = vfma(qv, vload_n(keys[j] + i, rest), acc[j]);
     }
-    if constexpr (kBlock == kSumBlock) {
-      vhsum_block(acc, scale, s + t0);
-    } else {
-      for (int j = 0; j < kBlock; ++j) s[t0 + j] = vhsum(acc[j]) * scale;
-    }
+    vhsum_block(acc, scale, s + t0);  // s[t0 + j] = vhsum(acc[sum_slot(j)]) * scale
   }
   for (int64_t t = t0; t < count; ++t)
     s[t] = dot(q, visible_row(k_prefix, k_tree, tree_slots, prefix, stride, t), dim) * scale;
@@ -234,23 +227,29 @@ EK_INLINE void finish_values(ValueSums sums, int64_t dim, float inverse, float* 
   }
 }
 
-/// Asks for rows [t0, t1) of a cache (`stride` floats apart, `dim` floats each), a 64-byte line
-/// at a time. The prefix rows of a decode step arrive from DRAM: requesting a whole block at
-/// once keeps many misses in flight where the hardware prefetcher, facing 256-byte rows 768
-/// bytes apart, requests few. Never changes what is computed.
+/// Floats per 64-byte cache line: the step of the prefetch loops below.
+constexpr int64_t kLineFloats = 64 / sizeof(float);
+
+/// Asks for rows [t0, t1) of a cache (`stride` floats apart, `dim` floats each), a line at a
+/// time, into L1: a pass's first block, which it is about to use (the hardware prefetcher,
+/// facing 256-byte rows 768 bytes apart, requests few). The blocks after it come in shares
+/// (BlockAhead). Never changes what is computed.
 static void prefetch_rows(const float* rows, int64_t t0, int64_t t1, int64_t stride, int64_t dim) {
   for (int64_t t = t0; t < t1; ++t)
-    for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows + t * stride + d, 0, 3);
+    for (int64_t d = 0; d < dim; d += kLineFloats) __builtin_prefetch(rows + t * stride + d, 0, 3);
 }
 
 /// The next block of a pass's cache rows (rows [t0, t1), `dim` floats each, `stride` floats
 /// apart), asked for in `parts` equal shares of rows, share i just before the pass's i-th piece
-/// of work on the current block, into L2 (prefetcht1). Asking for a whole block at once into L1
-/// (prefetch_rows) stalled the thread on its miss buffers until most of it had come, so DRAM
-/// and the FMA units took turns, and the block pushed the one in use out of L1. Measured (Zen
-/// VM, 2 threads, 30 layers' SmolLM2 caches, in-process A/B, medians of 9-31 rounds): a decode
-/// query's attention (split pass, whole rows) at 256 / 512 / 2048 / 4096 keys -11 / -8 / -24 /
-/// -29 %. Never changes what is computed.
+/// of work on the current block, with prefetcht1 (into L2 on the Zen 4 / Zen 5 VMs measured;
+/// older AMD cores treat it as prefetcht0). Asking for the whole next block at once into L1
+/// (as prefetch_rows does) stalled the thread on its miss buffers until most of it had come, so
+/// DRAM and the FMA units took turns, and the 48 KB block pushed the one in use out of the
+/// 32 KB L1. Measured (Zen 4-class VM, 2 threads, 30 layers' SmolLM2 caches, one decode query,
+/// in-process A/B against the burst, bench/results/2026-11-27b_cpu-2core/ab_attention.txt):
+/// attention at 256 / 1024 / 2048 / 4096 keys 0.98 / 0.75 / 0.74 / 0.72x. Asking two blocks
+/// ahead measured 4-12 % slower than one. Never changes what is computed. Made by block_ahead
+/// (parts >= 1).
 struct BlockAhead {
   const float* rows;
   int64_t t0, t1, stride, dim, parts;
@@ -259,7 +258,8 @@ struct BlockAhead {
     const int64_t count = t1 - t0;
     const int64_t begin = t0 + count * part / parts, end = t0 + count * (part + 1) / parts;
     for (int64_t t = begin; t < end; ++t)
-      for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows + t * stride + d, 0, 2);
+      for (int64_t d = 0; d < dim; d += kLineFloats)
+        __builtin_prefetch(rows + t * stride + d, 0, 2);
   }
 };
 
@@ -346,11 +346,11 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
   };
   // Prefix rows are requested a block ahead of use: the next block's keys while this block's
   // scores run, the next block's values while this block's sums run, a share before each
-  // query's work (BlockAhead; each pass's first block at its start). Measured on a SmolLM2
-  // layer stack, one process, alternating, with the whole next block asked for at once: decode
-  // step -1.5 % at context 256, -2.5 % at 1024; 4 nodes -2.5 % (requesting a block's values
-  // during its scores instead measured the same, but a long prefix would evict them before
-  // use).
+  // query's work (BlockAhead; each pass's first block at its start). Against asking for the
+  // whole next block at once (in-process A/B, the target's forward, 2 threads): verify of 4
+  // nodes at 256 / 1024 tokens of context -2 / -14 %, 8 nodes at 256 / 512 -3 / -5 %, 16 nodes
+  // at 1024 -7 %. (Asking a block's values during its scores instead measured the same as
+  // asking them during the values pass, but a long prefix would evict them before use.)
   for (int64_t t0 = 0; t0 < prefix; t0 += kAttentionKeyBlock) {
     const int64_t keys = prefix - t0 < kAttentionKeyBlock ? prefix - t0 : kAttentionKeyBlock;
     if (t0 == 0) prefetch_rows(k_prefix, 0, keys, stride, dim);
@@ -358,9 +358,8 @@ static void attention_task(const AttentionArgs& a, const AttentionTask& task, fl
                                               task_queries);
     for (int64_t q = 0; q < task_queries; ++q) {
       ahead.ask(q);
-      key_scores<kSumBlock>(a.q + query_offset(q), k_prefix + t0 * stride, nullptr, nullptr,
-                            keys, keys, stride, dim, a.scale,
-                            query_scratch(a, workspace, q).scores + t0);
+      key_scores(a.q + query_offset(q), k_prefix + t0 * stride, nullptr, nullptr, keys, keys,
+                 stride, dim, a.scale, query_scratch(a, workspace, q).scores + t0);
     }
   }
   float inverse[kAttentionTaskNodes * kAttentionMaxGroup];

@@ -104,7 +104,7 @@ EK_INLINE float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
 /// Bit i set where !(a[i] <= b[i]): a above b, or either of them NaN.
 EK_INLINE unsigned vmask_not_le(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_NLE_UQ); }
 
-/// Vectors whose sums vhsum_block forms at once.
+/// Vectors whose sums vhsum_block forms at once (attention.h's key blocks).
 constexpr int kSumBlock = 16;
 /// The slot of vhsum_block's input whose sum lands at output j: the levels below leave vector
 /// s's sum in lane 4 (s % 4) + s / 4, a 4 x 4 transpose (its own inverse).
@@ -286,7 +286,8 @@ EK_INLINE unsigned vmask_not_le(vf a, vf b) {
 #endif
 
 #if !defined(EK_ISA_AVX512)
-/// vhsum_block's contract without a batched form: one vhsum per vector.
+/// vhsum_block's contract without a batched form: one vhsum per vector, in blocks of 8 (the
+/// key blocks of attention.h: 8 chains in flight; 16 ymm registers hold no more).
 constexpr int kSumBlock = 8;
 constexpr int sum_slot(int j) { return j; }
 EK_INLINE void vhsum_block(const vf* v, float scale, float* out) {
