@@ -9,6 +9,7 @@ import os
 from typing import Iterator
 
 import pytest
+import torch
 
 from eagle_kernels.ops import available_backends
 
@@ -61,3 +62,30 @@ def using_cpu_isa(isa: str):
         yield isa
     finally:
         _cpu.set_isa(default)
+
+
+def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
+    """A GGUF Q4_1 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0 and m, q in
+    0..15 with 0 and 15 present (as llama.cpp's quantizer makes them), w = fl(d * q + m); the
+    first block of the first row has equal weights (d = 0). m is the block's minimum, so
+    |m| >= d / 2 here (about 7 d for weights centred on zero; either sign)."""
+    blocks = width // 32
+    d = (torch.rand(out, blocks, 1, generator=gen) * 0.02 + 1e-4).half().float()
+    sign = torch.randint(0, 2, (out, blocks, 1), generator=gen).float() * 2 - 1
+    m = (sign * d * (0.5 + 10 * torch.rand(out, blocks, 1, generator=gen))).half().float()
+    q = torch.randint(0, 16, (out, blocks, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    d[0, 0], q[0, 0] = 0.0, 0.0  # one block of equal weights: d = 0
+    return (d * q + m).reshape(out, width)
+
+
+def q4_exact_layers(target) -> None:
+    """Every linear weight of ``target``'s layers made a GGUF Q4_1 tensor dequantized to fp32
+    (as the default target's layers are)."""
+    with torch.no_grad():
+        for layer in target.model.layers:
+            for module in (*layer.self_attn.children(), *layer.mlp.children()):
+                if isinstance(module, torch.nn.Linear):
+                    out, width = module.weight.shape
+                    module.weight.copy_(q4_exact_weight(torch.Generator().manual_seed(out), out,
+                                                        width))

@@ -14,7 +14,7 @@ from eagle_kernels.ops import reference
 from eagle_kernels.ops._validate import no_value_checks
 
 from conftest import assert_as_close_as_torch
-from cpu_support import each_cpu_isa, needs_cpu_backend
+from cpu_support import each_cpu_isa, needs_cpu_backend, q4_exact_layers, q4_exact_weight
 
 
 LINEAR_SHAPES = [(1, 576, 1536), (16, 576, 192), (61, 1536, 576), (5, 577, 13), (4, 576, 1000),
@@ -510,6 +510,38 @@ def _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, pack_dtype, flag: st
         assert torch.equal(ours, fp32_pack), isa
 
 
+def _block_pack_contract(x, exact, pack_dtype, levels, scales, offsets) -> None:
+    """``exact`` [N, K] packs as ``pack_dtype`` (one value moved off the grid: fp32), and
+    ops.linear over the block pack (decoder_linear.h "block packs": per block of 32 k, S = sum x L in
+    an FMA chain, X = sum x, T = fma(d, S, fma(o, X, T))) is, on every instruction set:
+    row-invariant (each row equals its one-row GEMM: every GEMM path agrees), the same bits on
+    every instruction set, and within the worst-case rounding error of that formula of the exact
+    product: every term x L, x, d S, o X passes through at most 34 + 2 B roundings (32 in S, 2
+    per block into T, B = K / 32 blocks), so |y - x w^T| <= gamma_(34 + 2B) * sum_k |x_k|
+    (|d| |L_k| + |o|) with gamma_n = n u / (1 - n u), u = 2^-24 (a proven bound: no false
+    failure). ``levels`` [N, K], ``scales`` / ``offsets`` [N, K / 32] are the weight's L, d, o."""
+    from eagle_kernels.ops import decoder
+
+    assert decoder.pack_weight(exact).dtype == pack_dtype
+    inexact = exact.clone()
+    inexact[exact.shape[0] // 2, exact.shape[1] // 2] += 2.0**-20
+    assert decoder.pack_weight(inexact).dtype == torch.float32
+    per_k = (scales.abs().repeat_interleave(32, 1) * levels.abs()
+             + offsets.abs().repeat_interleave(32, 1)).double()
+    terms = 34 + 2 * (exact.shape[1] // 32)
+    bound = terms * 2.0**-24 / (1 - terms * 2.0**-24) * (x.double().abs() @ per_k.T)
+    exact_product = x.double() @ exact.double().T
+    results = []
+    for isa in each_cpu_isa():
+        ours = ops.linear(x, exact.clone(), backend="cpu")
+        one_row = torch.cat([ops.linear(x[i:i + 1], exact.clone(), backend="cpu")
+                             for i in range(x.shape[0])])
+        assert torch.equal(ours, one_row), isa
+        assert ((ours.double() - exact_product).abs() <= bound).all(), isa
+        results.append(ours)
+    assert all(torch.equal(results[0], other) for other in results[1:])
+
+
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 300, 40), (3, 576, 100),
                                             (4, 577, 37), (5, 64, 16), (9, 96, 37),
@@ -524,32 +556,17 @@ def test_bf16_exact_weights_pack_in_bf16_with_the_fp32_packs_bits(gen, monkeypat
     _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.bfloat16, "PACK_BF16_EXACT")
 
 
-def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
-    """A GGUF Q4_1 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0 and m, q in
-    0..15 with 0 and 15 present (as llama.cpp's quantizer makes them), w = fl(d * q + m); the
-    first block of the first row has equal weights (d = 0). m is the block's minimum, so
-    |m| >= d / 2 here (about 7 d for weights centred on zero; either sign)."""
-    blocks = width // 32
-    d = (torch.rand(out, blocks, 1, generator=gen) * 0.02 + 1e-4).half().float()
-    sign = torch.randint(0, 2, (out, blocks, 1), generator=gen).float() * 2 - 1
-    m = (sign * d * (0.5 + 10 * torch.rand(out, blocks, 1, generator=gen))).half().float()
-    q = torch.randint(0, 16, (out, blocks, 32), generator=gen).float()
-    q[..., 0], q[..., 1] = 0, 15
-    d[0, 0], q[0, 0] = 0.0, 0.0  # one block of equal weights: d = 0
-    return (d * q + m).reshape(out, width)
-
-
 @needs_cpu_backend
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 576, 100),
                                             (5, 96, 37), (6, 576, 100), (9, 96, 37),
                                             (13, 64, 16), (61, 1536, 200), (70, 96, 33)])
-def test_q4_exact_weights_pack_in_4_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
-                                                                  out):
+def test_q4_exact_weights_pack_in_4_bits_and_sum_in_blocks(gen, rows, width, out):
     """A weight whose every block of 32 k is exactly a GGUF Q4_1 block (d * q + m, fp16 d and
-    m) is packed in 4 bits plus its scales and gives the fp32 pack's results bit for bit, on
-    every instruction set and every GEMM path (one row, one row tile, row groups, widened
-    blocks: which row counts take which path differs per instruction set, see decoder.h); a
-    weight with one other value, or K not a multiple of 32, keeps a wider pack."""
+    m) is packed in 4 bits plus its scales, and its GEMM keeps the block-pack contract
+    (_block_pack_contract) on every instruction set and every GEMM path (one row, one row tile,
+    row groups, widened blocks: which row counts take which path differs per instruction set,
+    see decoder_linear.h); a weight with one other value, or K not a multiple of 32, keeps a wider
+    pack."""
     from eagle_kernels.ops import decoder
 
     x = torch.randn(rows, width, generator=gen)
@@ -559,7 +576,8 @@ def test_q4_exact_weights_pack_in_4_bits_with_the_fp32_packs_bits(gen, monkeypat
     q, d, m = decoder.q4_blocks(exact)
     assert int(q.max()) <= 15 and torch.equal(d.half().float(), d)
     assert decoder.pack_weight(exact[:, :width - 1].contiguous()).dtype != torch.uint8
-    _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.uint8, "PACK_Q4_EXACT")
+    zero = decoder.Q4_ZERO_LEVEL
+    _block_pack_contract(x, exact, torch.uint8, q.float() - zero, d, m + zero * d)
 
 
 def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
@@ -576,12 +594,11 @@ def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 96, 37),
                                             (6, 576, 100), (9, 96, 37), (13, 64, 16),
                                             (70, 96, 33)])
-def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypatch, rows, width,
-                                                                  out):
+def test_q8_exact_weights_pack_in_8_bits_and_sum_in_blocks(gen, rows, width, out):
     """A weight whose every block of 32 k is exactly a GGUF Q8_0 block (d * q, fp16 d, the
-    default target's tied embedding / lm_head) is packed in 8 bits plus its scales and gives
-    the fp32 pack's results bit for bit on every instruction set and GEMM path; one changed
-    value keeps an fp32 pack."""
+    default target's tied embedding / lm_head) is packed in 8 bits plus its scales, and its
+    GEMM keeps the block-pack contract (o = 0) on every instruction set and GEMM path; one
+    changed value keeps an fp32 pack."""
     from eagle_kernels.ops import decoder
 
     x = torch.randn(rows, width, generator=gen)
@@ -589,31 +606,34 @@ def test_q8_exact_weights_pack_in_8_bits_with_the_fp32_packs_bits(gen, monkeypat
     packed = decoder.pack_weight(exact)
     assert packed.dtype == torch.int8 and packed.numel() == -(-out // 16) * width // 32 * 576
     assert decoder.q8_blocks(torch.randn(16, 64, generator=gen)) is None
-    _narrow_pack_gives_the_fp32_bits(monkeypatch, x, exact, torch.int8, "PACK_Q8_EXACT")
+    q, d = decoder.q8_blocks(exact)
+    _block_pack_contract(x, exact, torch.int8, q.float(), d, torch.zeros_like(d))
 
 
 @needs_cpu_backend
-def test_q4_pack_scales_are_the_kernels(gen):
-    """The packer's per-column scales (ops/decoder.py Q4_SCALES) are the ones the kernels
-    rebuild weights with (kernels.h kQ4LowScale / kQ4HighScale): a pack's a is d times them,
-    columns 0-7 then 8-15 of each panel."""
+def test_q4_pack_layout_is_the_kernels(gen):
+    """The packer's zero level (ops/decoder.py Q4_ZERO_LEVEL) is the kernels' (kernels.h
+    kQ4ZeroLevel), and a pack's block holds d[16], o[16] = m + 8 d, then 16 row pairs of 16 bytes,
+    byte j holding column j's q of the even row in its low nibble and of the odd row in its
+    high nibble (decoder_linear.h "block packs", simd.h vq4_level_pair)."""
     from eagle_kernels import _cpu
     from eagle_kernels.ops import decoder
 
-    assert tuple(decoder.Q4_SCALES) == tuple(_cpu.Q4_SCALES)
+    assert decoder.Q4_ZERO_LEVEL == _cpu.Q4_ZERO_LEVEL == 8
     exact = q4_exact_weight(gen, 16, 32)
-    _, d, _ = decoder.q4_blocks(exact)
-    a = decoder.pack_q4_exact(exact)[0, 0, :64].view(torch.float32)
-    low, high = decoder.Q4_SCALES
-    assert torch.equal(a, torch.cat([d[:8, 0] * low, d[8:, 0] * high]))
+    q, d, m = decoder.q4_blocks(exact)
+    block = decoder.pack_q4_exact(exact)[0, 0]
+    assert torch.equal(block[:64].view(torch.float32), d[:, 0])
+    assert torch.equal(block[64:128].view(torch.float32), m[:, 0] + 8 * d[:, 0])
+    pairs = block[128:].view(16, 16)  # [row pair, column]
+    assert torch.equal(pairs & 15, q[:, 0::2].T) and torch.equal(pairs >> 4, q[:, 1::2].T)
 
 
 @needs_cpu_backend
 def test_q4_block_whose_offset_is_inexact_keeps_a_wider_pack(gen, monkeypatch):
-    """The Q4 pack stores c = m - a in fp32 (a = 128 d or 2048 d, the AVX-512 rebuild's scale
-    and offset); a Q4_1 block where that difference is not exact (m = 2^-24 beside d = 1: 32+
-    significant bits) must not be packed in 4 bits, and the wider pack gives the fp32 pack's
-    results bit for bit."""
+    """The Q4 pack stores o = m + 8 d in fp32; a Q4_1 block where that sum is not exact
+    (m = 2^-24 beside d = 1: 28 significant bits) must not be packed in 4 bits, and the wider
+    pack gives the fp32 pack's results bit for bit."""
     from eagle_kernels.ops import decoder
 
     exact = q4_exact_weight(gen, 16, 64)
@@ -695,18 +715,30 @@ def _narrow_packs_run_the_fp32_bits(gen, monkeypatch, flag: str, convert) -> Non
 
 
 @needs_cpu_backend
-def test_q4_exact_target_runs_the_fp32_bits(gen, monkeypatch):
-    """The fused layers over 4-bit packs (a GGUF Q4_1 model dequantized to fp32, as the default
-    target's layers are) give the fp32 packs' hidden states and K/V bit for bit."""
-    def to_q4(target):
-        for layer in target.model.layers:
-            for module in (*layer.self_attn.children(), *layer.mlp.children()):
-                if isinstance(module, torch.nn.Linear):
-                    out, width = module.weight.shape
-                    module.weight.copy_(q4_exact_weight(torch.Generator().manual_seed(out), out,
-                                                        width))
+def test_q4_exact_target_fused_layers_equal_the_layer_by_layer_path(gen):
+    """The fused decoder stack over 4-bit packs gives the hidden states and K/V of the same
+    layers run one layer call at a time, bit for bit (both run the block-pack GEMMs)."""
+    from runtime_helpers import tiny_target
 
-    _narrow_packs_run_the_fp32_bits(gen, monkeypatch, "PACK_Q4_EXACT", to_q4)
+    from eagle_kernels.ops import decoder
+
+    seed = int(torch.randint(1000, (1,), generator=gen))
+    tokens = torch.randint(0, 300, (2, 5), generator=gen)
+    mask = ops.pack_tree_mask(torch.tril(torch.ones(2, 5, 5, dtype=torch.bool)))
+    results = []
+    for fused in (True, False):
+        target = tiny_target(seed=seed)
+        q4_exact_layers(target)
+        if not fused:
+            target._fused_weights = lambda: None  # the layer-by-layer path
+        cache = target.allocate_cache(2, 16)
+        with torch.inference_mode():
+            hidden, _ = target(tokens, torch.arange(5).repeat(2, 1), cache, mask)
+        assert decoder._PACKS.get(target.model.layers[0].mlp.down_proj.weight).dtype == torch.uint8
+        results.append((hidden, cache))
+    (h1, c1), (h2, c2) = results
+    assert torch.equal(h1, h2)
+    assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
 
 
 @needs_cpu_backend

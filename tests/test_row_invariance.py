@@ -19,10 +19,11 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import BACKEND_ENV
 from eagle_kernels.ops._backend import backend_status, resolve
+from eagle_kernels.ops.decoder import pack_weight, round_to_q8_0
 from eagle_kernels.runtime.drafting import causal_tree_mask
 
 from conftest import SHAPES, random_parents
-from cpu_support import needs_cpu_backend
+from cpu_support import needs_cpu_backend, q4_exact_layers
 from cuda_support import gpu_when_present, seed_note
 from runtime_helpers import tiny_target
 
@@ -33,27 +34,37 @@ TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 _TRITON_MISSING = backend_status("triton")
 needs_triton = pytest.mark.skipif(not _TRITON_MISSING.available,
                                   reason=f"triton backend: {_TRITON_MISSING.reason}")
-# (backend forced, device, dtype, the ops that must run it)
+CPU_OPS = ("linear", "rms_norm", "apply_rope", "silu_mul", "tree_attention")
+# (backend forced, device, dtype, the ops that must run it, weights in GGUF block packs)
 CASES = [
-    pytest.param(("auto", torch.device("cpu"), torch.float32,
-                  ("linear", "rms_norm", "apply_rope", "silu_mul", "tree_attention"), "cpu"),
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", False),
                  marks=needs_cpu_backend, id="cpu-fp32"),
+    # the default target's packs: layers Q4_1, lm_head Q8_0 (decoder_linear.h "block packs")
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True),
+                 marks=needs_cpu_backend, id="cpu-q4-q8"),
     pytest.param(("triton", TRITON_DEVICE, torch.float32,
-                  ("linear", "rms_norm", "tree_attention"), "triton"),
+                  ("linear", "rms_norm", "tree_attention"), "triton", False),
                  marks=[needs_triton, gpu_when_present], id="triton-fp32"),
     pytest.param(("triton", TRITON_DEVICE, torch.bfloat16,
-                  ("linear", "rms_norm", "tree_attention"), "triton"),
+                  ("linear", "rms_norm", "tree_attention"), "triton", False),
                  marks=[needs_triton, gpu_when_present], id="triton-bf16"),
 ]
 
 
 @pytest.fixture(scope="module", params=CASES)
 def target(request):
-    forced, device, dtype, ops_checked, want = request.param
+    forced, device, dtype, ops_checked, want, block_packs = request.param
     with pytest.MonkeyPatch.context() as patch:  # for the module's tests, then restored
         if forced != "auto":
             patch.setenv(BACKEND_ENV, forced)  # the other ops run the torch reference: elementwise
         model = tiny_target(seed=3, layers=3).to(device, dtype)
+        if block_packs:
+            q4_exact_layers(model)
+            with torch.no_grad():
+                model.lm_head.weight.copy_(round_to_q8_0(model.lm_head.weight))
+            for weight, dtype_wanted in ((model.model.layers[0].mlp.up_proj.weight, torch.uint8),
+                                         (model.lm_head.weight, torch.int8)):
+                assert pack_weight(weight).dtype == dtype_wanted
         for op in ops_checked:
             chosen, _ = resolve(op, "auto", device, dtype=dtype, head_dim=16)
             assert chosen == want, (op, chosen)  # the row-invariant kernels are what runs

@@ -87,9 +87,10 @@ int thread_count(int threads) { return threads > 0 ? threads : omp_get_max_threa
 
 std::vector<float> widening_workspace;
 
-/// `threads` buffers for widening bf16 panel blocks of GEMMs over up to `k` (decoder.h).
-float* linear_workspace(int threads, int64_t k) {
-  const size_t floats = static_cast<size_t>(threads * cpu::linear_workspace_floats(k));
+/// `threads` GEMM workspaces (widened panel blocks, block sums; decoder_linear.h) for GEMMs over up
+/// to `k` and `m` rows.
+float* linear_workspace(int threads, int64_t k, int64_t m) {
+  const size_t floats = static_cast<size_t>(threads * cpu::linear_workspace_floats(k, m));
   if (widening_workspace.size() < floats) widening_workspace.resize(floats);
   return widening_workspace.data();
 }
@@ -105,7 +106,7 @@ void linear(std::uintptr_t x, int64_t m, int64_t k, int64_t ldx,
                      as_ptr<float>(segments[i + 2]), segments[i + 3], segments[i + 4]});
   }
   const int count = thread_count(threads);
-  float* widened = linear_workspace(count, k);
+  float* widened = linear_workspace(count, k, m);
   cpu::LinearArgs args{as_ptr<const float>(x), m, k, ldx, parts.data(),
                        static_cast<int>(parts.size()), widened, count};
   active->linear(args);
@@ -199,7 +200,7 @@ void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, f
       as_ptr<float>(p[22]), as_ptr<float>(p[23]), as_ptr<const int32_t>(p[24]), n[9], n[10],
       as_ptr<const int32_t>(p[25]), n[11],
       layer_workspace.data(), attention_workspace.data(),
-      linear_workspace(count, std::max({n[2], n[3], n[4], n[5] * n[7]})), count};
+      linear_workspace(count, std::max({n[2], n[3], n[4], n[5] * n[7]}), rows), count};
   active->decoder_layer(args);
 }
 
@@ -438,7 +439,7 @@ PYBIND11_MODULE(_cpu, module) {
   module.doc() = "eagle_kernels CPU kernels (fp32, OpenMP, AVX-512 / AVX2 / generic at run time)";
   select_default_isa();
   module.attr("SELECT_MAX_K") = cpu::kSelectMaxK;
-  module.attr("Q4_SCALES") = py::make_tuple(cpu::kQ4LowScale, cpu::kQ4HighScale);
+  module.attr("Q4_ZERO_LEVEL") = cpu::kQ4ZeroLevel;
   module.def("isa", [] { return std::string(active->isa); },
              "The instruction set the kernels run with.");
   module.def("supported_isas", &supported_isas,

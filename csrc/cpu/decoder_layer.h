@@ -2,9 +2,9 @@
  * @file decoder_layer.h
  * @brief One whole decoder layer in one call (contract: eagle_kernels.ops.reference.decoder_layer;
  *        see DecoderLayerArgs in kernels.h). Included inside an instruction-set namespace after
- *        decoder.h and attention.h, whose kernels it composes unchanged: every row is computed
- *        exactly as the one-op-at-a-time path computes it (row invariance holds, and the fused
- *        layer equals the unfused cpu ops bit for bit).
+ *        decoder_linear.h, decoder.h and attention.h, whose kernels it composes unchanged:
+ *        every row is computed exactly as the one-op-at-a-time path computes it (row invariance
+ *        holds, and the fused layer equals the unfused cpu ops bit for bit).
  */
 
 /// y[:, :n] for one weight (+ bias) of a linear layer over rows x [m, k].

@@ -16,6 +16,7 @@ namespace eagle_kernels {
 namespace cpu {
 namespace EK_ISA_NAMESPACE {
 #include "simd.h"
+#include "decoder_linear.h"
 #include "decoder.h"
 #include "attention.h"
 #include "decoder_layer.h"

@@ -9,7 +9,7 @@
  * Row invariance. Each output row of every kernel here is computed by code that does not depend
  * on how many rows are computed with it, nor on the thread count: GEMM columns are split across
  * threads, never the reduction; each GEMM output adds fixed chunks of k in order, each one
- * sequential FMA chain (decoder.h); attention reduces over a query's visible keys in position
+ * sequential FMA chain (decoder_linear.h); attention reduces over a query's visible keys in position
  * order (prefix, then tree ancestors by index), its value sums in fixed blocks of positions
  * (kAttentionValueBlock), whatever the other queries are. So a token's logits in a verify
  * pass over N tree nodes equal, bit for bit, its logits in a one-token decode step over the
@@ -24,20 +24,22 @@ namespace eagle_kernels {
 namespace cpu {
 
 /// A weight packed for the GEMM: [ceil(n / 16), k, 16], panel p holding w[16p : 16p + 16, :]^T
-/// (zero-padded), see decoder.h. Its elements are fp32; or bf16 when every weight is exactly a
-/// bf16 value; or 4-bit blocks when every weight is exactly fl(d * q + m) of a GGUF Q4_1 block
-/// (32 consecutive k, fp16 d and m, q in 0..15, m - kQ4HighScale d exact in fp32; decoder.h
-/// kQ4BlockBytes); or 8-bit blocks when every weight is exactly d * q of a GGUF Q8_0 block
-/// (fp16 d, q in -128..127; kQ8BlockBytes).
-/// A narrow pack holds the same numbers in fewer bytes and the kernel rebuilds them exactly, so
-/// the results are the fp32 pack's bit for bit.
+/// (zero-padded), see decoder_linear.h. Its elements are fp32; or bf16 when every weight is exactly a
+/// bf16 value (widened exactly: the fp32 pack's results bit for bit); or 4-bit blocks when every
+/// weight is exactly fl(d * q + m) of a GGUF Q4_1 block (32 consecutive k, fp16 d and m, q in
+/// 0..15, m + kQ4ZeroLevel d exact in fp32; decoder_linear.h kQ4BlockBytes); or 8-bit blocks when every
+/// weight is exactly d * q of a GGUF Q8_0 block (fp16 d, q in -128..127; kQ8BlockBytes).
+/// A block pack's GEMM sums each block in its integer levels and scales the block's sum once
+/// (decoder_linear.h "block packs"): the same weights, but not the fp32 pack's rounding.
 enum class PackFormat : unsigned { kF32 = 0, kBf16 = 1, kQ4 = 2, kQ8 = 3 };
 
-/// A Q4 pack's per-column scale a = kQ4LowScale d for columns 0-7 (their q in the low nibbles),
-/// kQ4HighScale d for columns 8-15 (high nibbles), offset c = m - a: the powers of two AVX-512's
-/// rebuild makes 1 + q / scale at (simd.h vq4_weights). Exported as _cpu.Q4_SCALES, which the
-/// tests compare with the Python packer's copy (ops/decoder.py Q4_SCALES).
-constexpr float kQ4LowScale = 128.0f, kQ4HighScale = 2048.0f;
+/// k per Q4_1 / Q8_0 block (GGUF's, and the block packs' unit of scaling).
+constexpr int64_t kQ4BlockK = 32;
+/// The level a Q4 block's GEMM multiplies x by is q - kQ4ZeroLevel (-8..7: centred, so a block's
+/// level sum and its offset term do not cancel each other's digits away); the pack's offset is
+/// o = m + kQ4ZeroLevel d, so d (q - 8) + o = d q + m. Exported as _cpu.Q4_ZERO_LEVEL, which the
+/// tests compare with the Python packer's copy (ops/decoder.py Q4_ZERO_LEVEL).
+constexpr int kQ4ZeroLevel = 8;
 
 struct PackedWeight {
   const void* data;
@@ -65,21 +67,28 @@ struct LinearArgs {
   int64_t m, k, ldx;
   const LinearSegment* segments;
   int num_segments;
-  float* widened;  ///< threads * linear_workspace_floats(k): narrow panel blocks widened to fp32
+  float* widened;  ///< threads * linear_workspace_floats(k, m): see there
   int threads;
 };
 
 /// Bytes of packed panels a many-row GEMM keeps in L2 while every row tile passes over them
-/// (decoder.h linear_panels); at least kBlockMinPanels panels whatever their size. Measured
+/// (decoder_linear.h linear_panels); at least kBlockMinPanels panels whatever their size. Measured
 /// on AVX2 with every row tile prefetching the next block, a SmolLM2 layer stack over 8 rows:
 /// 256 KB 21.3 ms, 128 KB 20.6, 96 KB 20.4; 16 rows within noise.
 constexpr int64_t kPanelBlockBytes = 96 * 1024;
 constexpr int64_t kBlockMinPanels = 4;  ///< >= every instruction set's kPanelTile
 
-/// Floats one thread needs to widen one block of narrow (bf16 / q4 / q8) panels over k to fp32.
-static inline int64_t linear_workspace_floats(int64_t k) {
-  const int64_t floats = kPanelBlockBytes / 4, smallest = kBlockMinPanels * k * 16;
+/// Floats one thread needs to widen one block of bf16 panels over k to fp32, or of Q4 / Q8
+/// panels to fp32 levels with their block scales (decoder_linear.h Levels: at most 17 k floats a panel).
+static inline int64_t linear_widen_floats(int64_t k) {
+  const int64_t floats = kPanelBlockBytes / 4, smallest = kBlockMinPanels * (k + kQ4BlockK) * 17;
   return floats > smallest ? floats : smallest;
+}
+
+/// Floats one thread's part of a GEMM workspace holds: widened panels, then the block sums of
+/// the m rows of x over k (Q4 packs' offsets, decoder_linear.h block_sums), rounded up to 16.
+static inline int64_t linear_workspace_floats(int64_t k, int64_t m) {
+  return linear_widen_floats(k) + (m * (k / kQ4BlockK) + 15) / 16 * 16;
 }
 
 struct RmsNormArgs {
@@ -293,7 +302,7 @@ struct DecoderLayerArgs {
   int64_t words;
   float* workspace;  ///< decoder_layer_workspace_floats(...)
   float* attention_workspace;  ///< attention_workspace_total(...) floats
-  float* linear_workspace;     ///< threads * linear_workspace_floats(widest k of the layer)
+  float* linear_workspace;     ///< threads * linear_workspace_floats(widest k, rows) of the layer
   int threads;
 };
 

@@ -2,8 +2,8 @@
 
 Public ops with the contracts of the same-named functions in
 :mod:`eagle_kernels.ops.reference`. Backends: ``torch`` (the reference: transformers' math on
-torch ops) and ``cpu`` (``csrc/cpu/decoder.h``: OpenMP C++ with AVX-512 / AVX2 / portable
-code picked at run time; fp32 CPU tensors).
+torch ops) and ``cpu`` (``csrc/cpu/decoder_linear.h``, ``decoder.h``: OpenMP C++ with AVX-512 /
+AVX2 / portable code picked at run time; fp32 CPU tensors).
 
 Why a CPU kernel for what torch already has: speed and row invariance. A decode step reads
 every weight once, so it is memory-bound: ``linear`` uses the weight where it lies (torch's
@@ -148,16 +148,16 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 
 
 # --------------------------------------------------------------------------------------------
-# cpu backend (csrc/cpu/decoder.h; the whole layer's is in layer.py)
+# cpu backend (csrc/cpu/decoder_linear.h, decoder.h; the whole layer's is in layer.py)
 # --------------------------------------------------------------------------------------------
 
-PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder.h kPanel)
+PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder_linear.h kPanel)
 PACK_BF16_EXACT = True  # pack exactly-bf16 weights in bf16 (see pack_weight; tests compare both)
 PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight; tests compare both)
-Q4_BLOCK = 32  # k per Q4_1 block (decoder.h kQ4BlockK)
-# A Q4 pack's scale a per column: d times these for columns 0-7 / 8-15 (kernels.h kQ4LowScale /
-# kQ4HighScale, exported as _cpu.Q4_SCALES and compared in the tests)
-Q4_SCALES = (128.0, 2048.0)
+Q4_BLOCK = 32  # k per Q4_1 block (kernels.h kQ4BlockK)
+# A Q4 pack's GEMM multiplies x by the levels q - Q4_ZERO_LEVEL, its offset o = m + Q4_ZERO_LEVEL d
+# (kernels.h kQ4ZeroLevel, exported as _cpu.Q4_ZERO_LEVEL and compared in the tests)
+Q4_ZERO_LEVEL = 8
 PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight; tests compare both)
 RECOVERY_PROBE_ROWS = 64  # rows a Q4 / Q8 recovery tries first, before the whole weight
 RECOVERY_CHUNK_ROWS = 4096  # rows recovered at a time (bounds the search's temporaries)
@@ -168,7 +168,7 @@ class _PackedWeights:
     """The cpu GEMM's weight layout, made once per weight and kept while the weight lives.
 
     ``w`` [N, K] becomes panels [ceil(N / 16), K, 16] (zero-padded): the GEMM then streams each
-    panel row by row and keeps every output as one FMA chain over k (see decoder.h). The pack is
+    panel row by row and keeps every output as one FMA chain over k (see decoder_linear.h). The pack is
     a copy (the original stays what training and the other backends use); it is remade when the
     weight changes in place (version counter) or its storage is replaced, and dropped with the
     weight (weakref callback), so a freed weight's id can never hand back a stale pack.
@@ -210,7 +210,8 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     the fp32 pack's bit for bit, from half the bytes (a GEMV streams its weight from DRAM).
     In 4-bit Q4_1 blocks (:func:`pack_q4_exact`, uint8) when every element is exactly a GGUF
     Q4_1 value (the default target's layers, dequantized from its GGUF) and every block's
-    offset is exact in fp32: the same bits from 3/16 of the bytes; in 8-bit Q8_0 blocks
+    offset is exact in fp32: 3/16 of the bytes (its GEMM sums each block in its levels, see
+    :func:`pack_q4_exact`: not the fp32 pack's bits, as accurate); in 8-bit Q8_0 blocks
     (:func:`pack_q8_exact`, int8) when every element is exactly a Q8_0 value (its embedding,
     the tied lm_head): 9/32 of the bytes."""
     width = w.shape[1]
@@ -321,40 +322,30 @@ def q8_blocks(w: torch.Tensor):
 
 
 def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
-    """The Q4 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder.h kQ4BlockBytes), or None unless every
-    element is exactly a Q4_1 value (:func:`q4_blocks`) and every block's offset ``c = m - a``
-    is exact in fp32: uint8 [ceil(N / 16), K / 32, 384], per panel and block a[16] and c[16] as
-    fp32 bytes, ``a = 128 d`` for columns 0-7 and ``2048 d`` for columns 8-15 (Q4_SCALES), then
-    32 rows of 8 bytes, byte j holding column j's q in its low nibble and column j + 8's in its
-    high nibble (padding columns: a = c = q = 0, weight 0). The kernel rebuilds
-    fma(a, 1 + q / scale, c) = fl(d * q + m) (AVX-512 makes 1 + q / scale from the nibble's bits,
-    no conversion). c is exact when d = 0, or when m - a needs at most 24 significant bits:
-    m = 0 or |m| at least about d / 4 (d / 64 for the low-nibble columns). A Q4_1 quantizer's
-    m is its block's minimum and d the block's range / 15, so |m| is about 7 d for weights
-    centred on zero (all 3.3 M blocks of the default target pass); a tensor with one block that
-    does not keeps a wider pack (tested)."""
+    """The Q4 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder_linear.h kQ4BlockBytes), or None unless every
+    element is exactly a Q4_1 value (:func:`q4_blocks`) and every block's offset
+    ``o = m + 8 d`` is exact in fp32: uint8 [ceil(N / 16), K / 32, 384], per panel and block d[16]
+    and o[16] as fp32 bytes, then 16 row pairs of 16 bytes, byte j holding column j's q of the
+    pair's even row in its low nibble and of its odd row in its high nibble (padding columns:
+    d = o = q = 0, weight 0). The
+    kernel sums each block as d * sum(x (q - 8)) + o * sum(x) (decoder_linear.h "block packs"): the
+    weights d (q - 8) + o = d q + m exactly. o is exact whenever m and 8 d are within a factor 2^12 of
+    each other's magnitude or one of them is 0 (a Q4_1 quantizer's m is its block's minimum and d
+    the block's range / 15, so m is about -7 d for weights centred on zero; all 3.3 M blocks of
+    the default target pass); a tensor with one block that does not keeps a wider pack
+    (tested)."""
     blocks = q4_blocks(w)
     if blocks is None:
         return None
     q, d, m = blocks
-    low, high = Q4_SCALES
-    a = _panel_columns_scaled(d, low, high)
-    c = m - a
-    if not torch.equal(c.double() + a.double(), m.double()):
+    offset = m + Q4_ZERO_LEVEL * d
+    if not torch.equal(offset.double(), m.double() + Q4_ZERO_LEVEL * d.double()):
         return None
     q = _block_panels(q, Q4_BLOCK)  # [P, B, 32, 16]
-    nibbles = q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4)  # [P, B, 32, 8]
+    pairs = q[..., 0::2, :] | (q[..., 1::2, :] << 4)  # [P, B, 16, 16]: even rows low, odd high
     panels, per_row = q.shape[:2]
-    return torch.cat([_scale_bytes(a), _scale_bytes(c),
-                      nibbles.reshape(panels, per_row, Q4_BLOCK * PANEL // 2)], dim=-1).contiguous()
-
-
-def _panel_columns_scaled(d: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """``d`` [N, B] times ``low`` for the rows that become a panel's columns 0-7 (row % 16 < 8),
-    times ``high`` for columns 8-15 (exact: powers of two)."""
-    column = torch.arange(d.shape[0], device=d.device) % PANEL
-    factor = torch.where(column < PANEL // 2, low, high).to(d.dtype)
-    return d * factor.unsqueeze(1)
+    return torch.cat([_scale_bytes(d), _scale_bytes(offset),
+                      pairs.reshape(panels, per_row, Q4_BLOCK * PANEL // 2)], dim=-1).contiguous()
 
 
 def _padded_rows(t: torch.Tensor) -> torch.Tensor:
@@ -380,7 +371,7 @@ def _scale_bytes(scales: torch.Tensor) -> torch.Tensor:
 
 
 def pack_q8_exact(w: torch.Tensor) -> torch.Tensor | None:
-    """The Q8 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder.h kQ8BlockBytes), or None unless every
+    """The Q8 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder_linear.h kQ8BlockBytes), or None unless every
     element is exactly a Q8_0 value (:func:`q8_blocks`): int8 [ceil(N / 16), K / 32, 576], per
     panel and block d[16] as fp32 bytes, then 32 rows of 16 int8 q (padding columns: 0)."""
     blocks = q8_blocks(w)
