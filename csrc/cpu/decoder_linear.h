@@ -39,6 +39,14 @@ constexpr int kNarrowPanelTile = 3;               // a 6-row tile over Q4 / Q8 p
 constexpr int kFewRows = 12;                      // a row group: one 12x1 tile
 constexpr int kLevelsRowTile = 4, kLevelsPanelTile = 3;  // widened block packs: 12 level sums
                                                   // and 12 running totals in registers
+                                                  // (6 x 4 spills them: within noise, 16 /
+                                                  // 64 rows)
+constexpr int kNarrowRowGroupsMaxRows = 48;       // block packs (their levels cost 1.5 ops
+                                                  // a 16-weight vector): row groups against
+                                                  // widened blocks, in-process, 30 layers' Q4
+                                                  // GEMMs: 24 / 32 / 48 rows 0.93 / 1.01 /
+                                                  // 0.95x, the Q8 lm_head 32 / 48 / 64 rows
+                                                  // 0.92 / 0.97 / 1.03x
 constexpr int kRowGroupsMaxRows = 12, kNarrowRowGroupsFrom = kRowTile + 1;  // Zen 5, Q4 packs:
                                                   // 8 / 12 rows -25 / -10 % against widened
                                                   // blocks, 16-24 the same, 64 +10 %
@@ -47,7 +55,7 @@ constexpr int kRowTile = 3, kPanelTile = 2;       // 12 accumulators of 16 regis
                                                   // panel streams (used by M <= 2, fp32 M = 3
                                                   // and M > kRowGroupsMaxRows)
 constexpr int kFewRows = 6;                       // a row group: one 6x1 tile (12 accumulators)
-constexpr int kRowGroupsMaxRows = 64;
+constexpr int kRowGroupsMaxRows = 64, kNarrowRowGroupsMaxRows = kRowGroupsMaxRows;
 constexpr int kNarrowRowGroupsFrom = 3;           // a narrow pack's 3x2 tile spills: widening
                                                   // needs registers beside its 12 accumulators
 constexpr int kNarrowPanelTile = kPanelTile;
@@ -58,6 +66,7 @@ constexpr int kNarrowPanelTile = kPanelTile;
 constexpr int kFewRows = kRowTile;
 constexpr int kLevelsRowTile = kRowTile, kLevelsPanelTile = kPanelTile;
 constexpr int kRowGroupsMaxRows = kFewRows, kNarrowRowGroupsFrom = kRowTile + 1;
+constexpr int kNarrowRowGroupsMaxRows = kRowGroupsMaxRows;
 #endif
 // Row groups: up to kRowGroupsMaxRows rows (from kNarrowRowGroupsFrom for a narrow pack, else from
 // kRowTile + 1) go over one panel at a time, in groups of at most kFewRows rows that each run
@@ -568,7 +577,8 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
                           const WT* packed, int64_t p0, int64_t p1) {
   if (a.m == 1) return linear_single_row(a, x, s, packed, p0, p1);
   const int64_t groups_from = std::is_same_v<WT, float> ? kRowTile + 1 : kNarrowRowGroupsFrom;
-  if (a.m >= groups_from && a.m <= kRowGroupsMaxRows)
+  const int64_t groups_to = kBlockPacked<WT> ? kNarrowRowGroupsMaxRows : kRowGroupsMaxRows;
+  if (a.m >= groups_from && a.m <= groups_to)
     return linear_row_groups(a, x, s, packed, p0, p1);
   // A full row tile over a Q4 / Q8 pack (not widened: M <= kRowTile) takes kNarrowPanelTile.
   const int tile = kBlockPacked<WT> && a.m == kRowTile ? kNarrowPanelTile
