@@ -6,6 +6,7 @@ medians of per-round ratios.
     python bench/results/2026-11-27c_cpu-2core/ab_gemm.py OLD.so NEW.so q4 1,2,4,8,16,64
     python bench/results/2026-11-27c_cpu-2core/ab_gemm.py OLD.so NEW.so q4 1,4,16 --layers 7
     python bench/results/2026-11-27c_cpu-2core/ab_gemm.py OLD.so NEW.so q8 1,2,4,8,16
+    python bench/results/2026-11-27c_cpu-2core/ab_gemm.py OLD.so NEW.so q4 1,4,16 --isa avx2
 
 ``q4``: the four GEMMs of each of ``--layers`` decoder layers (q / k / v fused, o, gate / up
 fused, down: 3.54 M weights a layer) over random Q4 packs, called one after another as a decode
@@ -75,8 +76,13 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=DECODE_LAYERS)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--isa", help="run both builds' kernels for this instruction set "
+                        "(avx512, avx2, generic; default: the best the processor has)")
     args = parser.parse_args()
     builds = {"older": load_build(args.older, "older"), "newer": load_build(args.newer, "newer")}
+    if args.isa:
+        for module in builds.values():
+            module.set_isa(args.isa)
     for rows in (int(r) for r in args.rows.split(",")):
         calls = gemm_calls(args.format, args.layers, rows)
 
@@ -94,7 +100,8 @@ def main() -> int:
                     run(builds[name])
                 times[name].append((time.perf_counter() - start) / 5 * 1e3)
         ratios = [b / a for a, b in zip(times["older"], times["newer"])]
-        print(f"{args.format} layers {args.layers} rows {rows}: older "
+        isa = f" {args.isa}" if args.isa else ""
+        print(f"{args.format}{isa} layers {args.layers} rows {rows}: older "
               f"{statistics.median(times['older']):.3f} ms, newer "
               f"{statistics.median(times['newer']):.3f} ms, newer / older median of per-round "
               f"ratios {statistics.median(ratios):.3f} (min {min(ratios):.3f}, "
