@@ -479,7 +479,8 @@ static void linear_row_groups(const LinearArgs& a, TileRows x, const LinearSegme
 /// `tile` panels, a whole number of tiles.
 template <typename WT>
 static int64_t panels_per_block(int64_t k, int tile) {
-  static_assert(kPanelTile <= kBlockMinPanels && kNarrowPanelTile <= kBlockMinPanels,
+  static_assert(kPanelTile <= kBlockMinPanels && kNarrowPanelTile <= kBlockMinPanels &&
+                    kLevelsPanelTile <= kBlockMinPanels,
                 "a block must fit the widening workspace");
   const int64_t panel_bytes = (kBlockSummed<WT> ? panel_size<Levels<WT>>(k) : k * kPanel) * 4;
   const int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / tile * tile : 0;
