@@ -516,8 +516,9 @@ def _block_pack_contract(x, exact, pack_dtype, levels, scales, offsets) -> None:
     an FMA chain, X = sum x, T = fma(d, S, fma(o, X, T))) is, on every instruction set:
     row-invariant (each row equals its one-row GEMM: every GEMM path agrees), the same bits on
     every instruction set, and within the worst-case rounding error of that formula of the exact
-    product: every term x L, x, d S, o X passes through at most 34 + 2 B roundings (32 in S, 2
-    per block into T, B = K / 32 blocks), so |y - x w^T| <= gamma_(34 + 2B) * sum_k |x_k|
+    product: a term d x L passes through at most 32 roundings in S, one in its block's outer fma
+    and 2 per later block; a term o x at most 31 in X, 2 in its block and 2 per later block: at
+    most 32 + 2 B (B = K / 32 blocks), so |y - x w^T| <= gamma_(32 + 2B) * sum_k |x_k|
     (|d| |L_k| + |o|) with gamma_n = n u / (1 - n u), u = 2^-24 (a proven bound: no false
     failure). ``levels`` [N, K], ``scales`` / ``offsets`` [N, K / 32] are the weight's L, d, o."""
     from eagle_kernels.ops import decoder
@@ -528,7 +529,7 @@ def _block_pack_contract(x, exact, pack_dtype, levels, scales, offsets) -> None:
     assert decoder.pack_weight(inexact).dtype == torch.float32
     per_k = (scales.abs().repeat_interleave(32, 1) * levels.abs()
              + offsets.abs().repeat_interleave(32, 1)).double()
-    terms = 34 + 2 * (exact.shape[1] // 32)
+    terms = 32 + 2 * (exact.shape[1] // 32)
     bound = terms * 2.0**-24 / (1 - terms * 2.0**-24) * (x.double().abs() @ per_k.T)
     exact_product = x.double() @ exact.double().T
     results = []
@@ -630,25 +631,27 @@ def test_q4_pack_layout_is_the_kernels(gen):
 
 
 @needs_cpu_backend
-def test_q4_block_whose_offset_is_inexact_keeps_a_wider_pack(gen, monkeypatch):
-    """The Q4 pack stores o = m + 8 d in fp32; a Q4_1 block where that sum is not exact
-    (m = 2^-24 beside d = 1: 28 significant bits) must not be packed in 4 bits, and the wider
-    pack gives the fp32 pack's results bit for bit."""
+def test_q4_block_that_rounds_keeps_a_wider_pack(gen, monkeypatch):
+    """A block pack's GEMM works with the exact d q + m (decoder_linear.h "block packs"), so a
+    Q4_1 block whose fp32 values are d q + m rounded must not be packed in 4 bits: d = 1 + 2^-10
+    beside m = 32768 (d q + m needs up to 26 significant bits; m + 8 d is exact, so only the
+    values tell), and m = 2^-24 beside d = 1 (m + 8 d rounds too). The wider pack gives the fp32
+    pack's results bit for bit."""
     from eagle_kernels.ops import decoder
 
-    exact = q4_exact_weight(gen, 16, 64)
-    exact[5, :32] = torch.arange(32.0) % 16  # d = 1, q = 0..15, then m = 2^-24 for q = 0
-    exact[5, 0] = exact[5, 16] = 2.0**-24
-    q, d, m = decoder.q4_blocks(exact)
-    assert float(d[5, 0]) == 1.0 and float(m[5, 0]) == 2.0**-24
-    packed = decoder.pack_weight(exact)
-    assert packed.dtype != torch.uint8
     x = torch.randn(3, 64, generator=gen)
-    ours = ops.linear(x, exact.clone(), backend="cpu")
-    with monkeypatch.context() as patch:
-        for flag in ("PACK_Q4_EXACT", "PACK_Q8_EXACT", "PACK_BF16_EXACT"):
-            patch.setattr(decoder, flag, False)
-        assert torch.equal(ours, ops.linear(x, exact.clone(), backend="cpu"))
+    for d, m in ((1 + 2.0**-10, 32768.0), (1.0, 2.0**-24)):
+        exact = q4_exact_weight(gen, 16, 64)
+        q = torch.arange(32.0) % 16
+        exact[5, :32] = q * d + m  # fp32: d q exact, + m rounded
+        assert not torch.equal(exact[5, :32].double(), q.double() * d + m)
+        assert decoder.q4_blocks(exact) is None
+        assert decoder.pack_weight(exact).dtype != torch.uint8
+        ours = ops.linear(x, exact.clone(), backend="cpu")
+        with monkeypatch.context() as patch:
+            for flag in ("PACK_Q4_EXACT", "PACK_Q8_EXACT", "PACK_BF16_EXACT"):
+                patch.setattr(decoder, flag, False)
+            assert torch.equal(ours, ops.linear(x, exact.clone(), backend="cpu"))
 
 
 def test_q4_q8_recovery_in_row_chunks_equals_the_whole(gen, monkeypatch):
@@ -670,7 +673,7 @@ def test_q4_q8_recovery_in_row_chunks_equals_the_whole(gen, monkeypatch):
 
 def test_q4_recovery_refuses_what_is_not_exactly_q4(gen):
     """Random fp32 values, non-finite values and a negative zero where d * 0 + m gives +0 are
-    not Q4_1 blocks: no 4-bit pack (it would change bits)."""
+    not Q4_1 blocks: no 4-bit pack (its weights would not be the tensor's)."""
     from eagle_kernels.ops import decoder
 
     assert decoder.q4_blocks(torch.randn(16, 64, generator=gen)) is None

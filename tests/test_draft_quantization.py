@@ -39,7 +39,7 @@ def test_round_to_q8_0_is_the_nearest_multiple_of_a_scale_that_needs_no_clamp(ge
     assert int(q.abs().max()) == 127  # d >= max / 127: no value needs clamping
     assert torch.equal(got, d * q + 0.0)
     assert torch.all((got - blocks).abs() <= d / 2)  # the nearest multiple of d
-    assert not torch.signbit(got[got == 0]).any()  # no -0.0: the Q8 pack rebuilds +0
+    assert not torch.signbit(got[got == 0]).any()  # no -0.0: q8_blocks refuses it (d * 0 is +0)
     assert decoder.pack_weight(rounded).dtype == torch.int8
     assert torch.equal(decoder.round_to_q8_0(rounded), rounded)  # Q8_0 values stay
 

@@ -97,16 +97,19 @@ struct Prefetch {
 // nibble and of its odd row in its high nibble (simd.h vq4_level_pair). Q8 packs
 // (PackFormat::kQ8): k / kQ4BlockK blocks of kQ8BlockBytes: d[16] in fp32, then 32 rows of 16
 // int8 q. A weight is d L + o with the level L = q - kQ4ZeroLevel (Q4; -8..7), or d L with L =
-// q (Q8), exactly the GGUF dequantized value. The GEMM sums each block in its levels, exact
-// small integers, and scales the sum once:
+// q (Q8), exactly the GGUF dequantized value (the packer checks that d q + m needs no rounding
+// in fp32). The GEMM sums each block in its levels, exact small integers, and scales the sum
+// once:
 //   S = fma chain over the block's 32 k of x[m, k] * L[n, k] (from 0, k in order),
 //   X = x[m, k0] + x[m, k0 + 1] + ... + x[m, k0 + 31] (in order; one per row and block),
 //   T = fma(d, S, fma(o, X, T)) (Q4) or fma(d, S, T) (Q8), T from 0 over the blocks in order;
 //   y = T (+ bias).
-// So a weight costs the GEMV one vector op beside its FMA, where rebuilding d q + m exactly
-// took three (see vq4_level_pair). Every ISA forms L, S, X and T alike: every ISA, tile shape
-// and row count gives the same bits. Not the fp32 pack's bits (which round each x * w), but as
-// accurate: L centred on 0 keeps d S and o X from cancelling each other's digits.
+// So 16 Q4 weights cost the AVX-512 GEMV 1.5 vector ops beside their FMA, where rebuilding
+// d q + m exactly took three (see vq4_level_pair). Every ISA forms L, S, X and T alike: every
+// ISA, tile shape and row count gives the same bits. Not the fp32 pack's bits (which round each
+// x * w), but as accurate: L centred on 0 keeps d S and o X from cancelling each other's
+// digits. (An infinite x meeting a level 0, or a block with d = 0, gives NaN where an fp32
+// pack gives inf: 0 * inf.)
 constexpr int64_t kQ4BlockBytes = 2 * kPanel * 4 + kQ4BlockK * kPanel / 2;
 constexpr int64_t kQ8BlockBytes = kPanel * 4 + kQ4BlockK * kPanel;
 
@@ -151,7 +154,8 @@ constexpr int64_t panel_size(int64_t k) {
 
 // A tile walks k in runs, each set up once: a narrow pack's runs are its blocks (the block's
 // address and scales found once, not for every k: the one-row GEMM is compute-bound on
-// rebuilding weights, and computing the address per k cost it 12 %), an fp32 / bf16 pack's a
+// turning narrow weights into fp32, and computing the address per k cost it 12 %), an fp32 /
+// bf16 pack's a
 // whole chunk. Run<WT>(panel, r0) starts at row r0 (a multiple of kRunRows<WT>); load(r, v) is
 // vector v of its row r as exact fp32 (a block pack's Run: see Run<Q4Byte>).
 template <typename WT>

@@ -8,9 +8,10 @@
  *
  * Row invariance. Each output row of every kernel here is computed by code that does not depend
  * on how many rows are computed with it, nor on the thread count: GEMM columns are split across
- * threads, never the reduction; each GEMM output adds fixed chunks of k in order, each one
- * sequential FMA chain (decoder_linear.h); attention reduces over a query's visible keys in position
- * order (prefix, then tree ancestors by index), its value sums in fixed blocks of positions
+ * threads, never the reduction; each GEMM output adds fixed chunks (a block pack: blocks) of k
+ * in order, each one sequential FMA chain (decoder_linear.h); attention reduces over a query's
+ * visible keys in position order (prefix, then tree ancestors by index), its value sums in
+ * fixed blocks of positions
  * (kAttentionValueBlock), whatever the other queries are. So a token's logits in a verify
  * pass over N tree nodes equal, bit for bit, its logits in a one-token decode step over the
  * same prefix.

@@ -153,12 +153,12 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 
 PANEL = 16  # columns per packed weight panel (csrc/cpu/decoder_linear.h kPanel)
 PACK_BF16_EXACT = True  # pack exactly-bf16 weights in bf16 (see pack_weight; tests compare both)
-PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight; tests compare both)
+PACK_Q4_EXACT = True  # pack exactly-Q4_1 weights in 4 bits (see pack_weight)
 Q4_BLOCK = 32  # k per Q4_1 block (kernels.h kQ4BlockK)
 # A Q4 pack's GEMM multiplies x by the levels q - Q4_ZERO_LEVEL, its offset o = m + Q4_ZERO_LEVEL d
 # (kernels.h kQ4ZeroLevel, exported as _cpu.Q4_ZERO_LEVEL and compared in the tests)
 Q4_ZERO_LEVEL = 8
-PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight; tests compare both)
+PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight)
 RECOVERY_PROBE_ROWS = 64  # rows a Q4 / Q8 recovery tries first, before the whole weight
 RECOVERY_CHUNK_ROWS = 4096  # rows recovered at a time (bounds the search's temporaries)
 Q4_FORMAT_TAG, Q8_FORMAT_TAG = 2, 3  # kernels.h PackFormat, in the low bits of a pack's address
@@ -234,9 +234,10 @@ def _exact_levels(blocks: torch.Tensor, nearest: torch.Tensor, offset: torch.Ten
                   levels: tuple[int, int]):
     """Per block of ``blocks`` [N, B, 32], the first of the fp16 scale ``nearest`` [N, B, 1]
     (as int16 bits) and its two neighbours for which every element is bit for bit
-    ``d * q + offset`` with q an integer in ``levels``; (q float [N, B, 32], d [N, B, 1]) or
-    None if a block has none. ``d * q`` is exact (11 significant bits times at most 8), so this
-    is the kernel's FMA: one rounding."""
+    ``d * q + offset`` with q an integer in ``levels``, exactly (no rounding: a block pack's GEMM
+    works with the exact d q + offset, csrc/cpu/decoder_linear.h "block packs"; d q alone is
+    always exact, 11 significant bits times at most 8, but + m may round: such a block is not
+    packed); (q float [N, B, 32], d [N, B, 1]) or None if a block has none."""
     q = torch.zeros_like(blocks)
     d = torch.zeros_like(blocks[..., :1])
     found = torch.zeros_like(d, dtype=torch.bool)
@@ -246,6 +247,8 @@ def _exact_levels(blocks: torch.Tensor, nearest: torch.Tensor, offset: torch.Ten
         level = ((blocks - offset) / safe).round().clamp(*levels)
         rebuilt = candidate * level + offset
         exact = (rebuilt.view(torch.int32) == blocks.view(torch.int32)).all(-1, keepdim=True)
+        real = candidate.double() * level.double() + torch.as_tensor(offset).double()
+        exact &= (real == blocks.double()).all(-1, keepdim=True)
         exact &= torch.isfinite(candidate) & ~found
         q = torch.where(exact, level, q)
         d = torch.where(exact, candidate, d)
@@ -304,7 +307,7 @@ def q8_blocks(w: torch.Tensor):
     """(q, d) with ``w == d * q`` exactly in fp32 for every element of ``w`` [N, K] (blocks of
     32 consecutive k sharing an fp16 ``d``, ``q`` in -128..127: a GGUF Q8_0 tensor dequantized
     to fp32), else None. d is the fp16 value nearest max |w| / 127 or a neighbour; every element
-    is checked exactly (-0.0 is not: the kernel rebuilds +0). q [N, K] int8, d [N, K / 32]
+    is checked exactly (-0.0 is not: d * 0 is +0). q [N, K] int8, d [N, K / 32]
     float32 (fp16 values)."""
     if w.shape[0] > RECOVERY_PROBE_ROWS and q8_blocks(w[:RECOVERY_PROBE_ROWS]) is None:
         return None
@@ -322,18 +325,18 @@ def q8_blocks(w: torch.Tensor):
 
 
 def pack_q4_exact(w: torch.Tensor) -> torch.Tensor | None:
-    """The Q4 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder_linear.h kQ4BlockBytes), or None unless every
-    element is exactly a Q4_1 value (:func:`q4_blocks`) and every block's offset
-    ``o = m + 8 d`` is exact in fp32: uint8 [ceil(N / 16), K / 32, 384], per panel and block d[16]
-    and o[16] as fp32 bytes, then 16 row pairs of 16 bytes, byte j holding column j's q of the
-    pair's even row in its low nibble and of its odd row in its high nibble (padding columns:
-    d = o = q = 0, weight 0). The
-    kernel sums each block as d * sum(x (q - 8)) + o * sum(x) (decoder_linear.h "block packs"): the
-    weights d (q - 8) + o = d q + m exactly. o is exact whenever m and 8 d are within a factor 2^12 of
-    each other's magnitude or one of them is 0 (a Q4_1 quantizer's m is its block's minimum and d
-    the block's range / 15, so m is about -7 d for weights centred on zero; all 3.3 M blocks of
-    the default target pass); a tensor with one block that does not keeps a wider pack
-    (tested)."""
+    """The Q4 pack of ``w`` [N, K] fp32 (csrc/cpu/decoder_linear.h kQ4BlockBytes), or None unless
+    every element is exactly ``d * q + m`` of a Q4_1 block, with no rounding (:func:`q4_blocks`),
+    and every block's offset ``o = m + 8 d`` is exact in fp32: uint8 [ceil(N / 16), K / 32, 384],
+    per panel and block d[16] and o[16] as fp32 bytes, then 16 row pairs of 16 bytes, byte j
+    holding column j's q of the pair's even row in its low nibble and of its odd row in its
+    high nibble (padding columns: d = o = q = 0, weight 0). The kernel sums each block as
+    d * sum(x (q - 8)) + o * sum(x) (decoder_linear.h "block packs"): the weights
+    d (q - 8) + o = d q + m, exactly the tensor's. Both hold whenever m and 8 d (and 15 d) are
+    within a factor 2^12 of each other's magnitude or one of them is 0 (a Q4_1 quantizer's m is
+    its block's minimum and d the block's range / 15, so m is about -7 d for weights centred on
+    zero; all 3.3 M blocks of the default target pass); a tensor with one block that does not
+    keeps a wider pack (tested)."""
     blocks = q4_blocks(w)
     if blocks is None:
         return None

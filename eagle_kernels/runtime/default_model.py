@@ -16,8 +16,8 @@ Cache format: float32 safetensors (about 538 MB). The dequantized weights (Q4_1 
 and 55.9M when rounded to float16 (max logit difference after upcasting 0.28 and 0.04). Only
 float32 keeps the cached model bit-identical to the one loaded straight from the GGUF, which is
 what makes it a faithful target for lossless speculative decoding tests. (The CPU kernels still
-stream it in 4 / 8 bits: their packs recover each block's d, m and q from the fp32 values and
-rebuild the same fp32 numbers exactly, see ``eagle_kernels.ops.decoder.pack_weight``.)
+stream it in 4 / 8 bits: their packs recover each block's d, m and q from the fp32 values,
+checked to give exactly these fp32 numbers, see ``eagle_kernels.ops.decoder.pack_weight``.)
 
 The cache lives in ``$EAGLE_KERNELS_CACHE`` (default ``~/.cache/eagle_kernels``), subdirectory
 ``SmolLM2-135M-Instruct``. It is written into a temporary directory and renamed into place, so
