@@ -398,15 +398,22 @@ def test_inference_tensor_weights_warn_that_they_are_packed_per_call(gen):
 
 
 @needs_cpu_backend
+@pytest.mark.parametrize("weights", ["fp32", "q4"])
 @pytest.mark.parametrize("features", [(), (0, 2, 5), (1, 3, 9)])
-def test_stacked_layers_equal_layer_by_layer(gen, features):
+def test_stacked_layers_equal_layer_by_layer(gen, features, weights):
     """The target's forward runs its layers as one C++ call per run between captured features
     (DecoderStep.run_layers); that equals calling the layers one by one, bit for bit: hidden
-    states, captured features and every layer's written K/V."""
+    states, captured features and every layer's written K/V; over fp32 packs, and over 4-bit
+    block packs (a GGUF Q4_1 model dequantized to fp32, as the default target's layers are)."""
     from conftest import random_parents
     from runtime_helpers import tiny_target
 
+    from eagle_kernels.ops import decoder
+
     target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    if weights == "q4":
+        q4_exact_layers(target)
+        assert decoder.pack_weight(target.model.layers[0].mlp.down_proj.weight).dtype == torch.uint8
     tokens = torch.randint(0, 300, (2, 6), generator=gen)
     depth, mask, _ = ops.build_tree(random_parents(2, 6, gen))
     results = []
@@ -711,33 +718,6 @@ def _narrow_packs_run_the_fp32_bits(gen, monkeypatch, flag: str, convert) -> Non
             hidden, _ = target(tokens, positions, cache, mask)
             packed = decoder._PACKS.get(target.model.layers[0].mlp.down_proj.weight)
             assert (packed.dtype != torch.float32) == narrow
-        results.append((hidden, cache))
-    (h1, c1), (h2, c2) = results
-    assert torch.equal(h1, h2)
-    assert all(torch.equal(a, b) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
-
-
-@needs_cpu_backend
-def test_q4_exact_target_fused_layers_equal_the_layer_by_layer_path(gen):
-    """The fused decoder stack over 4-bit packs gives the hidden states and K/V of the same
-    layers run one layer call at a time, bit for bit (both run the block-pack GEMMs)."""
-    from runtime_helpers import tiny_target
-
-    from eagle_kernels.ops import decoder
-
-    seed = int(torch.randint(1000, (1,), generator=gen))
-    tokens = torch.randint(0, 300, (2, 5), generator=gen)
-    mask = ops.pack_tree_mask(torch.tril(torch.ones(2, 5, 5, dtype=torch.bool)))
-    results = []
-    for fused in (True, False):
-        target = tiny_target(seed=seed)
-        q4_exact_layers(target)
-        if not fused:
-            target._fused_weights = lambda: None  # the layer-by-layer path
-        cache = target.allocate_cache(2, 16)
-        with torch.inference_mode():
-            hidden, _ = target(tokens, torch.arange(5).repeat(2, 1), cache, mask)
-        assert decoder._PACKS.get(target.model.layers[0].mlp.down_proj.weight).dtype == torch.uint8
         results.append((hidden, cache))
     (h1, c1), (h2, c2) = results
     assert torch.equal(h1, h2)

@@ -132,6 +132,9 @@ static_assert(sizeof(Levels<float>) == 4, "Levels is one float");
 /// Narrow packs (Q4 / Q8) hold k in blocks of kQ4BlockK rows, each with its scales.
 template <typename WT>
 constexpr bool kBlockPacked = std::is_same_v<WT, Q4Byte> || std::is_same_v<WT, Q8Byte>;
+/// What a narrow pack is widened to for the many-row GEMM: bf16 -> fp32, a block pack -> Levels.
+template <typename WT>
+using Widened = std::conditional_t<kBlockPacked<WT>, Levels<WT>, float>;
 /// Block packs, narrow or widened to Levels: their GEMM sums each block on its own.
 template <typename WT>
 constexpr bool kBlockSummed =
@@ -315,7 +318,8 @@ static void panel_tile_blocks(TileRows x, const WT* panels, int64_t k, const flo
             acc[i][v] = vfma(x_odd, odd[v], vfma(x_even, even[v], acc[i][v]));
         }
       }
-    } else {  // one row at a time: a 6 x 4 tile has no registers for two rows' weights
+    } else {  // one row at a time: Q8 and widened levels share no work between two rows,
+              // and holding two rows' weights would double a tile's live registers
       for (int64_t r = 0; r < kQ4BlockK; ++r) {
         fetch.step();
         vf w[V];
@@ -486,7 +490,7 @@ static int64_t panels_per_block(int64_t k, int tile) {
   static_assert(kPanelTile <= kBlockMinPanels && kNarrowPanelTile <= kBlockMinPanels &&
                     kLevelsPanelTile <= kBlockMinPanels,
                 "a block must fit the widening workspace");
-  const int64_t panel_bytes = (kBlockSummed<WT> ? panel_size<Levels<WT>>(k) : k * kPanel) * 4;
+  const int64_t panel_bytes = panel_size<Widened<WT>>(k) * 4;
   const int64_t block = panel_bytes > 0 ? kPanelBlockBytes / panel_bytes / tile * tile : 0;
   return block < tile ? tile : block;
 }
@@ -521,10 +525,6 @@ static void block_row_tiles(const LinearArgs& a, TileRows x, const LinearSegment
     }
   }
 }
-
-/// What a narrow pack is widened to for the many-row GEMM: bf16 -> fp32, a block pack -> Levels.
-template <typename WT>
-using Widened = std::conditional_t<kBlockPacked<WT>, Levels<WT>, float>;
 
 /// `panels` narrow panels over k, widened (bf16: the exact fp32 weights; a block pack: its
 /// scales and its levels in fp32, exactly).
