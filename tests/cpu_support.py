@@ -79,6 +79,16 @@ def q4_exact_weight(gen, out: int, width: int) -> torch.Tensor:
     return (d * q + m).reshape(out, width)
 
 
+def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
+    """A GGUF Q8_0 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0, q in
+    -127..127 with |q| = 127 present, w = d * q (exact)."""
+    blocks = width // 32
+    d = (torch.rand(out, blocks, 1, generator=gen) * 0.01 + 1e-4).half().float()
+    q = torch.randint(-127, 128, (out, blocks, 32), generator=gen).float()
+    q[..., 0] = 127
+    return (d * q).reshape(out, width)
+
+
 def q4_exact_layers(target) -> None:
     """Every linear weight of ``target``'s layers made a GGUF Q4_1 tensor dequantized to fp32
     (as the default target's layers are)."""

@@ -25,7 +25,7 @@ import pytest
 from conftest import BASE_SEED
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_TESTS = ("test_decoder.py", "test_attention_cpu.py", "test_loss.py",
+KERNEL_TESTS = ("test_decoder.py", "test_linear_int8.py", "test_attention_cpu.py", "test_loss.py",
                 "test_row_invariance.py", "test_model.py", "test_kv.py", "test_record_tokens.py")
 # Files whose cpu routes are fixture parameters beside the Triton / CUDA-host ones: only
 # their tests with "cpu" in the id run under ASan.

@@ -14,7 +14,8 @@ from eagle_kernels.ops import reference
 from eagle_kernels.ops._validate import no_value_checks
 
 from conftest import assert_as_close_as_torch
-from cpu_support import each_cpu_isa, needs_cpu_backend, q4_exact_layers, q4_exact_weight
+from cpu_support import (each_cpu_isa, needs_cpu_backend, q4_exact_layers, q4_exact_weight,
+                         q8_exact_weight)
 
 
 LINEAR_SHAPES = [(1, 576, 1536), (16, 576, 192), (61, 1536, 576), (5, 577, 13), (4, 576, 1000),
@@ -586,16 +587,6 @@ def test_q4_exact_weights_pack_in_4_bits_and_sum_in_blocks(gen, rows, width, out
     assert decoder.pack_weight(exact[:, :width - 1].contiguous()).dtype != torch.uint8
     zero = decoder.Q4_ZERO_LEVEL
     _block_pack_contract(x, exact, torch.uint8, q.float() - zero, d, m + zero * d)
-
-
-def q8_exact_weight(gen, out: int, width: int) -> torch.Tensor:
-    """A GGUF Q8_0 tensor dequantized to fp32: per 32 consecutive k an fp16 d > 0, q in
-    -127..127 with |q| = 127 present, w = d * q (exact)."""
-    blocks = width // 32
-    d = (torch.rand(out, blocks, 1, generator=gen) * 0.01 + 1e-4).half().float()
-    q = torch.randint(-127, 128, (out, blocks, 32), generator=gen).float()
-    q[..., 0] = 127
-    return (d * q).reshape(out, width)
 
 
 @needs_cpu_backend

@@ -37,23 +37,26 @@ needs_triton = pytest.mark.skipif(not _TRITON_MISSING.available,
 CPU_OPS = ("linear", "rms_norm", "apply_rope", "silu_mul", "tree_attention")
 # (backend forced, device, dtype, the ops that must run it, weights in GGUF block packs)
 CASES = [
-    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", False),
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", False, False),
                  marks=needs_cpu_backend, id="cpu-fp32"),
     # the default target's packs: layers Q4_1, lm_head Q8_0 (decoder_linear.h "block packs")
-    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True),
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True, False),
                  marks=needs_cpu_backend, id="cpu-q4-q8"),
+    # ... with int8 activations (ops.set_int8_activations, csrc/cpu/linear_int8.h)
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True, True),
+                 marks=needs_cpu_backend, id="cpu-q4-q8-int8"),
     pytest.param(("triton", TRITON_DEVICE, torch.float32,
-                  ("linear", "rms_norm", "tree_attention"), "triton", False),
+                  ("linear", "rms_norm", "tree_attention"), "triton", False, False),
                  marks=[needs_triton, gpu_when_present], id="triton-fp32"),
     pytest.param(("triton", TRITON_DEVICE, torch.bfloat16,
-                  ("linear", "rms_norm", "tree_attention"), "triton", False),
+                  ("linear", "rms_norm", "tree_attention"), "triton", False, False),
                  marks=[needs_triton, gpu_when_present], id="triton-bf16"),
 ]
 
 
 @pytest.fixture(scope="module", params=CASES)
 def target(request):
-    forced, device, dtype, ops_checked, want, block_packs = request.param
+    forced, device, dtype, ops_checked, want, block_packs, int8 = request.param
     with pytest.MonkeyPatch.context() as patch:  # for the module's tests, then restored
         if forced != "auto":
             patch.setenv(BACKEND_ENV, forced)  # the other ops run the torch reference: elementwise
@@ -68,7 +71,13 @@ def target(request):
         for op in ops_checked:
             chosen, _ = resolve(op, "auto", device, dtype=dtype, head_dim=16)
             assert chosen == want, (op, chosen)  # the row-invariant kernels are what runs
-        yield model
+        if int8:
+            ops.set_int8_activations(True)
+        try:
+            yield model
+        finally:
+            if int8:
+                ops.set_int8_activations(False)
 
 
 def _one(token: int, position: int, device):

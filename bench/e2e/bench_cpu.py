@@ -270,6 +270,7 @@ def measure(generator, args) -> tuple[list[dict], dict]:
               "fp32_memory_floor_ms": round(fp32_bytes / bandwidth * 1e3, 3),
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
+              "int8_activations": ops.int8_activations(),
               "timing": f"medians of {args.repeats} interleaved rounds; AR steps and verify "
                         f"passes: the last {STEPS_IN_A_ROW} of "
                         f"{WARM_STEPS + STEPS_IN_A_ROW} in a row per round"}
@@ -286,7 +287,8 @@ def print_report(rows: list[dict], floors: dict) -> None:
           f"{floors['gemm_gflop_s']} GFLOP/s, weights read per step "
           f"{floors['weight_bytes'] / 1e6:.0f} MB -> memory floor {floors['memory_floor_ms']} ms "
           f"(fp32 weights {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
-          f"{floors['fp32_memory_floor_ms']} ms; {floors['cpu_isa']})")
+          f"{floors['fp32_memory_floor_ms']} ms; {floors['cpu_isa']}"
+          f"{'; int8 activations' if floors['int8_activations'] else ''})")
     for row in rows:
         if row["what"] == "draft":
             print(f"draft {row['tree']:>9}: {row['ms']:8.2f} ms ({row['step_ms']:.2f} ms/step = "
@@ -333,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-e2e", action="store_true", help="floors, verify and draft only")
     parser.add_argument("--no-hf", action="store_true", help="e2e without transformers")
     parser.add_argument("--smoke", action="store_true", help="tiny: proves the script runs")
+    parser.add_argument("--int8-activations", action="store_true",
+                        help="the opt-in int8-activation GEMMs (ops.set_int8_activations) for "
+                             "every measurement of ours")
     args = parser.parse_args(argv)
     args.nodes, args.trees, args.bandwidth_mb = VERIFY_NODES, CANDIDATE_TREES, 1024
     args.long_contexts = LONG_CONTEXTS
@@ -342,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.prompts, args.max_new_tokens, args.context = 1, 1, 4, 16
     from eagle_kernels.runtime.api import from_pretrained
 
+    ops.set_int8_activations(args.int8_activations)  # before the tree budget times the cycle
     generator = from_pretrained(tree="auto")
     print(generator.budget.report())
     rows, floors = measure(generator, args)

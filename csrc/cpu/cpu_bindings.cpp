@@ -440,6 +440,15 @@ PYBIND11_MODULE(_cpu, module) {
   select_default_isa();
   module.attr("SELECT_MAX_K") = cpu::kSelectMaxK;
   module.attr("Q4_ZERO_LEVEL") = cpu::kQ4ZeroLevel;
+  cpu::cpu_modes.vnni = supports("avx512") && __builtin_cpu_supports("avx512vnni") &&
+                        __builtin_cpu_supports("avx512vbmi");
+  module.attr("INT8_ACTIVATION_LEVELS") = 127;
+  module.def("set_int8_activations", [](bool on) { cpu::cpu_modes.int8_activations = on; },
+             py::arg("enabled"),
+             "GEMMs over Q4 / Q8 packs round x to int8 per block of 32 k (csrc/cpu/linear_int8.h).");
+  module.def("int8_activations", [] { return cpu::cpu_modes.int8_activations; });
+  module.def("int8_vnni", [] { return cpu::cpu_modes.vnni; },
+             "Whether the AVX-512 kernels' int8 GEMM uses VNNI + VBMI on this processor.");
   module.def("isa", [] { return std::string(active->isa); },
              "The instruction set the kernels run with.");
   module.def("supported_isas", &supported_isas,

@@ -611,7 +611,8 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
   }
 }
 
-static void linear(const LinearArgs& a) {
+/// The GEMM over every pack format (linear_int8.h's `linear` calls it).
+static void linear_packed(const LinearArgs& a) {
   int64_t total = 0;  // panels of all segments end to end
   for (int i = 0; i < a.num_segments; ++i) total += (a.segments[i].n + kPanel - 1) / kPanel;
   int64_t columns = 0;

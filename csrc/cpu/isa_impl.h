@@ -17,6 +17,7 @@ namespace cpu {
 namespace EK_ISA_NAMESPACE {
 #include "simd.h"
 #include "decoder_linear.h"
+#include "linear_int8.h"
 #include "decoder.h"
 #include "attention.h"
 #include "decoder_layer.h"

@@ -86,11 +86,30 @@ static inline int64_t linear_widen_floats(int64_t k) {
   return floats > smallest ? floats : smallest;
 }
 
-/// Floats one thread's part of a GEMM workspace holds: widened panels, then the block sums of
-/// the m rows of x over k (Q4 packs' offsets, decoder_linear.h block_sums), rounded up to 16.
-static inline int64_t linear_workspace_floats(int64_t k, int64_t m) {
+/// Where a thread's int8 copy of the rows starts in its GEMM workspace (in floats): after the
+/// widened panels and the block sums of the m rows of x over k (Q4 packs' offsets,
+/// decoder_linear.h block_sums), rounded up to 16.
+static inline int64_t linear_int8_offset_floats(int64_t k, int64_t m) {
   return linear_widen_floats(k) + (m * (k / kQ4BlockK) + 15) / 16 * 16;
 }
+
+/// Floats one thread's part of a GEMM workspace holds: widened panels, block sums, then the
+/// rows quantized to int8 (linear_int8.h QuantizedRows: two orders of m k bytes, and per
+/// block a scale and a sum), rounded up to 16.
+static inline int64_t linear_workspace_floats(int64_t k, int64_t m) {
+  const int64_t quantized = (2 * m * k + 3) / 4 + 2 * m * (k / kQ4BlockK);
+  return linear_int8_offset_floats(k, m) + (quantized + 15) / 16 * 16;
+}
+
+/// Process-wide modes of the CPU kernels (set by cpu_bindings.cpp; the GIL serialises calls).
+struct CpuModes {
+  /// GEMMs over Q4 / Q8 packs round x to int8 per block of 32 k first (linear_int8.h): the
+  /// opt-in fast path, not the fp32 contract (eagle_kernels.ops.set_int8_activations).
+  bool int8_activations = false;
+  /// This processor has AVX-512 VNNI and VBMI: the AVX-512 kernels' int8 GEMM uses them.
+  bool vnni = false;
+};
+inline CpuModes cpu_modes;
 
 struct RmsNormArgs {
   const float* x;         ///< [rows, n], row stride ldx

@@ -55,6 +55,36 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return linear_group(x, [weight], [bias], backend=backend)[0]
 
 
+def set_int8_activations(enabled: bool) -> None:
+    """Process-wide: the cpu backend's GEMMs over Q4 / Q8 block packs (a GGUF target's layers
+    and lm_head, :func:`pack_weight`) round each row of x to int8 per block of 32 k first
+    (:func:`~eagle_kernels.ops.reference.quantize_activations_int8`, as llama.cpp does) and
+    multiply in integers: AVX-512 VNNI + VBMI processors run ~4x fewer vector ops per weight;
+    others get the same bits from a slow scalar fallback. Results follow
+    :func:`~eagle_kernels.ops.reference.linear_int8_activations` instead of fp32 ``linear``;
+    still row-invariant (greedy speculative output equals greedy autoregressive output under
+    either setting, as long as it is not changed during a generation). fp32 / bf16 packs (the
+    draft heads) are unaffected. Off by default."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
+    try:
+        extension = cpu_extension()
+    except ImportError as error:
+        if enabled:
+            raise RuntimeError("set_int8_activations: the CPU kernels (eagle_kernels._cpu) are "
+                               "not built on this machine") from error
+        return
+    extension.set_int8_activations(enabled)
+
+
+def int8_activations() -> bool:
+    """Whether :func:`set_int8_activations` is on."""
+    try:
+        return bool(cpu_extension().int8_activations())
+    except ImportError:
+        return False
+
+
 def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
                  biases: Sequence[torch.Tensor | None] | None = None,
                  backend: str = "auto") -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,358 @@
+/**
+ * @file linear_int8.h
+ * @brief The CPU GEMM over Q4 / Q8 block packs with int8 activations (opt-in:
+ *        eagle_kernels.ops.set_int8_activations; contract in eagle_kernels/ops/decoder.py and
+ *        reference.py's linear_int8_activations), and `linear`, the GEMM entry point of every
+ *        instruction set. Included inside an instruction-set namespace after decoder_linear.h.
+ *
+ * Why: a one-row GEMM over 4-bit weights spends ~5 vector ops per 32 weights turning them into
+ * fp32 and multiplying (decoder_linear.h), more than DRAM needs to deliver them on 2 cores.
+ * With x rounded to int8 per block of 32 k (GGUF's Q8_0 for activations, as llama.cpp does),
+ * one VNNI vpdpbusd multiplies 64 weight bytes by 4 bytes of x each and sums them exactly in
+ * int32: ~6 ops per 128 Q4 weights.
+ *
+ * The computation, per row, block b of 32 k and column n (every ISA, tile and row count alike):
+ *   a   = max |x[k]| over the block (exact); s = a / 127 (fp32 division; 0 when a = 0, NaN when
+ *         the block holds a non-finite x, so the rows's outputs become NaN, not silently finite)
+ *   q_k = x[k] / s rounded to the nearest integer, ties to even (fp32 division; |q_k| <= 127)
+ *   S   = sum_k q_k L[n, k], X = sum_k q_k (exact integers; L as in "block packs")
+ *   T   = fma(s, fma(d, S, o * X), T)  (Q4)  or  fma(s, d * S, T)  (Q8), T from 0 over blocks
+ *   y   = T (+ bias).
+ * Integer sums are exact in any order and the float steps are the same correctly rounded
+ * operations everywhere, so every instruction set, tile shape, row count and thread count gives
+ * the same bits: row-invariant, like every GEMM here. Relative to the exact product of the
+ * rounded x (s q) with the weights, each term passes through at most B + 2 roundings (B blocks):
+ * |y - (s q) w^T| <= gamma_(B + 2) sum_k |s q_k| (|d| |L_k| + |o|) (tests/test_linear_int8.py).
+ */
+
+// ------------------------------------------------------------------- int8 activations
+constexpr int kActivationLevels = 127;  ///< |q| <= 127: symmetric, as GGUF's Q8_0
+
+/// One thread's int8 copy of the GEMM's rows x [m, k] (in its GEMM workspace, after the
+/// block sums; kernels.h linear_workspace_floats).
+struct QuantizedRows {
+  int8_t* natural;  ///< [m, k] q in k order
+  int8_t* paired;   ///< [m, k] per group of 8 k: the 4 even k, then the 4 odd (Q4 VNNI order)
+  float* scale;     ///< [m, k / 32] s per block
+  int32_t* sum;     ///< [m, k / 32] X per block
+  int64_t k, blocks;
+};
+
+static QuantizedRows quantized_rows(float* workspace, int64_t m, int64_t k) {
+  const int64_t blocks = k / kQ4BlockK;
+  auto* bytes = reinterpret_cast<int8_t*>(workspace);
+  float* scale = workspace + (2 * m * k + 3) / 4;
+  return {bytes, bytes + m * k, scale, reinterpret_cast<int32_t*>(scale + m * blocks), k, blocks};
+}
+
+/// Row i, block b of x quantized (scalar: every ISA's reference; the AVX-512 path must match).
+static void quantize_block_scalar(const float* x, int8_t* q, float* scale, int32_t* sum) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int r = 0; r < kQ4BlockK; ++r) {
+    const float a = __builtin_fabsf(x[r]);
+    finite = finite && a <= 3.4028234663852886e38f;  // false for inf and NaN
+    amax = a > amax ? a : amax;
+  }
+  const float s = finite ? amax / static_cast<float>(kActivationLevels)
+                         : __builtin_nanf("");
+  int32_t total = 0;
+  for (int r = 0; r < kQ4BlockK; ++r) {
+    const int32_t level =
+        finite && amax > 0.0f ? static_cast<int32_t>(__builtin_rintf(x[r] / s)) : 0;
+    q[r] = static_cast<int8_t>(level);
+    total += level;
+  }
+  *scale = s;
+  *sum = total;
+}
+
+#if defined(EK_ISA_AVX512)
+#define EK_VNNI __attribute__((target("avx512vnni,avx512vbmi")))
+/// The same block, vectorised (bit-identical: max is exact, the division correctly rounded,
+/// vcvtps2dq rounds to nearest even like rintf in the default rounding mode), plus the Q4
+/// order of its bytes.
+EK_VNNI static void quantize_block_vnni(const float* x, int8_t* q, int8_t* paired, float* scale,
+                                        int32_t* sum) {
+  const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+  const __mmask16 bad = _mm512_fpclass_ps_mask(lo, 0x99) | _mm512_fpclass_ps_mask(hi, 0x99);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+  if (bad != 0 || amax == 0.0f) {
+    for (int r = 0; r < kQ4BlockK; ++r) q[r] = paired[r] = 0;
+    *scale = bad != 0 ? __builtin_nanf("") : 0.0f;
+    *sum = 0;
+    return;
+  }
+  const float s = amax / static_cast<float>(kActivationLevels);
+  const __m512 sv = _mm512_set1_ps(s);
+  const __m512i q_lo = _mm512_cvtps_epi32(_mm512_div_ps(lo, sv));
+  const __m512i q_hi = _mm512_cvtps_epi32(_mm512_div_ps(hi, sv));
+  const __m128i bytes_lo = _mm512_cvtepi32_epi8(q_lo), bytes_hi = _mm512_cvtepi32_epi8(q_hi);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), bytes_lo);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), bytes_hi);
+  // per 8 bytes: 0 2 4 6 1 3 5 7 (pshufb works within each 16-byte lane: two groups of 8)
+  const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(paired), _mm_shuffle_epi8(bytes_lo, order));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(paired + 16), _mm_shuffle_epi8(bytes_hi, order));
+  *scale = s;
+  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
+}
+#endif
+
+/// Rows [0, m) of x quantized into `rows` (every block; the Q4 order only with VNNI).
+static void quantize_rows(const float* x, int64_t m, int64_t ldx, const QuantizedRows& rows,
+                          bool vnni) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t b = 0; b < rows.blocks; ++b) {
+      const int64_t at = i * rows.k + b * kQ4BlockK, slot = i * rows.blocks + b;
+      const float* from = x + i * ldx + b * kQ4BlockK;
+#if defined(EK_ISA_AVX512)
+      if (vnni) {
+        quantize_block_vnni(from, rows.natural + at, rows.paired + at, rows.scale + slot,
+                            rows.sum + slot);
+        continue;
+      }
+#endif
+      (void)vnni;
+      quantize_block_scalar(from, rows.natural + at, rows.scale + slot, rows.sum + slot);
+    }
+}
+
+/// Row `row`, one panel (16 columns) of a Q4 (kQ4) or Q8 pack over k: the formula above,
+/// scalar. The instruction sets without VNNI + VBMI run this (slow: a fallback that keeps the
+/// mode's bits, not a fast path).
+template <bool kQ4>
+static void int8_panel_scalar(const QuantizedRows& xq, int64_t row, const uint8_t* panel,
+                              float* out) {
+  constexpr int64_t block_bytes = kQ4 ? kQ4BlockBytes : kQ8BlockBytes;
+  float total[kPanel] = {};
+  for (int64_t b = 0; b < xq.blocks; ++b) {
+    const uint8_t* block = panel + b * block_bytes;
+    const float* d = reinterpret_cast<const float*>(block);
+    const int8_t* q = xq.natural + row * xq.k + b * kQ4BlockK;
+    const float s = xq.scale[row * xq.blocks + b];
+    const int32_t x_sum = xq.sum[row * xq.blocks + b];
+    for (int j = 0; j < kPanel; ++j) {
+      int32_t level_sum = 0;
+      for (int r = 0; r < kQ4BlockK; ++r) {
+        const int32_t level =
+            kQ4 ? ((block[2 * kPanel * 4 + r / 2 * kPanel + j] >> (4 * (r & 1))) & 15) -
+                      kQ4ZeroLevel
+                : static_cast<int8_t>(block[kPanel * 4 + r * kPanel + j]);
+        level_sum += level * q[r];
+      }
+      const float inner =
+          kQ4 ? __builtin_fmaf(d[j], static_cast<float>(level_sum),
+                               d[kPanel + j] * static_cast<float>(x_sum))
+              : d[j] * static_cast<float>(level_sum);
+      total[j] = __builtin_fmaf(s, inner, total[j]);
+    }
+  }
+  for (int j = 0; j < kPanel; ++j) out[j] = total[j];
+}
+
+#if defined(EK_ISA_AVX512)
+/// Rows [row0, row0 + MR) x panels [0, J) of a Q4 / Q8 pack (panels `panel_bytes` apart), the
+/// formula above with VNNI: per 64 bytes of a block (4 row pairs / 4 rows of 16 columns),
+/// vpermb gathers each column's 4 bytes into its 32-bit lane, and one vpdpbusd per 4 k (Q4:
+/// the low nibbles hold the even k, the high the odd: two) adds q times the levels into the
+/// lane. vpdpbusd multiplies unsigned by signed bytes: Q4 uses q (0..15) and subtracts
+/// 8 X after the block, Q8 flips the sign bit (q + 128) and subtracts 128 X. `ahead`: the next
+/// tile's panels (`ahead_panels` of them, same stride), prefetched block by block.
+template <int MR, int J, bool kQ4>
+EK_VNNI static void int8_tile_vnni(const QuantizedRows& xq, int64_t row0, const uint8_t* panels,
+                                   int64_t panel_bytes, float* out, const uint8_t* ahead,
+                                   int ahead_panels) {
+  constexpr int64_t block_bytes = kQ4 ? kQ4BlockBytes : kQ8BlockBytes;
+  constexpr int64_t scale_bytes = kQ4 ? 2 * kPanel * 4 : kPanel * 4;
+  constexpr int vectors = static_cast<int>((block_bytes - scale_bytes) / 64);
+  alignas(64) static const uint8_t kGather[64] = {
+      0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51,
+      4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38, 54, 7, 23, 39, 55,
+      8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59,
+      12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
+  const __m512i gather = _mm512_load_si512(kGather);
+  const __m512i nibble = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(-128);
+  __m512 total[MR][J];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < J; ++j) total[i][j] = _mm512_setzero_ps();
+  const int8_t* x_rows = (kQ4 ? xq.paired : xq.natural) + row0 * xq.k;
+  for (int64_t b = 0; b < xq.blocks; ++b) {
+    for (int j = 0; j < ahead_panels; ++j)
+      for (int64_t line = 0; line < block_bytes; line += 64)
+        __builtin_prefetch(ahead + j * panel_bytes + b * block_bytes + line, 0, 2);
+    __m512i acc[MR][J];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < J; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int v = 0; v < vectors; ++v) {
+      for (int j = 0; j < J; ++j) {
+        const __m512i bytes = _mm512_permutexvar_epi8(
+            gather, _mm512_loadu_si512(panels + j * panel_bytes + b * block_bytes + scale_bytes +
+                                       v * 64));
+        const int64_t at = b * kQ4BlockK + v * (kQ4 ? 8 : 4);
+        if constexpr (kQ4) {
+          const __m512i even = _mm512_and_si512(bytes, nibble);
+          const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+          for (int i = 0; i < MR; ++i) {
+            int32_t x_even, x_odd;
+            __builtin_memcpy(&x_even, x_rows + i * xq.k + at, 4);
+            __builtin_memcpy(&x_odd, x_rows + i * xq.k + at + 4, 4);
+            acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], even, _mm512_set1_epi32(x_even));
+            acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], odd, _mm512_set1_epi32(x_odd));
+          }
+        } else {
+          const __m512i flipped = _mm512_xor_si512(bytes, sign);
+          for (int i = 0; i < MR; ++i) {
+            int32_t x4;
+            __builtin_memcpy(&x4, x_rows + i * xq.k + at, 4);
+            acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], flipped, _mm512_set1_epi32(x4));
+          }
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      const int64_t slot = (row0 + i) * xq.blocks + b;
+      const int32_t x_sum = xq.sum[slot];
+      const __m512 s = _mm512_set1_ps(xq.scale[slot]);
+      const __m512 x_sum_f = _mm512_set1_ps(static_cast<float>(x_sum));
+      const __m512i shift = _mm512_set1_epi32((kQ4 ? kQ4ZeroLevel : 128) * x_sum);
+      for (int j = 0; j < J; ++j) {
+        const float* d = reinterpret_cast<const float*>(panels + j * panel_bytes + b * block_bytes);
+        const __m512 level_sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], shift));
+        const __m512 inner =
+            kQ4 ? _mm512_fmadd_ps(_mm512_loadu_ps(d), level_sum,
+                                  _mm512_mul_ps(_mm512_loadu_ps(d + kPanel), x_sum_f))
+                : _mm512_mul_ps(_mm512_loadu_ps(d), level_sum);
+        total[i][j] = _mm512_fmadd_ps(s, inner, total[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < J; ++j) _mm512_storeu_ps(out + (i * J + j) * kPanel, total[i][j]);
+}
+
+/// int8_tile_vnni for run-time counts rows in [1, MR], panels in [1, J].
+template <int MR, int J, bool kQ4>
+EK_VNNI static void int8_tile_any(int rows, int panels, const QuantizedRows& xq, int64_t row0,
+                                  const uint8_t* w, int64_t panel_bytes, float* out,
+                                  const uint8_t* ahead, int ahead_panels) {
+  if (rows < MR) {
+    if constexpr (MR > 1)
+      int8_tile_any<MR - 1, J, kQ4>(rows, panels, xq, row0, w, panel_bytes, out, ahead,
+                                    ahead_panels);
+  } else if (panels < J) {
+    if constexpr (J > 1)
+      int8_tile_any<MR, J - 1, kQ4>(rows, panels, xq, row0, w, panel_bytes, out, ahead,
+                                    ahead_panels);
+  } else {
+    int8_tile_vnni<MR, J, kQ4>(xq, row0, w, panel_bytes, out, ahead, ahead_panels);
+  }
+}
+#endif
+
+/// Tiles of the int8 GEMM: one row keeps 4 panels' streams in flight; more rows go 4 at a time
+/// over 2 panels, which stay in L1 / L2 while every row tile passes over them.
+constexpr int kInt8SingleRowPanels = 4, kInt8RowTile = 4, kInt8PanelTile = 2;
+
+/// Every row, panels [p0, p1) of one Q4 / Q8 segment: `vnni` picks int8_tile_vnni, else the
+/// scalar panels; the results are the same bits.
+template <bool kQ4>
+static void int8_panels(const LinearArgs& a, const QuantizedRows& xq, const LinearSegment& s,
+                        int64_t p0, int64_t p1, bool vnni) {
+  const auto* packed = static_cast<const uint8_t*>(s.w.data);
+  const int64_t panel_bytes = xq.blocks * (kQ4 ? kQ4BlockBytes : kQ8BlockBytes);
+  const int tile = a.m == 1 ? kInt8SingleRowPanels : kInt8PanelTile;
+  alignas(64) float out[kInt8RowTile * kInt8SingleRowPanels * kPanel];
+  for (int64_t p = p0; p < p1; p += tile) {
+    const int panels = static_cast<int>(p1 - p < tile ? p1 - p : tile);
+    const uint8_t* w = packed + p * panel_bytes;
+    const uint8_t* ahead = w + tile * panel_bytes;  // the next tile's panels, if any
+    const int ahead_panels = static_cast<int>(p1 - p - panels < tile ? p1 - p - panels : tile);
+    for (int64_t r = 0; r < a.m; r += kInt8RowTile) {
+      const int rows = static_cast<int>(a.m - r < kInt8RowTile ? a.m - r : kInt8RowTile);
+#if defined(EK_ISA_AVX512)
+      if (vnni) {
+        if (a.m == 1)
+          int8_tile_any<1, kInt8SingleRowPanels, kQ4>(1, panels, xq, r, w, panel_bytes, out,
+                                                      ahead, ahead_panels);
+        else  // later row tiles find the panels in cache: only the first prefetches
+          int8_tile_any<kInt8RowTile, kInt8PanelTile, kQ4>(rows, panels, xq, r, w, panel_bytes,
+                                                           out, ahead, r == 0 ? ahead_panels : 0);
+      }
+#else
+      (void)ahead;
+      (void)ahead_panels;
+#endif
+      if (!vnni)
+        for (int i = 0; i < rows; ++i)
+          for (int j = 0; j < panels; ++j)
+            int8_panel_scalar<kQ4>(xq, r + i, w + j * panel_bytes, out + (i * panels + j) * kPanel);
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < panels; ++j) {
+          const int64_t col = (p + j) * kPanel;
+          const float* bias = s.bias != nullptr ? s.bias + col : nullptr;
+          store_tile<1, kPanelVectors>(out + (i * panels + j) * kPanel, bias,
+                                       s.y + (r + i) * s.ldy + col, s.ldy, s.n - col);
+        }
+    }
+  }
+}
+
+static bool is_block_pack(PackFormat f) { return f == PackFormat::kQ4 || f == PackFormat::kQ8; }
+
+/// The int8 GEMM over segments that are all Q4 / Q8 packs (a.widened: the workspace).
+static void linear_int8(const LinearArgs& a) {
+  int64_t total = 0, columns = 0;
+  for (int i = 0; i < a.num_segments; ++i) {
+    total += (a.segments[i].n + kPanel - 1) / kPanel;
+    columns += a.segments[i].n;
+  }
+#if defined(EK_ISA_AVX512)
+  const bool vnni = cpu_modes.vnni;
+#else
+  const bool vnni = false;  // compiled without the VNNI tiles: the scalar panels
+#endif
+#pragma omp parallel num_threads(a.threads) if (a.m * a.k * columns >= kParallelMinMacs)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
+    float* own = a.widened + t * linear_workspace_floats(a.k, a.m);
+    const QuantizedRows xq =
+        quantized_rows(own + linear_int8_offset_floats(a.k, a.m), a.m, a.k);
+    if (begin < end) quantize_rows(a.x, a.m, a.ldx, xq, vnni);  // each thread its own copy
+    int64_t offset = 0;
+    for (int i = 0; i < a.num_segments; ++i) {
+      const LinearSegment& s = a.segments[i];
+      const int64_t panels = (s.n + kPanel - 1) / kPanel;
+      const int64_t p0 = begin > offset ? begin - offset : 0;
+      const int64_t p1 = end - offset < panels ? end - offset : panels;
+      if (p0 < p1) {
+        if (s.w.format == PackFormat::kQ4)
+          int8_panels<true>(a, xq, s, p0, p1, vnni);
+        else
+          int8_panels<false>(a, xq, s, p0, p1, vnni);
+      }
+      offset += panels;
+    }
+  }
+}
+
+/// The GEMM: decoder_linear.h's over every segment, or, with int8 activations on
+/// (cpu_modes.int8_activations), the int8 GEMM over the Q4 / Q8 segments and decoder_linear.h's
+/// over the others.
+static void linear(const LinearArgs& a) {
+  if (!cpu_modes.int8_activations) return linear_packed(a);
+  int blocks = 0;
+  for (int i = 0; i < a.num_segments; ++i) blocks += is_block_pack(a.segments[i].w.format);
+  if (blocks == a.num_segments) return linear_int8(a);
+  if (blocks == 0) return linear_packed(a);
+  for (int i = 0; i < a.num_segments; ++i) {  // a mixed group (rare): one segment at a time
+    LinearArgs one = a;
+    one.segments = a.segments + i;
+    one.num_segments = 1;
+    if (is_block_pack(a.segments[i].w.format))
+      linear_int8(one);
+    else
+      linear_packed(one);
+  }
+}
