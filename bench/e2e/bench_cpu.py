@@ -86,11 +86,16 @@ def bandwidth_calls(megabytes: int) -> tuple[int, list]:
     return data.numel() * 4, [lambda: data.sum(), lambda: ops.linear(x, weight)]
 
 
-def gemm_calls() -> tuple[float, list]:
+def gemm_calls(packed_weight: torch.Tensor | None = None) -> tuple[float, list]:
     """FLOPs, and torch's and our GEMM on an in-cache [64 x 1536] x [1536 x 576] (GEMM_PASSES
-    times per call): the faster gives the GEMM rate."""
+    times per call), and ours over ``packed_weight`` (a [576 x 1536] weight of the target, as
+    the target packs it: Q4 blocks, with int8 activations when they are on): the fastest gives
+    the GEMM rate."""
     x, w = torch.randn(64, 1536), torch.randn(576, 1536)
     wt = w.t().contiguous()
+    ours = [lambda: ops.linear(x, w)]
+    if packed_weight is not None:
+        ours.append(lambda: ops.linear(x, packed_weight))
 
     def passes(gemm):
         def call():
@@ -99,7 +104,7 @@ def gemm_calls() -> tuple[float, list]:
         return call
 
     return (2 * 64 * 1536 * 576 * GEMM_PASSES,
-            [passes(lambda: x @ wt), passes(lambda: ops.linear(x, w))])
+            [passes(lambda: x @ wt)] + [passes(gemm) for gemm in ours])
 
 
 def gemm_rate(repeats: int) -> float:
@@ -208,7 +213,8 @@ def timed_together(target, head, args) -> dict:
     (the AR step against a floor, a cycle against the AR step) would measure the drift."""
     draw = torch.Generator().manual_seed(0)
     stream_bytes, streams = bandwidth_calls(args.bandwidth_mb)
-    gemm_flops, gemms = gemm_calls()
+    down = target.model.layers[0].mlp.down_proj.weight  # SmolLM2-135M's is [576 x 1536]
+    gemm_flops, gemms = gemm_calls(down if tuple(down.shape) == (576, 1536) else None)
     # weights_unchanged: the engine runs its loop in one such block (weights stamped once).
     with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
         groups = {"streams": streams, "gemms": gemms,
