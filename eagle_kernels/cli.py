@@ -84,10 +84,10 @@ def parser() -> argparse.ArgumentParser:
                      help="also run the autoregressive baseline and report the speedup")
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
     gen.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    gen.add_argument("--int8-activations", action="store_true",
-                     help="CPU: round activations to int8 in the GGUF target's 4 / 8-bit GEMMs "
-                          "(faster, as llama.cpp; still lossless against our own AR decoding, "
-                          "no longer fp32 transformers' numbers)")
+    gen.add_argument("--activations", choices=["fp32", "int16", "int8"], default="fp32",
+                     help="CPU: round activations to int16 / int8 in the GGUF target's 4 / 8-bit "
+                          "GEMMs (faster; int8 as llama.cpp; still lossless against our own AR "
+                          "decoding in that mode, no longer fp32 transformers' arithmetic)")
     _train_parser(commands)
     return root
 
@@ -200,8 +200,8 @@ def _check(args) -> None:
                             f"of {', '.join(SPECIAL_DRAFTS)}, got {args.draft}"
                             + ("" if Path(args.draft).exists() else " (no such directory)"))
     _check_device(args.device)
-    if args.int8_activations and torch.device(args.device).type != "cpu":
-        raise UserError(f"--int8-activations: the CPU kernels' option, got --device "
+    if args.activations != "fp32" and torch.device(args.device).type != "cpu":
+        raise UserError(f"--activations {args.activations}: a CPU kernels' option, got --device "
                         f"{args.device}")
 
 
@@ -209,11 +209,10 @@ def generate(args) -> int:
     from . import backend_report, ops
     from .runtime.api import from_pretrained
 
-    if args.int8_activations:  # before from_pretrained: the tree budget times the fast path
-        try:
-            ops.set_int8_activations(True)
-        except RuntimeError as error:
-            raise UserError(f"--int8-activations: {error}") from error
+    try:  # before from_pretrained: the tree budget times the GEMMs of this mode
+        ops.set_cpu_activations(args.activations)
+    except RuntimeError as error:
+        raise UserError(f"--activations: {error}") from error
     generator = from_pretrained(args.target, args.draft, DTYPES[args.dtype], args.device,
                                 args.tree, args.draft_weights)
     if hasattr(generator, "budget"):

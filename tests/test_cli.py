@@ -52,6 +52,7 @@ def run_cli(argv, capsys) -> str:
     (["--tree", "1000000,1000000,1000000"], r"argument --tree: top_k: expected an int in \[1, "),
     (["--tree", "4,2000,8"], r"argument --tree: depth: expected an int in \[0, 1024\]"),
     (["--device", "meta"], r"--device: expected cpu, cuda or cuda:N, got 'meta'"),
+    (["--activations", "int4"], r"argument --activations: invalid choice"),
 ])
 def test_generate_user_errors_are_one_line_and_status_2(argv, expected, capsys, no_model):
     err = run_cli(["generate", *argv], capsys)

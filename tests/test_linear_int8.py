@@ -1,7 +1,8 @@
-"""The cpu backend's GEMM over Q4 / Q8 block packs with int8 activations (opt-in,
-ops.set_int8_activations; csrc/cpu/linear_int8.h): x rounded exactly as the reference rounds it,
-the product within a proven bound of the exact product of the rounded x, row-invariant, and the
-same bits on every instruction set (VNNI tiles and the scalar fallback)."""
+"""The cpu backend's GEMM over Q4 / Q8 block packs with quantized activations (opt-in,
+ops.set_cpu_activations("int8" | "int16"); csrc/cpu/linear_int8.h): x rounded exactly as the
+reference rounds it, the product within a proven bound of the exact product of the rounded x,
+row-invariant, and the same bits on every instruction set (VNNI tiles and the scalar
+fallback)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ from cpu_support import each_cpu_isa, needs_cpu_backend, q4_exact_weight, q8_exa
 pytestmark = needs_cpu_backend
 
 ROWS = (1, 2, 3, 4, 5, 9, 17)  # one row (4-panel tiles), 4-row tiles and their tails
+MODES = {"int8": 8, "int16": 16}  # set_cpu_activations mode -> reference bits
 
 
 @contextlib.contextmanager
-def int8_activations():
-    ops.set_int8_activations(True)
+def quantized_activations(mode: str):
+    ops.set_cpu_activations(mode)
     try:
         yield
     finally:
-        ops.set_int8_activations(False)
+        ops.set_cpu_activations("fp32")
 
 
 def _awkward_rows(gen, rows: int, width: int) -> torch.Tensor:
@@ -50,24 +52,25 @@ def _awkward_rows(gen, rows: int, width: int) -> torch.Tensor:
     return x
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("width", (64, 96, 576))
-def test_x_is_rounded_as_the_reference_rounds_it(gen, rows, width):
+def test_x_is_rounded_as_the_reference_rounds_it(gen, mode, rows, width):
     """A Q4 weight that reads x back (w[n, n] = 15 / 16: d = 1/16, q = 15, m = 0; all-zero
-    blocks elsewhere) makes each output s q (15 / 16) rounded once: the kernel's int8 rows and
-    scales equal quantize_activations_int8's bit for bit (ties to even, zero blocks, subnormal
-    scales), on every instruction set and row count; a block holding inf or NaN turns its
-    row's outputs into NaN."""
+    blocks elsewhere) makes each output s q (15 / 16) rounded once (every step before is exact,
+    also for int16's q): the kernel's integer rows and scales equal quantize_activations' bit for
+    bit (ties to even, zero blocks, subnormal scales), on every instruction set and row count; a
+    block holding inf or NaN turns its row's outputs into NaN."""
     x = _awkward_rows(gen, rows, width)
     weight = torch.eye(width) * (15 / 16)
     assert decoder.pack_weight(weight).dtype == torch.uint8
-    q, scale = reference.quantize_activations_int8(x)
+    q, scale = reference.quantize_activations(x, MODES[mode])
     expected = scale.repeat_interleave(32, -1) * (q.float() * 15 / 16)
     poisoned = x.clone()
     poisoned[0, width // 2] = float("inf")
     if rows > 1:
         poisoned[rows - 1, 3] = float("nan")
-    with int8_activations():
+    with quantized_activations(mode):
         for isa in each_cpu_isa():
             assert torch.equal(ops.linear(x, weight, backend="cpu"), expected), isa
             out = ops.linear(poisoned, weight, backend="cpu")
@@ -75,25 +78,33 @@ def test_x_is_rounded_as_the_reference_rounds_it(gen, rows, width):
             assert torch.equal(out[1:-1], expected[1:-1]), isa
 
 
-def _int8_contract(x, exact, pack_dtype, levels, scales, offsets) -> None:
-    """ops.linear over the block pack of ``exact`` with int8 activations is, on every
+def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> None:
+    """ops.linear over the block pack of ``exact`` with ``mode`` activations is, on every
     instruction set: row-invariant (each row equals its one-row GEMM), the same bits on every
-    instruction set, not the fp32-activation result, and within gamma_(B + 2) sum_k |s q_k|
+    instruction set, and within gamma_(B + 3) sum_k |s q_k|
     (|d| |L_k| + |o|) of the exact product of the rounded x (s q) with the weight (each term
-    passes through at most B + 2 roundings, see linear_int8.h; gamma_n = n u / (1 - n u),
-    u = 2^-24: a proven bound, no false failure). ``levels`` [N, K], ``scales`` / ``offsets``
+    passes through at most B + 3 roundings, see linear_int8.h; gamma_n = n u / (1 - n u),
+    u = 2^-24, plus 2^-150 a rounding where a result falls among the subnormals: a proven
+    bound, no false failure). ``levels`` [N, K], ``scales`` / ``offsets``
     [N, K / 32] are the weight's L, d, o."""
     assert decoder.pack_weight(exact).dtype == pack_dtype
-    q, s = reference.quantize_activations_int8(x)
+    q, s = reference.quantize_activations(x, MODES[mode])
     rounded = q.double() * s.double().repeat_interleave(32, -1)
     per_k = (scales.abs().repeat_interleave(32, 1) * levels.abs()
              + offsets.abs().repeat_interleave(32, 1)).double()
-    terms = exact.shape[1] // 32 + 2
-    bound = terms * 2.0**-24 / (1 - terms * 2.0**-24) * (rounded.abs() @ per_k.T)
+    terms = exact.shape[1] // 32 + 3
+    # + terms * 2^-149: a rounding into fp32's subnormals errs by up to 2^-150 absolutely (rows
+    # of tiny x give tiny s and outputs), however small the relative bound
+    bound = (terms * 2.0**-24 / (1 - terms * 2.0**-24) * (rounded.abs() @ per_k.T)
+             + terms * 2.0**-149)
     exact_product = rounded @ exact.double().T
-    fp32_activations = ops.linear(x, exact, backend="cpu")
+    # the mode takes effect: random normal x (unlike x made of zero or one-value blocks) is
+    # not exactly an integer grid, so every output moves
+    probe = torch.randn(2, exact.shape[1], generator=torch.Generator().manual_seed(0))
+    fp32_activations = ops.linear(probe, exact, backend="cpu")
     results = []
-    with int8_activations():
+    with quantized_activations(mode):
+        assert (ops.linear(probe, exact, backend="cpu") != fp32_activations).any()
         for isa in each_cpu_isa():
             ours = ops.linear(x, exact, backend="cpu")
             one_row = torch.cat([ops.linear(x[i:i + 1], exact, backend="cpu")
@@ -102,37 +113,39 @@ def _int8_contract(x, exact, pack_dtype, levels, scales, offsets) -> None:
             assert ((ours.double() - exact_product).abs() <= bound).all(), isa
             results.append(ours)
     assert all(torch.equal(results[0], other) for other in results[1:])
-    assert not torch.equal(results[0], fp32_activations)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (3, 96, 37),
                                             (4, 576, 100), (6, 1536, 70), (17, 64, 16)])
-def test_q4_packs_with_int8_activations(gen, rows, width, out):
-    """Q4 packs (the default target's layers) with int8 activations: _int8_contract."""
+def test_q4_packs_with_quantized_activations(gen, mode, rows, width, out):
+    """Q4 packs (the default target's layers): _quantized_contract."""
     x = _awkward_rows(gen, rows, width)
     exact = q4_exact_weight(gen, out, width)
     q, d, m = decoder.q4_blocks(exact)
     zero = decoder.Q4_ZERO_LEVEL
-    _int8_contract(x, exact, torch.uint8, q.float() - zero, d, m + zero * d)
+    _quantized_contract(mode, x, exact, torch.uint8, q.float() - zero, d, m + zero * d)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("rows,width,out", [(1, 576, 1000), (2, 64, 40), (5, 96, 37),
                                             (17, 64, 16)])
-def test_q8_packs_with_int8_activations(gen, rows, width, out):
-    """Q8 packs (the default target's lm_head) with int8 activations: _int8_contract (o = 0)."""
+def test_q8_packs_with_quantized_activations(gen, mode, rows, width, out):
+    """Q8 packs (the default target's lm_head): _quantized_contract (o = 0)."""
     x = _awkward_rows(gen, rows, width)
     exact = q8_exact_weight(gen, out, width)
     q, d = decoder.q8_blocks(exact)
-    _int8_contract(x, exact, torch.int8, q.float(), d, torch.zeros_like(d))
+    _quantized_contract(mode, x, exact, torch.int8, q.float(), d, torch.zeros_like(d))
 
 
-def test_other_packs_and_mixed_groups_keep_fp32_activations(gen):
+@pytest.mark.parametrize("mode", MODES)
+def test_other_packs_and_mixed_groups_keep_fp32_activations(gen, mode):
     """fp32 / bf16 packs (draft heads) ignore the mode; a group mixing them with a Q4 pack gives
     each weight its own pack's result."""
     x = torch.randn(3, 64, generator=gen)
     dense, q4 = torch.randn(40, 64, generator=gen), q4_exact_weight(gen, 24, 64)
     alone = [ops.linear(x, dense, backend="cpu")]
-    with int8_activations():
+    with quantized_activations(mode):
         alone.append(ops.linear(x, q4, backend="cpu"))
         mixed = ops.linear_group(x, [dense, q4], backend="cpu")
         assert torch.equal(ops.linear(x, dense, backend="cpu"), alone[0])
@@ -140,9 +153,27 @@ def test_other_packs_and_mixed_groups_keep_fp32_activations(gen):
 
 
 def test_the_switch_checks_its_argument():
-    with pytest.raises(TypeError, match="enabled: expected a bool"):
-        ops.set_int8_activations(1)
-    assert not ops.int8_activations()
-    with int8_activations():
-        assert ops.int8_activations()
-    assert not ops.int8_activations()
+    for wrong in ("int4", 8, None):
+        with pytest.raises(ValueError, match="mode: expected one of fp32, int16, int8"):
+            ops.set_cpu_activations(wrong)
+    assert ops.cpu_activations() == "fp32"
+    for mode in MODES:
+        with quantized_activations(mode):
+            assert ops.cpu_activations() == mode
+    assert ops.cpu_activations() == "fp32"
+
+
+def test_int16_rounds_x_finer_than_int8(gen):
+    """int16 activations land ~256x closer to the fp32-activation product than int8 (what the
+    mode exists for): on 2048 random outputs (K = 576), the mean |error| ratio is about 1/256;
+    asserted below 1/64. Each mean averages 2048 outputs whose errors are sums of 576
+    independent roundings: its relative spread is ~2 %, so a 4x miss lies > 50 standard
+    deviations out (false failure far below 1e-6); the seed is printed with the test's id."""
+    x = torch.randn(4, 576, generator=gen)
+    exact = q4_exact_weight(gen, 512, 576)
+    fp32 = ops.linear(x, exact, backend="cpu").double()
+    errors = {}
+    for mode in MODES:
+        with quantized_activations(mode):
+            errors[mode] = (ops.linear(x, exact, backend="cpu").double() - fp32).abs().mean()
+    assert errors["int16"] < errors["int8"] / 64

@@ -37,26 +37,28 @@ needs_triton = pytest.mark.skipif(not _TRITON_MISSING.available,
 CPU_OPS = ("linear", "rms_norm", "apply_rope", "silu_mul", "tree_attention")
 # (backend forced, device, dtype, the ops that must run it, weights in GGUF block packs)
 CASES = [
-    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", False, False),
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", False, "fp32"),
                  marks=needs_cpu_backend, id="cpu-fp32"),
     # the default target's packs: layers Q4_1, lm_head Q8_0 (decoder_linear.h "block packs")
-    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True, False),
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True, "fp32"),
                  marks=needs_cpu_backend, id="cpu-q4-q8"),
-    # ... with int8 activations (ops.set_int8_activations, csrc/cpu/linear_int8.h)
-    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True, True),
+    # ... with quantized activations (ops.set_cpu_activations, csrc/cpu/linear_int8.h)
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True, "int8"),
                  marks=needs_cpu_backend, id="cpu-q4-q8-int8"),
+    pytest.param(("auto", torch.device("cpu"), torch.float32, CPU_OPS, "cpu", True, "int16"),
+                 marks=needs_cpu_backend, id="cpu-q4-q8-int16"),
     pytest.param(("triton", TRITON_DEVICE, torch.float32,
-                  ("linear", "rms_norm", "tree_attention"), "triton", False, False),
+                  ("linear", "rms_norm", "tree_attention"), "triton", False, "fp32"),
                  marks=[needs_triton, gpu_when_present], id="triton-fp32"),
     pytest.param(("triton", TRITON_DEVICE, torch.bfloat16,
-                  ("linear", "rms_norm", "tree_attention"), "triton", False, False),
+                  ("linear", "rms_norm", "tree_attention"), "triton", False, "fp32"),
                  marks=[needs_triton, gpu_when_present], id="triton-bf16"),
 ]
 
 
 @pytest.fixture(scope="module", params=CASES)
 def target(request):
-    forced, device, dtype, ops_checked, want, block_packs, int8 = request.param
+    forced, device, dtype, ops_checked, want, block_packs, activations = request.param
     with pytest.MonkeyPatch.context() as patch:  # for the module's tests, then restored
         if forced != "auto":
             patch.setenv(BACKEND_ENV, forced)  # the other ops run the torch reference: elementwise
@@ -71,13 +73,13 @@ def target(request):
         for op in ops_checked:
             chosen, _ = resolve(op, "auto", device, dtype=dtype, head_dim=16)
             assert chosen == want, (op, chosen)  # the row-invariant kernels are what runs
-        if int8:
-            ops.set_int8_activations(True)
+        if activations != "fp32":
+            ops.set_cpu_activations(activations)
         try:
             yield model
         finally:
-            if int8:
-                ops.set_int8_activations(False)
+            if activations != "fp32":
+                ops.set_cpu_activations("fp32")
 
 
 def _one(token: int, position: int, device):

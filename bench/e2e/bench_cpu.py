@@ -89,8 +89,8 @@ def bandwidth_calls(megabytes: int) -> tuple[int, list]:
 def gemm_calls(packed_weight: torch.Tensor | None = None) -> tuple[float, list]:
     """FLOPs, and torch's and our GEMM on an in-cache [64 x 1536] x [1536 x 576] (GEMM_PASSES
     times per call), and ours over ``packed_weight`` (a [576 x 1536] weight of the target, as
-    the target packs it: Q4 blocks, with int8 activations when they are on): the fastest gives
-    the GEMM rate."""
+    the target packs it: Q4 blocks, with quantized activations when they are on): the fastest
+    gives the GEMM rate."""
     x, w = torch.randn(64, 1536), torch.randn(576, 1536)
     wt = w.t().contiguous()
     ours = [lambda: ops.linear(x, w)]
@@ -276,7 +276,7 @@ def measure(generator, args) -> tuple[list[dict], dict]:
               "fp32_memory_floor_ms": round(fp32_bytes / bandwidth * 1e3, 3),
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
-              "int8_activations": ops.int8_activations(),
+              "activations": ops.cpu_activations(),
               "timing": f"medians of {args.repeats} interleaved rounds; AR steps and verify "
                         f"passes: the last {STEPS_IN_A_ROW} of "
                         f"{WARM_STEPS + STEPS_IN_A_ROW} in a row per round"}
@@ -294,7 +294,7 @@ def print_report(rows: list[dict], floors: dict) -> None:
           f"{floors['weight_bytes'] / 1e6:.0f} MB -> memory floor {floors['memory_floor_ms']} ms "
           f"(fp32 weights {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
           f"{floors['fp32_memory_floor_ms']} ms; {floors['cpu_isa']}"
-          f"{'; int8 activations' if floors['int8_activations'] else ''})")
+          f"; {floors['activations']} activations)")
     for row in rows:
         if row["what"] == "draft":
             print(f"draft {row['tree']:>9}: {row['ms']:8.2f} ms ({row['step_ms']:.2f} ms/step = "
@@ -341,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-e2e", action="store_true", help="floors, verify and draft only")
     parser.add_argument("--no-hf", action="store_true", help="e2e without transformers")
     parser.add_argument("--smoke", action="store_true", help="tiny: proves the script runs")
-    parser.add_argument("--int8-activations", action="store_true",
-                        help="the opt-in int8-activation GEMMs (ops.set_int8_activations) for "
-                             "every measurement of ours")
+    parser.add_argument("--activations", choices=["fp32", "int16", "int8"], default="fp32",
+                        help="how our GEMMs over Q4 / Q8 packs take x (ops.set_cpu_activations), "
+                             "for every measurement of ours")
     args = parser.parse_args(argv)
     args.nodes, args.trees, args.bandwidth_mb = VERIFY_NODES, CANDIDATE_TREES, 1024
     args.long_contexts = LONG_CONTEXTS
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.prompts, args.max_new_tokens, args.context = 1, 1, 4, 16
     from eagle_kernels.runtime.api import from_pretrained
 
-    ops.set_int8_activations(args.int8_activations)  # before the tree budget times the cycle
+    ops.set_cpu_activations(args.activations)  # before the tree budget times the cycle
     generator = from_pretrained(tree="auto")
     print(generator.budget.report())
     rows, floors = measure(generator, args)

@@ -442,11 +442,18 @@ PYBIND11_MODULE(_cpu, module) {
   module.attr("Q4_ZERO_LEVEL") = cpu::kQ4ZeroLevel;
   cpu::cpu_modes.vnni = supports("avx512") && __builtin_cpu_supports("avx512vnni") &&
                         __builtin_cpu_supports("avx512vbmi");
-  module.attr("INT8_ACTIVATION_LEVELS") = 127;
-  module.def("set_int8_activations", [](bool on) { cpu::cpu_modes.int8_activations = on; },
-             py::arg("enabled"),
-             "GEMMs over Q4 / Q8 packs round x to int8 per block of 32 k (csrc/cpu/linear_int8.h).");
-  module.def("int8_activations", [] { return cpu::cpu_modes.int8_activations; });
+  module.def(
+      "set_activation_bits",
+      [](int bits) {
+        if (bits != 0 && bits != 8 && bits != 16)
+          throw std::invalid_argument("bits: expected 0 (fp32), 8 or 16, got " +
+                                      std::to_string(bits));
+        cpu::cpu_modes.activation_bits = bits;
+      },
+      py::arg("bits"),
+      "GEMMs over Q4 / Q8 packs round x to int8 / int16 per block of 32 k first "
+      "(csrc/cpu/linear_int8.h); 0: fp32 activations.");
+  module.def("activation_bits", [] { return cpu::cpu_modes.activation_bits; });
   module.def("int8_vnni", [] { return cpu::cpu_modes.vnni; },
              "Whether the AVX-512 kernels' int8 GEMM uses VNNI + VBMI on this processor.");
   module.def("isa", [] { return std::string(active->isa); },

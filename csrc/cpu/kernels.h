@@ -94,18 +94,19 @@ static inline int64_t linear_int8_offset_floats(int64_t k, int64_t m) {
 }
 
 /// Floats one thread's part of a GEMM workspace holds: widened panels, block sums, then the
-/// rows quantized to int8 (linear_int8.h QuantizedRows: two orders of m k bytes, and per
-/// block a scale and a sum), rounded up to 16.
+/// rows quantized (linear_int8.h QuantizedRows: four [m, k] byte arrays, and per block a scale
+/// and two sums), rounded up to 16.
 static inline int64_t linear_workspace_floats(int64_t k, int64_t m) {
-  const int64_t quantized = (2 * m * k + 3) / 4 + 2 * m * (k / kQ4BlockK);
+  const int64_t quantized = (4 * m * k + 3) / 4 + 3 * m * (k / kQ4BlockK);
   return linear_int8_offset_floats(k, m) + (quantized + 15) / 16 * 16;
 }
 
 /// Process-wide modes of the CPU kernels (set by cpu_bindings.cpp; the GIL serialises calls).
 struct CpuModes {
-  /// GEMMs over Q4 / Q8 packs round x to int8 per block of 32 k first (linear_int8.h): the
-  /// opt-in fast path, not the fp32 contract (eagle_kernels.ops.set_int8_activations).
-  bool int8_activations = false;
+  /// 0: fp32 activations (the fp32 contract); 8 / 16: GEMMs over Q4 / Q8 packs round x to
+  /// int8 / int16 per block of 32 k first (linear_int8.h; the opt-in fast paths,
+  /// eagle_kernels.ops.set_cpu_activations).
+  int activation_bits = 0;
   /// This processor has AVX-512 VNNI and VBMI: the AVX-512 kernels' int8 GEMM uses them.
   bool vnni = false;
 };

@@ -12,8 +12,8 @@ from ._validate import CHECK_VALUES_ENV, value_checks_enabled
 from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_accept_chain,
                          stochastic_accept_tree)
 from .attention import tree_attention
-from .decoder import (apply_rope, int8_activations, linear, linear_group, rms_norm,
-                      set_int8_activations, silu_mul)
+from .decoder import (apply_rope, cpu_activations, linear, linear_group, rms_norm,
+                      set_cpu_activations, silu_mul)
 from . import decoder_triton  # noqa: F401,E402  registers the triton linear / rms_norm
 from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend,
                     weights_unchanged)
@@ -26,12 +26,12 @@ from .tree import build_tree, eagle2_rerank, pack_tree_mask, unpack_tree_mask
 
 __all__ = [
     "AcceptResult", "BACKENDS", "BACKEND_ENV", "CHECK_VALUES_ENV", "DecoderStep", "DraftTree",
-    "LayerWeights", "apply_rope",
-    "available_backends", "backend_report", "build_tree", "compact_kv", "decoder_layer",
-    "decoder_layer_backend", "eagle2_expand", "eagle2_rerank", "greedy_accept_chain",
-    "greedy_accept_tree", "int8_activations", "linear", "linear_group", "op_backends", "pack_tree_mask",
-    "reference", "rms_norm", "set_int8_activations", "silu_mul", "soft_cross_entropy", "stochastic_accept_chain",
-    "stochastic_accept_tree", "target_probs", "topk_log_softmax", "tree_attention",
-    "unpack_tree_mask", "value_checks_enabled", "weights_unchanged",
+    "LayerWeights", "apply_rope", "available_backends", "backend_report", "build_tree",
+    "compact_kv", "cpu_activations", "decoder_layer", "decoder_layer_backend", "eagle2_expand",
+    "eagle2_rerank", "greedy_accept_chain", "greedy_accept_tree", "linear", "linear_group",
+    "op_backends", "pack_tree_mask", "reference", "rms_norm", "set_cpu_activations", "silu_mul",
+    "soft_cross_entropy", "stochastic_accept_chain", "stochastic_accept_tree", "target_probs",
+    "topk_log_softmax", "tree_attention", "unpack_tree_mask", "value_checks_enabled",
+    "weights_unchanged",
 ]
 from . import library  # noqa: E402,F401  registers torch.ops.eagle_kernels.* (torch.library)

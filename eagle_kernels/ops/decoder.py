@@ -50,39 +50,47 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     Returns
     -------
-    [..., N], dtype of ``x``.
+    [..., N], dtype of ``x``. On the cpu backend with quantized activations
+    (:func:`set_cpu_activations`), a weight packed in Q4 / Q8 blocks (:func:`pack_weight`) gives
+    :func:`~eagle_kernels.ops.reference.linear_quantized_activations` instead.
     """
     return linear_group(x, [weight], [bias], backend=backend)[0]
 
 
-def set_int8_activations(enabled: bool) -> None:
-    """Process-wide: the cpu backend's GEMMs over Q4 / Q8 block packs (a GGUF target's layers
-    and lm_head, :func:`pack_weight`) round each row of x to int8 per block of 32 k first
-    (:func:`~eagle_kernels.ops.reference.quantize_activations_int8`, as llama.cpp does) and
-    multiply in integers: AVX-512 VNNI + VBMI processors run ~4x fewer vector ops per weight;
-    others get the same bits from a slow scalar fallback. Results follow
-    :func:`~eagle_kernels.ops.reference.linear_int8_activations` instead of fp32 ``linear``;
-    still row-invariant (greedy speculative output equals greedy autoregressive output under
-    either setting, as long as it is not changed during a generation). fp32 / bf16 packs (the
-    draft heads) are unaffected. Off by default."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
+CPU_ACTIVATIONS = {"fp32": 0, "int16": 16, "int8": 8}  # mode -> _cpu.set_activation_bits
+
+
+def set_cpu_activations(mode: str) -> None:
+    """Process-wide: how the cpu backend's GEMMs over Q4 / Q8 block packs (a GGUF target's
+    layers and lm_head, :func:`pack_weight`) take x. ``"fp32"`` (default): the fp32 contract
+    (``linear``). ``"int16"`` / ``"int8"``: each row of x is first rounded per block of 32 k
+    to 16- / 8-bit integers (:func:`~eagle_kernels.ops.reference.quantize_activations`; int8 as
+    llama.cpp rounds activations) and multiplied in integers: AVX-512 VNNI + VBMI processors
+    run ~4x (int8) / ~2x (int16) more multiply-adds per instruction than fp32 FMAs; others get
+    the same bits from a slow scalar fallback. Results then follow
+    :func:`~eagle_kernels.ops.reference.linear_quantized_activations`; still row-invariant
+    (greedy speculative output equals greedy autoregressive output in every mode, as long as
+    it is not changed during a generation). fp32 / bf16 packs (the draft heads) are
+    unaffected."""
+    if not isinstance(mode, str) or mode not in CPU_ACTIVATIONS:
+        raise ValueError(f"mode: expected one of {', '.join(CPU_ACTIVATIONS)}, got {mode!r}")
     try:
         extension = cpu_extension()
     except ImportError as error:
-        if enabled:
-            raise RuntimeError("set_int8_activations: the CPU kernels (eagle_kernels._cpu) are "
-                               "not built on this machine") from error
+        if mode != "fp32":
+            raise RuntimeError(f"set_cpu_activations({mode!r}): the CPU kernels "
+                               f"(eagle_kernels._cpu) are not built on this machine") from error
         return
-    extension.set_int8_activations(enabled)
+    extension.set_activation_bits(CPU_ACTIVATIONS[mode])
 
 
-def int8_activations() -> bool:
-    """Whether :func:`set_int8_activations` is on."""
+def cpu_activations() -> str:
+    """The mode :func:`set_cpu_activations` set ("fp32" where the CPU kernels are not built)."""
     try:
-        return bool(cpu_extension().int8_activations())
+        bits = cpu_extension().activation_bits()
     except ImportError:
-        return False
+        return "fp32"
+    return next(mode for mode, value in CPU_ACTIVATIONS.items() if value == bits)
 
 
 def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],

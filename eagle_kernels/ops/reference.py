@@ -802,37 +802,41 @@ def linear_group(
     return tuple(torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases))
 
 
-INT8_BLOCK = 32  # k per int8 activation block (GGUF's Q8_0; csrc/cpu/kernels.h kQ4BlockK)
-INT8_LEVELS = 127  # |q| <= 127 (csrc/cpu/linear_int8.h kActivationLevels)
+ACTIVATION_BLOCK = 32  # k per activation block (GGUF's Q8_0; csrc/cpu/kernels.h kQ4BlockK)
+ACTIVATION_LEVELS = {8: 127, 16: 32767}  # |q| bound per width (csrc/cpu/linear_int8.h)
 
 
-def quantize_activations_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] fp32 (K a multiple of 32) rounded per block of 32 k, as GGUF's Q8_0 rounds
-    activations: ``s = max|x| / 127`` (fp32), ``q = round(x / s)`` (ties to even; 0 where
-    s = 0). A block holding a non-finite x gets s = NaN and q = 0.
+def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] fp32 (K a multiple of 32) rounded per block of 32 k to ``bits``-bit integers
+    (8: GGUF's Q8_0, as llama.cpp rounds activations; 16): ``s = max|x| / Q`` (fp32, Q = 127
+    or 32767), ``q = round(x / s)`` (ties to even; 0 where s = 0; clamped to [-Q, Q], which
+    only a subnormal s can reach past). A block holding a non-finite x gets s = NaN and q = 0.
 
-    Returns (q [..., K] int8, s [..., K / 32] fp32); ``s q`` is the rounded x.
+    Returns (q [..., K] int8 / int16, s [..., K / 32] fp32); ``s q`` is the rounded x.
     """
-    blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // INT8_BLOCK, INT8_BLOCK)
+    blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // ACTIVATION_BLOCK, ACTIVATION_BLOCK)
     finite = torch.isfinite(blocks).all(-1, keepdim=True)
     amax = blocks.abs().masked_fill(~finite, 0).amax(-1, keepdim=True)
-    scale = amax / INT8_LEVELS
-    q = torch.where(finite & (amax > 0), torch.round(blocks / torch.where(amax > 0, scale, 1.0)), 0.0)
+    levels = ACTIVATION_LEVELS[bits]
+    scale = amax / levels
+    q = torch.where(finite & (amax > 0), torch.round(blocks / torch.where(amax > 0, scale, 1.0)),
+                    0.0).clamp(-levels, levels)  # a subnormal s has too few digits to reach Q
     scale = scale.masked_fill(~finite, float("nan"))
-    return q.to(torch.int8).reshape(x.shape), scale.squeeze(-1)
+    dtype = torch.int8 if bits == 8 else torch.int16
+    return q.to(dtype).reshape(x.shape), scale.squeeze(-1)
 
 
-def linear_int8_activations(x: torch.Tensor, weight: torch.Tensor,
-                            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear`` with x rounded to int8 first (:func:`quantize_activations_int8`): the contract
-    of the cpu backend's GEMM over Q4 / Q8 block packs when int8 activations are on
-    (:func:`eagle_kernels.ops.set_int8_activations`). Computed in float64, rounded to fp32 once;
+def linear_quantized_activations(x: torch.Tensor, weight: torch.Tensor,
+                                 bias: torch.Tensor | None = None, bits: int = 8) -> torch.Tensor:
+    """``linear`` with x rounded first (:func:`quantize_activations`): the contract of the cpu
+    backend's GEMM over Q4 / Q8 block packs with quantized activations on
+    (:func:`eagle_kernels.ops.set_cpu_activations`). Computed in float64, rounded to fp32 once;
     the kernel is within a proven bound of it (csrc/cpu/linear_int8.h).
 
     x [..., K] fp32 (K a multiple of 32); weight [N, K]; bias [N] or None -> [..., N] fp32.
     """
-    q, scale = quantize_activations_int8(x)
-    rounded = (q.double().reshape(*x.shape[:-1], -1, INT8_BLOCK)
+    q, scale = quantize_activations(x, bits)
+    rounded = (q.double().reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)
                * scale.double().unsqueeze(-1)).reshape(x.shape)
     y = rounded @ weight.double().T
     return (y if bias is None else y + bias.double()).float()

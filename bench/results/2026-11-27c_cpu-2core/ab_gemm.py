@@ -7,9 +7,9 @@ medians of per-round ratios.
     python bench/results/2026-11-27c_cpu-2core/ab_gemm.py OLD.so NEW.so q4 1,4,16 --layers 7
     python bench/results/2026-11-27c_cpu-2core/ab_gemm.py OLD.so NEW.so q8 1,2,4,8,16
     python bench/results/2026-11-27c_cpu-2core/ab_gemm.py OLD.so NEW.so q4 1,4,16 --isa avx2
-    # one build (two copies of its .so: each copy its own process-wide modes), int8 activations
-    # in the newer one (ops.set_int8_activations; later builds only)
-    python bench/results/2026-11-27c_cpu-2core/ab_gemm.py A.so B.so q4 1,4,16 --int8 newer
+    # one build (two copies of its .so: each copy its own process-wide modes), with activations
+    # rounded to 0 (fp32) / 8 / 16 bits in each (ops.set_cpu_activations; later builds only)
+    python bench/results/2026-11-27c_cpu-2core/ab_gemm.py A.so B.so q4 1,4,16 --bits 0,16
 
 ``q4``: the four GEMMs of each of ``--layers`` decoder layers (q / k / v fused, o, gate / up
 fused, down: 3.54 M weights a layer) over random Q4 packs, called one after another as a decode
@@ -81,12 +81,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--isa", help="run both builds' kernels for this instruction set "
                         "(avx512, avx2, generic; default: the best the processor has)")
-    parser.add_argument("--int8", choices=("older", "newer", "both"),
-                        help="round x to int8 in this build's Q4 / Q8 GEMMs (linear_int8.h)")
+    parser.add_argument("--bits", help="OLDER,NEWER: activation bits of each build's Q4 / Q8 "
+                        "GEMMs (0 fp32, 8, 16: _cpu.set_activation_bits, linear_int8.h)")
     args = parser.parse_args()
     builds = {"older": load_build(args.older, "older"), "newer": load_build(args.newer, "newer")}
-    for name in builds if args.int8 == "both" else [args.int8] if args.int8 else []:
-        builds[name].set_int8_activations(True)
+    if args.bits:
+        for module, bits in zip(builds.values(), args.bits.split(",")):
+            module.set_activation_bits(int(bits))
     if args.isa:
         for module in builds.values():
             module.set_isa(args.isa)
@@ -107,7 +108,7 @@ def main() -> int:
                     run(builds[name])
                 times[name].append((time.perf_counter() - start) / 5 * 1e3)
         ratios = [b / a for a, b in zip(times["older"], times["newer"])]
-        isa = (f" {args.isa}" if args.isa else "") + (f" int8 {args.int8}" if args.int8 else "")
+        isa = (f" {args.isa}" if args.isa else "") + (f" bits {args.bits}" if args.bits else "")
         print(f"{args.format}{isa} layers {args.layers} rows {rows}: older "
               f"{statistics.median(times['older']):.3f} ms, newer "
               f"{statistics.median(times['newer']):.3f} ms, newer / older median of per-round "

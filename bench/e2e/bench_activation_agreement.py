@@ -1,22 +1,24 @@
-"""What int8 activations (ops.set_int8_activations) change in the default target's predictions.
+"""What quantized activations (ops.set_cpu_activations) change in the default target's
+predictions.
 
-    python bench/e2e/bench_int8_agreement.py --out bench/results/<date>_cpu-2core-int8
+    python bench/e2e/bench_activation_agreement.py --out bench/results/<date>_cpu-2core
 
 For held-out ShareGPT and HumanEval prompts: the fp32 target's greedy reply (ours-AR, fp32
 activations, which equals transformers' greedy reply), then the whole sequence scored once with
-fp32 activations and once with int8 activations (teacher forcing on the fp32 reply, one prefill
-each). Per set, over the reply's positions: how often the two argmaxes agree, the mean
-KL(p_fp32 || p_int8), the largest |logit difference|, and where the first disagreement falls
-(the position where int8 greedy decoding would leave the fp32 reply). Speculative decoding stays
-lossless in either mode (its output equals that mode's own greedy AR output, tested); this
-measures how far int8's AR output is from the fp32 model's.
+fp32 activations and once per quantized mode (int16, int8; teacher forcing on the fp32 reply,
+one prefill each). Per set and mode, over the reply's positions: how often the two argmaxes
+agree, the mean KL(p_fp32 || p_mode), the largest |logit difference|, and where the first
+disagreement falls (the position where that mode's greedy decoding would leave the fp32 reply).
+Speculative decoding stays lossless in every mode (its output equals that mode's own greedy AR
+output, tested); this measures how far a mode's AR output is from the fp32 model's.
 
-Writes ``int8_agreement.csv`` / ``.json``.
+Writes ``activation_agreement.csv`` / ``.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -43,24 +45,23 @@ def sequence_logits(target, ids: list[int]) -> torch.Tensor:
         return target.logits(hidden)[0].float()
 
 
-def compare(generator, prompts: list[str], max_new_tokens: int) -> dict:
+def compare(generator, prompts: list[str], max_new_tokens: int, mode: str) -> dict:
     target, eos = generator.engine.target, generator.eos_token_ids()
     agree, positions, kl, worst, first_diverge, lengths = 0, 0, [], 0.0, [], []
     for prompt in prompts:
         ids = generator.encode(prompt)
-        ops.set_int8_activations(False)
         reply = generator.engine.generate([ids], max_new_tokens, eos_token_ids=eos,
                                           speculative=False).tokens[0]
         full = ids + list(reply)
         fp32 = sequence_logits(target, full)
-        ops.set_int8_activations(True)
+        ops.set_cpu_activations(mode)
         try:
-            int8 = sequence_logits(target, full)
+            quantized = sequence_logits(target, full)
         finally:
-            ops.set_int8_activations(False)
+            ops.set_cpu_activations("fp32")
         # logits at position t predict token t + 1: the reply's predictions
         span = slice(len(ids) - 1, len(full) - 1)
-        a, b = fp32[span], int8[span]
+        a, b = fp32[span], quantized[span]
         same = a.argmax(-1) == b.argmax(-1)
         agree += int(same.sum())
         positions += len(same)
@@ -88,19 +89,19 @@ def main(argv: list[str] | None = None) -> int:
 
     generator = from_pretrained(tree=None)
     rows = []
-    for name in ("sharegpt", "humaneval"):
-        result = compare(generator, load_prompts(name, args.prompts), args.max_new_tokens)
-        rows.append({"set": name, **result})
-        print(f"{name}: top-1 agreement {result['top1_agreement']:.4f} over "
+    for name, mode in itertools.product(("sharegpt", "humaneval"), ("int16", "int8")):
+        result = compare(generator, load_prompts(name, args.prompts), args.max_new_tokens, mode)
+        rows.append({"set": name, "activations": mode, **result})
+        print(f"{name} {mode}: top-1 agreement {result['top1_agreement']:.4f} over "
               f"{result['positions']} positions, mean KL {result['mean_kl']:.2e} (max "
               f"{result['max_kl']:.2e}), max |logit diff| {result['max_abs_logit_diff']}, first "
               f"disagreement at median position {result['median_first_disagreement']} "
               f"(none in {result['replies_without_disagreement']}/{result['prompts']} replies)")
     out = Path(args.out)
-    append_rows(out / "int8_agreement.csv", rows)
-    command = "python bench/e2e/bench_int8_agreement.py " + " ".join(
+    append_rows(out / "activation_agreement.csv", rows)
+    command = "python bench/e2e/bench_activation_agreement.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
-    (out / "int8_agreement.json").write_text(json.dumps(
+    (out / "activation_agreement.json").write_text(json.dumps(
         {"environment": environment(), "rows": rows, "command": command}, indent=2))
     return 0
 
