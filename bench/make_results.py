@@ -89,7 +89,8 @@ def cpu_section(run: Path, report: dict) -> list[str]:
     env, floors = report["environment"], report["floors"]
     lines = [f"### CPU fast path — `{run.name}`", "",
              f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}; "
-             f"{floors['cpu_isa']}, {floors['threads']} threads, context {floors['context']}; "
+             f"{floors['cpu_isa']}, {floors['threads']} threads, context {floors['context']}, "
+             f"{floors.get('activations', 'fp32')} activations; "
              f"command `{report['command']}`", "",
              f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
              f"in-cache GEMM {floors['gemm_gflop_s']} GFLOP/s; a decode step reads "

@@ -31,17 +31,21 @@ def quantized_activations(mode: str):
         ops.set_cpu_activations("fp32")
 
 
-def _awkward_rows(gen, rows: int, width: int) -> torch.Tensor:
-    """Random rows with blocks of every kind: all zero, ties (max 127, so s = 1 and x / s
-    lands on halves), tiny (subnormal s), large, and a single nonzero value."""
+def _awkward_rows(gen, rows: int, width: int, levels: int = 127) -> torch.Tensor:
+    """Random rows with blocks of every kind: all zero, ties (max ``levels``, so s = 1 and
+    x / s lands on halves), tiny (subnormal s), large, a single nonzero value, and a max so
+    small that s underflows to 0 (beside zeros)."""
     x = torch.randn(rows, width, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
     blocks = x.view(rows, width // 32, 32)
-    kinds = torch.randint(0, 6, (rows, width // 32), generator=gen)
+    kinds = torch.randint(0, 7, (rows, width // 32), generator=gen)
     for i, b in (kinds == 1).nonzero().tolist():
         blocks[i, b] = 0.0
     for i, b in (kinds == 2).nonzero().tolist():
-        blocks[i, b] = torch.randint(-127, 127, (32,), generator=gen) + 0.5
-        blocks[i, b, 0] = 127.0
+        blocks[i, b] = torch.randint(-levels, levels, (32,), generator=gen) + 0.5
+        blocks[i, b, 0] = float(levels)
+    for i, b in (kinds == 6).nonzero().tolist():
+        blocks[i, b] = torch.randint(-5, 6, (32,), generator=gen) * 2.0**-149
+        blocks[i, b, 0] = 0.0
     for i, b in (kinds == 3).nonzero().tolist():
         blocks[i, b] *= 1e-37
     for i, b in (kinds == 4).nonzero().tolist():
@@ -61,7 +65,7 @@ def test_x_is_rounded_as_the_reference_rounds_it(gen, mode, rows, width):
     also for int16's q): the kernel's integer rows and scales equal quantize_activations' bit for
     bit (ties to even, zero blocks, subnormal scales), on every instruction set and row count; a
     block holding inf or NaN turns its row's outputs into NaN."""
-    x = _awkward_rows(gen, rows, width)
+    x = _awkward_rows(gen, rows, width, reference.ACTIVATION_LEVELS[MODES[mode]])
     weight = torch.eye(width) * (15 / 16)
     assert decoder.pack_weight(weight).dtype == torch.uint8
     q, scale = reference.quantize_activations(x, MODES[mode])
@@ -79,25 +83,27 @@ def test_x_is_rounded_as_the_reference_rounds_it(gen, mode, rows, width):
 
 
 def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> None:
-    """ops.linear over the block pack of ``exact`` with ``mode`` activations is, on every
-    instruction set: row-invariant (each row equals its one-row GEMM), the same bits on every
-    instruction set, and within gamma_(B + 3) sum_k |s q_k|
-    (|d| |L_k| + |o|) of the exact product of the rounded x (s q) with the weight (each term
-    passes through at most B + 3 roundings, see linear_int8.h; gamma_n = n u / (1 - n u),
-    u = 2^-24, plus 2^-150 a rounding where a result falls among the subnormals: a proven
-    bound, no false failure). ``levels`` [N, K], ``scales`` / ``offsets``
+    """ops.linear over the block pack of ``exact`` (+ a bias) with ``mode`` activations is, on
+    every instruction set: row-invariant (each row equals its one-row GEMM), the same bits on
+    every instruction set, and within gamma_(B + 4) (sum_k |s q_k| (|d| |L_k| + |o|) + |bias|)
+    of the exact product of the rounded x (s q) with the weight plus the bias (each term passes
+    through at most B + 3 roundings, see linear_int8.h, and the bias's add one more;
+    gamma_n = n u / (1 - n u), u = 2^-24, plus 2^-150 a rounding where a result falls among
+    the subnormals (the weights' d >= 1e-4 keep s's own such term below it): a proven bound,
+    no false failure). ``levels`` [N, K], ``scales`` / ``offsets``
     [N, K / 32] are the weight's L, d, o."""
     assert decoder.pack_weight(exact).dtype == pack_dtype
     q, s = reference.quantize_activations(x, MODES[mode])
     rounded = q.double() * s.double().repeat_interleave(32, -1)
     per_k = (scales.abs().repeat_interleave(32, 1) * levels.abs()
              + offsets.abs().repeat_interleave(32, 1)).double()
-    terms = exact.shape[1] // 32 + 3
+    bias = torch.randn(exact.shape[0], generator=torch.Generator().manual_seed(1))
+    terms = exact.shape[1] // 32 + 4
     # + terms * 2^-149: a rounding into fp32's subnormals errs by up to 2^-150 absolutely (rows
     # of tiny x give tiny s and outputs), however small the relative bound
-    bound = (terms * 2.0**-24 / (1 - terms * 2.0**-24) * (rounded.abs() @ per_k.T)
-             + terms * 2.0**-149)
-    exact_product = rounded @ exact.double().T
+    bound = (terms * 2.0**-24 / (1 - terms * 2.0**-24)
+             * (rounded.abs() @ per_k.T + bias.double().abs()) + terms * 2.0**-149)
+    exact_product = rounded @ exact.double().T + bias.double()
     # the mode takes effect: random normal x (unlike x made of zero or one-value blocks) is
     # not exactly an integer grid, so every output moves
     probe = torch.randn(2, exact.shape[1], generator=torch.Generator().manual_seed(0))
@@ -106,8 +112,8 @@ def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> 
     with quantized_activations(mode):
         assert (ops.linear(probe, exact, backend="cpu") != fp32_activations).any()
         for isa in each_cpu_isa():
-            ours = ops.linear(x, exact, backend="cpu")
-            one_row = torch.cat([ops.linear(x[i:i + 1], exact, backend="cpu")
+            ours = ops.linear(x, exact, bias, backend="cpu")
+            one_row = torch.cat([ops.linear(x[i:i + 1], exact, bias, backend="cpu")
                                  for i in range(x.shape[0])])
             assert torch.equal(ours, one_row), isa
             assert ((ours.double() - exact_product).abs() <= bound).all(), isa
@@ -120,7 +126,7 @@ def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> 
                                             (4, 576, 100), (6, 1536, 70), (17, 64, 16)])
 def test_q4_packs_with_quantized_activations(gen, mode, rows, width, out):
     """Q4 packs (the default target's layers): _quantized_contract."""
-    x = _awkward_rows(gen, rows, width)
+    x = _awkward_rows(gen, rows, width, reference.ACTIVATION_LEVELS[MODES[mode]])
     exact = q4_exact_weight(gen, out, width)
     q, d, m = decoder.q4_blocks(exact)
     zero = decoder.Q4_ZERO_LEVEL
@@ -132,7 +138,7 @@ def test_q4_packs_with_quantized_activations(gen, mode, rows, width, out):
                                             (17, 64, 16)])
 def test_q8_packs_with_quantized_activations(gen, mode, rows, width, out):
     """Q8 packs (the default target's lm_head): _quantized_contract (o = 0)."""
-    x = _awkward_rows(gen, rows, width)
+    x = _awkward_rows(gen, rows, width, reference.ACTIVATION_LEVELS[MODES[mode]])
     exact = q8_exact_weight(gen, out, width)
     q, d = decoder.q8_blocks(exact)
     _quantized_contract(mode, x, exact, torch.int8, q.float(), d, torch.zeros_like(d))
@@ -177,3 +183,18 @@ def test_int16_rounds_x_finer_than_int8(gen):
         with quantized_activations(mode):
             errors[mode] = (ops.linear(x, exact, backend="cpu").double() - fp32).abs().mean()
     assert errors["int16"] < errors["int8"] / 64
+
+
+def test_vnni_tiles_run_where_the_processor_has_them():
+    """On a processor with AVX-512 VNNI + VBMI the tests above compare the VNNI tiles with the
+    scalar fallback (the avx2 / generic kernels); elsewhere only the fallback runs (skipped)."""
+    from eagle_kernels import _cpu
+
+    flags = set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        flags = next((set(line.split(":", 1)[1].split()) for line in info
+                      if line.startswith("flags")), set())
+    needed = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512vbmi"}
+    if not needed <= flags:
+        pytest.skip(f"this processor lacks {sorted(needed - flags)}")
+    assert _cpu.int8_vnni()

@@ -87,8 +87,8 @@ int thread_count(int threads) { return threads > 0 ? threads : omp_get_max_threa
 
 std::vector<float> widening_workspace;
 
-/// `threads` GEMM workspaces (widened panel blocks, block sums; decoder_linear.h) for GEMMs over up
-/// to `k` and `m` rows.
+/// `threads` GEMM workspaces (widened panel blocks, block sums, quantized rows;
+/// decoder_linear.h, linear_int8.h) for GEMMs over up to `k` and `m` rows.
 float* linear_workspace(int threads, int64_t k, int64_t m) {
   const size_t floats = static_cast<size_t>(threads * cpu::linear_workspace_floats(k, m));
   if (widening_workspace.size() < floats) widening_workspace.resize(floats);

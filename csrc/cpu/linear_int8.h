@@ -16,9 +16,10 @@
  *
  * The computation, per row, block b of 32 k and column n (every ISA, tile and row count alike;
  * Q = 127 for int8, 32767 for int16):
- *   a   = max |x[k]| over the block (exact); s = a / Q (fp32 division; 0 when a = 0, NaN when
- *         the block holds a non-finite x, so the row's outputs become NaN, not silently finite)
- *   q_k = x[k] / s rounded to the nearest integer, ties to even (fp32 division; |q_k| <= Q)
+ *   a   = max |x[k]| over the block (exact); s = a / Q (fp32 division; NaN when the block
+ *         holds a non-finite x, so the row's outputs become NaN, not silently finite)
+ *   q_k = x[k] / s rounded to the nearest integer, ties to even (fp32 division), clamped to
+ *         [-Q, Q] (only a subnormal s, short of digits, can reach past); 0 where s = 0
  *   S   = sum_k q_k L[n, k], X = sum_k q_k (exact integers; L as in "block packs")
  *   T   = fma(s, fma(d, float(S), o * float(X)), T)  (Q4)  or  fma(s, d * float(S), T)  (Q8),
  *         T from 0 over the blocks in order
@@ -27,8 +28,11 @@
  * operations everywhere (float(S) is exact but for int16 x over Q8 packs, where it rounds to
  * nearest), so every instruction set, tile shape, row count and thread count gives the same
  * bits: row-invariant, like every GEMM here. Relative to the exact product of the rounded x
- * (s q) with the weights, each term passes through at most B + 3 roundings (B blocks):
- * |y - (s q) w^T| <= gamma_(B + 3) sum_k |s q_k| (|d| |L_k| + |o|) (tests/test_linear_int8.py).
+ * (s q) with the weights, each term passes through at most B + 3 roundings (B blocks), each
+ * also off by up to 2^-150 (times s for the inner ones) where its result is subnormal:
+ * |y - (s q) w^T| <= gamma_(B + 3) sum_k |s q_k| (|d| |L_k| + |o|) + that (tests/
+ * test_linear_int8.py). (The file and its names say int8: every product here is a vpdpbusd of
+ * bytes; int16 x is two of them.)
  */
 
 // ------------------------------------------------------------- quantized activations
@@ -79,7 +83,7 @@ static void quantize_block_scalar(const float* x, const QuantizedRows& rows, Blo
   const float s = finite ? amax / levels : __builtin_nanf(""), limit = levels;
   int32_t total = 0, high_total = 0;
   for (int r = 0; r < kQ4BlockK; ++r) {
-    const float level = finite && amax > 0.0f ? __builtin_rintf(x[r] / s) : 0.0f;
+    const float level = finite && s > 0.0f ? __builtin_rintf(x[r] / s) : 0.0f;
     // |x / s| <= Q (1 + 2^-22) for a normal s; a subnormal s has fewer digits: clamp
     const int32_t q = static_cast<int32_t>(level > limit ? limit : level < -limit ? -limit : level);
     const int32_t high = rows.wide ? q >> 8 : q;
@@ -117,8 +121,9 @@ EK_VNNI static void quantize_block_vnni(const float* x, const QuantizedRows& row
   const float amax =
       _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(first), _mm512_abs_ps(second)));
   const float levels = static_cast<float>(rows.wide ? kInt16Levels : kInt8Levels);
-  const __m512 s = _mm512_set1_ps(bad != 0 ? __builtin_nanf("") : amax / levels);
-  const bool zero = bad != 0 || amax == 0.0f;
+  const float scale = bad != 0 ? __builtin_nanf("") : amax / levels;
+  const __m512 s = _mm512_set1_ps(scale);
+  const bool zero = bad != 0 || !(scale > 0.0f);  // s = 0 also where a tiny amax underflows
   const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(levels));
   const __m512i bottom = _mm512_set1_epi32(-static_cast<int32_t>(levels));
   const auto level = [&](__m512 v) {  // rounded, clamped as the scalar block (subnormal s)
@@ -378,8 +383,9 @@ static void int8_panels(const LinearArgs& a, const QuantizedRows& xq, const Line
 
 static bool is_block_pack(PackFormat f) { return f == PackFormat::kQ4 || f == PackFormat::kQ8; }
 
-/// The quantized GEMM over segments that are all Q4 / Q8 packs (a.widened: the workspace).
-static void linear_int8(const LinearArgs& a) {
+/// The quantized GEMM over segments that are all Q4 / Q8 packs (a.widened: the workspace); x
+/// rounded to int16 (`wide`) or int8.
+static void linear_int8(const LinearArgs& a, bool wide) {
   int64_t total = 0, columns = 0;
   for (int i = 0; i < a.num_segments; ++i) {
     total += (a.segments[i].n + kPanel - 1) / kPanel;
@@ -395,8 +401,8 @@ static void linear_int8(const LinearArgs& a) {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
     float* own = a.widened + t * linear_workspace_floats(a.k, a.m);
-    const QuantizedRows xq = quantized_rows(own + linear_int8_offset_floats(a.k, a.m), a.m, a.k,
-                                            cpu_modes.activation_bits == 16);
+    const QuantizedRows xq =
+        quantized_rows(own + linear_int8_offset_floats(a.k, a.m), a.m, a.k, wide);
     if (begin < end) quantize_rows(a.x, a.m, a.ldx, xq, vnni);  // each thread its own copy
     int64_t offset = 0;
     for (int i = 0; i < a.num_segments; ++i) {
@@ -419,17 +425,18 @@ static void linear_int8(const LinearArgs& a) {
 /// (cpu_modes.activation_bits), the quantized GEMM over the Q4 / Q8 segments and
 /// decoder_linear.h's over the others.
 static void linear(const LinearArgs& a) {
-  if (cpu_modes.activation_bits == 0) return linear_packed(a);
+  const int bits = cpu_modes.activation_bits;  // read once: every part of a call alike
+  if (bits == 0) return linear_packed(a);
   int blocks = 0;
   for (int i = 0; i < a.num_segments; ++i) blocks += is_block_pack(a.segments[i].w.format);
-  if (blocks == a.num_segments) return linear_int8(a);
+  if (blocks == a.num_segments) return linear_int8(a, bits == 16);
   if (blocks == 0) return linear_packed(a);
   for (int i = 0; i < a.num_segments; ++i) {  // a mixed group (rare): one segment at a time
     LinearArgs one = a;
     one.segments = a.segments + i;
     one.num_segments = 1;
     if (is_block_pack(a.segments[i].w.format))
-      linear_int8(one);
+      linear_int8(one, bits == 16);
     else
       linear_packed(one);
   }

@@ -809,8 +809,10 @@ ACTIVATION_LEVELS = {8: 127, 16: 32767}  # |q| bound per width (csrc/cpu/linear_
 def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] fp32 (K a multiple of 32) rounded per block of 32 k to ``bits``-bit integers
     (8: GGUF's Q8_0, as llama.cpp rounds activations; 16): ``s = max|x| / Q`` (fp32, Q = 127
-    or 32767), ``q = round(x / s)`` (ties to even; 0 where s = 0; clamped to [-Q, Q], which
-    only a subnormal s can reach past). A block holding a non-finite x gets s = NaN and q = 0.
+    or 32767), ``q = round(x / s)`` (ties to even; 0 where s = 0, also when a tiny max
+    underflows; clamped to [-Q, Q], which only a subnormal s can reach past). A block holding a
+    non-finite x gets s = NaN and q = 0. CPU tensors (a CUDA division by a constant may
+    multiply by its reciprocal instead).
 
     Returns (q [..., K] int8 / int16, s [..., K / 32] fp32); ``s q`` is the rounded x.
     """
@@ -819,7 +821,8 @@ def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, 
     amax = blocks.abs().masked_fill(~finite, 0).amax(-1, keepdim=True)
     levels = ACTIVATION_LEVELS[bits]
     scale = amax / levels
-    q = torch.where(finite & (amax > 0), torch.round(blocks / torch.where(amax > 0, scale, 1.0)),
+    usable = finite & (scale > 0)  # s = 0 also where a tiny max underflows
+    q = torch.where(usable, torch.round(blocks / torch.where(usable, scale, 1.0)),
                     0.0).clamp(-levels, levels)  # a subnormal s has too few digits to reach Q
     scale = scale.masked_fill(~finite, float("nan"))
     dtype = torch.int8 if bits == 8 else torch.int16
