@@ -611,6 +611,22 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
   }
 }
 
+/// panels(segment, p0, p1) for each segment's part of panels [begin, end) of all segments end
+/// to end (a thread's share of a GEMM: threads split the panels, never the reduction).
+template <typename Panels>
+static void for_each_segment_share(const LinearArgs& a, int64_t begin, int64_t end,
+                                   const Panels& panels_of) {
+  int64_t offset = 0;
+  for (int i = 0; i < a.num_segments; ++i) {
+    const LinearSegment& s = a.segments[i];
+    const int64_t panels = (s.n + kPanel - 1) / kPanel;
+    const int64_t p0 = begin > offset ? begin - offset : 0;
+    const int64_t p1 = end - offset < panels ? end - offset : panels;
+    if (p0 < p1) panels_of(s, p0, p1);
+    offset += panels;
+  }
+}
+
 /// The GEMM over every pack format (linear_int8.h's `linear` calls it).
 static void linear_packed(const LinearArgs& a) {
   int64_t total = 0;  // panels of all segments end to end
@@ -631,23 +647,15 @@ static void linear_packed(const LinearArgs& a) {
       block_sums(a.x, a.m, a.k, a.ldx, sums);
       x.sums = sums;
     }
-    int64_t offset = 0;
-    for (int i = 0; i < a.num_segments; ++i) {
-      const LinearSegment& s = a.segments[i];
-      const int64_t panels = (s.n + kPanel - 1) / kPanel;
-      const int64_t p0 = begin > offset ? begin - offset : 0;
-      const int64_t p1 = end - offset < panels ? end - offset : panels;
-      if (p0 < p1) {
-        if (s.w.format == PackFormat::kBf16)
-          linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
-        else if (s.w.format == PackFormat::kQ4)
-          linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1);
-        else if (s.w.format == PackFormat::kQ8)
-          linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1);
-        else
-          linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1);
-      }
-      offset += panels;
-    }
+    for_each_segment_share(a, begin, end, [&](const LinearSegment& s, int64_t p0, int64_t p1) {
+      if (s.w.format == PackFormat::kBf16)
+        linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
+      else if (s.w.format == PackFormat::kQ4)
+        linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1);
+      else if (s.w.format == PackFormat::kQ8)
+        linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1);
+      else
+        linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1);
+    });
   }
 }

@@ -404,20 +404,12 @@ static void linear_int8(const LinearArgs& a, bool wide) {
     const QuantizedRows xq =
         quantized_rows(own + linear_int8_offset_floats(a.k, a.m), a.m, a.k, wide);
     if (begin < end) quantize_rows(a.x, a.m, a.ldx, xq, vnni);  // each thread its own copy
-    int64_t offset = 0;
-    for (int i = 0; i < a.num_segments; ++i) {
-      const LinearSegment& s = a.segments[i];
-      const int64_t panels = (s.n + kPanel - 1) / kPanel;
-      const int64_t p0 = begin > offset ? begin - offset : 0;
-      const int64_t p1 = end - offset < panels ? end - offset : panels;
-      if (p0 < p1) {
-        if (s.w.format == PackFormat::kQ4)
-          int8_panels<true>(a, xq, s, p0, p1, vnni);
-        else
-          int8_panels<false>(a, xq, s, p0, p1, vnni);
-      }
-      offset += panels;
-    }
+    for_each_segment_share(a, begin, end, [&](const LinearSegment& s, int64_t p0, int64_t p1) {
+      if (s.w.format == PackFormat::kQ4)
+        int8_panels<true>(a, xq, s, p0, p1, vnni);
+      else
+        int8_panels<false>(a, xq, s, p0, p1, vnni);
+    });
   }
 }
 
