@@ -126,6 +126,34 @@ def test_oracle_head_batch1(setup, reference):
     assert sum(taus) / len(taus) > 2.5, taus  # the accept path really ran
 
 
+QUANTIZED_PROMPTS = 4
+
+
+@pytest.mark.parametrize("mode", ["int16", "int8"])
+def test_oracle_head_with_quantized_activations(setup, mode):
+    """With the CPU GEMMs' integer activations on (ops.set_cpu_activations: another model's
+    arithmetic, its own greedy outputs), speculative output still equals that mode's greedy
+    autoregressive output token for token (batch-4 reference, batch-1 speculative, an oracle
+    head so multi-token accepts run), on the first QUANTIZED_PROMPTS prompts."""
+    target, prompts = setup
+    if not row_invariant(target):
+        pytest.skip("the quantized activations are a cpu-backend mode")
+    prompts = prompts[:QUANTIZED_PROMPTS]
+    ops.set_cpu_activations(mode)
+    try:
+        reference = Engine(target).generate(prompts, NEW_TOKENS, speculative=False).tokens
+        outputs, taus = [], []
+        for prompt, want in zip(prompts, reference):
+            engine = Engine(target, oracle_head(target, [prompt + want]), CPU_TREE)
+            result = engine.generate([prompt], NEW_TOKENS)
+            outputs.append(result.tokens[0])
+            taus.append(result.stats.tau)
+    finally:
+        ops.set_cpu_activations("fp32")
+    assert_lossless(target, prompts, reference, outputs)
+    assert sum(taus) / len(taus) > 2.5, taus  # the accept path really ran
+
+
 @pytest.mark.skipif(not (DEFAULT_HEAD / "config.json").is_file(),
                     reason="no trained head bundled yet")
 def test_trained_head_batch2(setup, reference):
