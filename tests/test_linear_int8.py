@@ -93,8 +93,7 @@ def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> 
     no false failure). ``levels`` [N, K], ``scales`` / ``offsets``
     [N, K / 32] are the weight's L, d, o."""
     assert decoder.pack_weight(exact).dtype == pack_dtype
-    q, s = reference.quantize_activations(x, MODES[mode])
-    rounded = q.double() * s.double().repeat_interleave(32, -1)
+    rounded = reference.rounded_activations(x, MODES[mode])
     per_k = (scales.abs().repeat_interleave(32, 1) * levels.abs()
              + offsets.abs().repeat_interleave(32, 1)).double()
     bias = torch.randn(exact.shape[0], generator=torch.Generator().manual_seed(1))
@@ -103,7 +102,7 @@ def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> 
     # of tiny x give tiny s and outputs), however small the relative bound
     bound = (terms * 2.0**-24 / (1 - terms * 2.0**-24)
              * (rounded.abs() @ per_k.T + bias.double().abs()) + terms * 2.0**-149)
-    exact_product = rounded @ exact.double().T + bias.double()
+    exact_product = reference.linear_quantized_activations(x.double(), exact, bias, MODES[mode])
     # the mode takes effect: random normal x (unlike x made of zero or one-value blocks) is
     # not exactly an integer grid, so every output moves
     probe = torch.randn(2, exact.shape[1], generator=torch.Generator().manual_seed(0))

@@ -18,7 +18,6 @@ Writes ``activation_agreement.csv`` / ``.json``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -45,23 +44,10 @@ def sequence_logits(target, ids: list[int]) -> torch.Tensor:
         return target.logits(hidden)[0].float()
 
 
-def compare(generator, prompts: list[str], max_new_tokens: int, mode: str) -> dict:
-    target, eos = generator.engine.target, generator.eos_token_ids()
+def summary(fp32: list[torch.Tensor], quantized: list[torch.Tensor]) -> dict:
+    """Agreement of one mode's reply logits with fp32's, over every prompt's [reply, V] pair."""
     agree, positions, kl, worst, first_diverge, lengths = 0, 0, [], 0.0, [], []
-    for prompt in prompts:
-        ids = generator.encode(prompt)
-        reply = generator.engine.generate([ids], max_new_tokens, eos_token_ids=eos,
-                                          speculative=False).tokens[0]
-        full = ids + list(reply)
-        fp32 = sequence_logits(target, full)
-        ops.set_cpu_activations(mode)
-        try:
-            quantized = sequence_logits(target, full)
-        finally:
-            ops.set_cpu_activations("fp32")
-        # logits at position t predict token t + 1: the reply's predictions
-        span = slice(len(ids) - 1, len(full) - 1)
-        a, b = fp32[span], quantized[span]
+    for a, b in zip(fp32, quantized):
         same = a.argmax(-1) == b.argmax(-1)
         agree += int(same.sum())
         positions += len(same)
@@ -70,12 +56,34 @@ def compare(generator, prompts: list[str], max_new_tokens: int, mode: str) -> di
         worst = max(worst, float((a - b).abs().max()))
         first_diverge.append(int((~same).nonzero()[0]) if not same.all() else len(same))
         lengths.append(len(same))
-    return {"prompts": len(prompts), "positions": positions,
+    return {"prompts": len(fp32), "positions": positions,
             "top1_agreement": round(agree / positions, 5),
             "mean_kl": round(statistics.mean(kl), 6), "max_kl": round(max(kl), 5),
             "max_abs_logit_diff": round(worst, 4),
             "median_first_disagreement": statistics.median(first_diverge),
             "replies_without_disagreement": sum(f == n for f, n in zip(first_diverge, lengths))}
+
+
+def compare(generator, prompts: list[str], max_new_tokens: int,
+            modes: tuple[str, ...]) -> dict[str, dict]:
+    """Per mode, :func:`summary` over ``prompts``: each prompt's fp32 greedy reply and its fp32
+    logits computed once, then scored in every mode."""
+    target, eos = generator.engine.target, generator.eos_token_ids()
+    fp32, quantized = [], {mode: [] for mode in modes}
+    for prompt in prompts:
+        ids = generator.encode(prompt)
+        reply = generator.engine.generate([ids], max_new_tokens, eos_token_ids=eos,
+                                          speculative=False).tokens[0]
+        full = ids + list(reply)
+        span = slice(len(ids) - 1, len(full) - 1)  # logits at t predict token t + 1: the reply
+        fp32.append(sequence_logits(target, full)[span])
+        for mode in modes:
+            ops.set_cpu_activations(mode)
+            try:
+                quantized[mode].append(sequence_logits(target, full)[span])
+            finally:
+                ops.set_cpu_activations("fp32")
+    return {mode: summary(fp32, logits) for mode, logits in quantized.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
 
     generator = from_pretrained(tree=None)
     rows = []
-    for name, mode in itertools.product(("sharegpt", "humaneval"), ("int16", "int8")):
-        result = compare(generator, load_prompts(name, args.prompts), args.max_new_tokens, mode)
-        rows.append({"set": name, "activations": mode, **result})
-        print(f"{name} {mode}: top-1 agreement {result['top1_agreement']:.4f} over "
-              f"{result['positions']} positions, mean KL {result['mean_kl']:.2e} (max "
-              f"{result['max_kl']:.2e}), max |logit diff| {result['max_abs_logit_diff']}, first "
-              f"disagreement at median position {result['median_first_disagreement']} "
-              f"(none in {result['replies_without_disagreement']}/{result['prompts']} replies)")
+    for name in ("sharegpt", "humaneval"):
+        results = compare(generator, load_prompts(name, args.prompts), args.max_new_tokens,
+                          ("int16", "int8"))
+        for mode, result in results.items():
+            rows.append({"set": name, "activations": mode, **result})
+            print(f"{name} {mode}: top-1 agreement {result['top1_agreement']:.4f} over "
+                  f"{result['positions']} positions, mean KL {result['mean_kl']:.2e} (max "
+                  f"{result['max_kl']:.2e}), max |logit diff| {result['max_abs_logit_diff']}, "
+                  f"first disagreement at median position "
+                  f"{result['median_first_disagreement']} (none in "
+                  f"{result['replies_without_disagreement']}/{result['prompts']} replies)")
     out = Path(args.out)
     append_rows(out / "activation_agreement.csv", rows)
     command = "python bench/e2e/bench_activation_agreement.py " + " ".join(

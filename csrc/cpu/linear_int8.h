@@ -80,12 +80,13 @@ static void quantize_block_scalar(const float* x, const QuantizedRows& rows, Blo
     amax = a > amax ? a : amax;
   }
   const float levels = static_cast<float>(rows.wide ? kInt16Levels : kInt8Levels);
-  const float s = finite ? amax / levels : __builtin_nanf(""), limit = levels;
+  const float s = finite ? amax / levels : __builtin_nanf("");
   int32_t total = 0, high_total = 0;
   for (int r = 0; r < kQ4BlockK; ++r) {
     const float level = finite && s > 0.0f ? __builtin_rintf(x[r] / s) : 0.0f;
     // |x / s| <= Q (1 + 2^-22) for a normal s; a subnormal s has fewer digits: clamp
-    const int32_t q = static_cast<int32_t>(level > limit ? limit : level < -limit ? -limit : level);
+    const int32_t q =
+        static_cast<int32_t>(level > levels ? levels : level < -levels ? -levels : level);
     const int32_t high = rows.wide ? q >> 8 : q;
     rows.high[where.at + r] = static_cast<int8_t>(high);
     rows.low[where.at + r] = static_cast<uint8_t>(q & 255);

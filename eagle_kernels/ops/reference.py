@@ -829,20 +829,27 @@ def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, 
     return q.to(dtype).reshape(x.shape), scale.squeeze(-1)
 
 
+def rounded_activations(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """``s q`` of :func:`quantize_activations`, the x a quantized GEMM multiplies: [..., K]
+    float64 (exact: an fp32 s times an integer of at most 16 bits)."""
+    q, scale = quantize_activations(x, bits)
+    return (q.double().reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)
+            * scale.double().unsqueeze(-1)).reshape(x.shape)
+
+
 def linear_quantized_activations(x: torch.Tensor, weight: torch.Tensor,
                                  bias: torch.Tensor | None = None, bits: int = 8) -> torch.Tensor:
-    """``linear`` with x rounded first (:func:`quantize_activations`): the contract of the cpu
+    """``linear`` with x rounded first (:func:`rounded_activations`): the contract of the cpu
     backend's GEMM over Q4 / Q8 block packs with quantized activations on
-    (:func:`eagle_kernels.ops.set_cpu_activations`). Computed in float64, rounded to fp32 once;
-    the kernel is within a proven bound of it (csrc/cpu/linear_int8.h).
+    (:func:`eagle_kernels.ops.set_cpu_activations`). Computed in float64, rounded once to x's
+    dtype (float64 x holding fp32 values gives the unrounded product); the kernel is within a
+    proven bound of it (csrc/cpu/linear_int8.h).
 
-    x [..., K] fp32 (K a multiple of 32); weight [N, K]; bias [N] or None -> [..., N] fp32.
+    x [..., K] fp32 values (K a multiple of 32); weight [N, K]; bias [N] or None -> [..., N],
+    dtype of x.
     """
-    q, scale = quantize_activations(x, bits)
-    rounded = (q.double().reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)
-               * scale.double().unsqueeze(-1)).reshape(x.shape)
-    y = rounded @ weight.double().T
-    return (y if bias is None else y + bias.double()).float()
+    y = rounded_activations(x, bits) @ weight.double().T
+    return (y if bias is None else y + bias.double()).to(x.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
