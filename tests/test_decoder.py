@@ -770,6 +770,84 @@ def test_weights_unchanged_block_stamps_once(gen):
 
 
 @needs_cpu_backend
+def test_block_memo_binds_each_stack_to_its_own_caches(gen):
+    """Inside one weights_unchanged block the target's stack keeps its pointers per (layers,
+    caches): a second cache, one of another length and the first one again each run over
+    their own K/V (as outside any block, bit for bit); the block's end drops the memo."""
+    from eagle_kernels.ops._validate import _UNCHANGED
+    from runtime_helpers import tiny_target
+
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    tokens = torch.randint(0, 300, (1, 2), generator=gen)
+    mask = causal_tree_mask(1, 2, torch.device("cpu"))
+
+    def cache_of(max_len, fill):
+        cache = target.allocate_cache(1, max_len)
+        for t in cache.keys + cache.values:
+            t.normal_(generator=fill)
+        cache.lens.fill_(5)
+        return cache
+
+    def forward(cache):
+        positions = cache.lens.to(torch.int64).unsqueeze(1) + torch.arange(2)
+        return target(tokens, positions, cache, mask)[0]
+
+    caches = [cache_of(16, torch.Generator().manual_seed(s)) for s in (1, 2)]
+    caches.append(cache_of(24, torch.Generator().manual_seed(3)))
+    with torch.inference_mode():
+        alone = [forward(_fresh(cache)) for cache in caches]
+        assert not torch.equal(alone[0], alone[1])  # the caches' prefixes tell them apart
+        with ops.weights_unchanged():
+            inside = [forward(_fresh(cache)) for cache in caches]
+            first_again = [forward(caches[0]), forward(caches[0])]
+            stacks = sum(key[0] == "stack" for key in _UNCHANGED.memo)
+    assert all(torch.equal(a, b) for a, b in zip(alone, inside))
+    assert all(torch.equal(alone[0], again) for again in first_again)
+    assert stacks == 4  # one per cache object
+    assert _UNCHANGED.memo == {}
+
+
+@needs_cpu_backend
+def test_block_memo_checks_a_linear_once_per_weight_and_request(gen, monkeypatch):
+    """Inside a weights_unchanged block ops.linear checks and resolves each (weights, biases,
+    kind of x, backend request) once; a new weight object, a forced backend
+    (EAGLE_KERNELS_BACKEND) or another x width is looked at again; after the block, every
+    call is. A weight changed in place inside the block runs its old pack (the promise is the
+    caller's); the next block re-packs."""
+    from eagle_kernels.ops import _backend, decoder
+
+    resolved = []
+
+    def counting(op, *args, **kwargs):
+        resolved.append(op)
+        return _backend.resolve(op, *args, **kwargs)
+
+    monkeypatch.setattr(decoder, "resolve", counting)
+    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
+    x = torch.randn(3, 16, generator=gen)
+    w, b = torch.randn(8, 16, generator=gen), torch.randn(8, generator=gen)
+    before = ops.linear(x, w, b)
+    with ops.weights_unchanged():
+        for _ in range(3):
+            assert torch.equal(ops.linear(x, w, b), before)
+        assert len(resolved) == 2  # the call before the block and the first inside
+        ops.linear(x, w.clone(), b)
+        ops.linear(x[:, :8].contiguous(), w[:, :8].contiguous())
+        assert len(resolved) == 4
+        monkeypatch.setenv(_backend.BACKEND_ENV, "torch")
+        forced = ops.linear(x, w, b)
+        assert len(resolved) == 5
+        assert torch.allclose(forced, torch.nn.functional.linear(x, w, b), rtol=0, atol=0)
+        monkeypatch.delenv(_backend.BACKEND_ENV)
+        with torch.no_grad():
+            w.mul_(2)
+        assert torch.equal(ops.linear(x, w, b), before)  # stale by promise
+    assert len(resolved) == 5
+    assert torch.equal(ops.linear(x, w, b), ops.linear(x, w.clone(), b))  # re-packed
+    assert not torch.equal(ops.linear(x, w, b), before)
+
+
+@needs_cpu_backend
 def test_weights_unchanged_block_rechecks_after_a_failed_check(gen):
     """A check that fails inside a block fails again on the next call (the layer is not marked
     checked), and the weights that pass it next are the ones that run."""

@@ -18,6 +18,7 @@ construction. torch's GEMMs give no such guarantee (their blocking follows the r
 from __future__ import annotations
 
 import math
+import os
 import warnings
 import weakref
 from typing import Sequence
@@ -25,8 +26,8 @@ from typing import Sequence
 import torch
 
 from . import reference
-from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import check_eps, check_range, check_tensor
+from ._backend import BACKEND_ENV, cpu_extension, cpu_float32_only, register, resolve
+from ._validate import block_memo, check_eps, check_range, check_tensor, same_items
 
 def _check_input(name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
     check_tensor(name, x, (torch.float16, torch.bfloat16, torch.float32))
@@ -109,16 +110,34 @@ def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
                          f"bias), got {len(biases)}")
     _check_input("x", x)
     width = x.shape[-1]
-    for i, (w, b) in enumerate(zip(weights, biases)):
-        check_tensor(f"weights[{i}]", w, (x.dtype,), (None, width), x.device)
-        if b is not None:
-            check_tensor(f"biases[{i}]", b, (x.dtype,), (w.shape[0],), x.device)
-    _, implementation = resolve("linear", backend, x.device, dtype=x.dtype)
+    implementation = _checked_linear(x, weights, biases, backend)
     if width == 0:  # an empty sum, for every backend: the bias, or zeros
         return tuple(torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype, device=x.device)
                      if b is None else b.expand(*x.shape[:-1], -1).clone()
                      for w, b in zip(weights, biases))
     return implementation(x, list(weights), biases)
+
+
+def _checked_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                    biases: Sequence[torch.Tensor | None], backend: str):
+    """Check the weights and biases against ``x`` and pick the backend's implementation.
+    Inside a :func:`weights_unchanged` block, the same weight and bias objects for the same
+    kind of ``x`` (dtype, device, width) and the same backend request were checked and
+    resolved already: the answer is kept in the block's memo."""
+    memo = block_memo()
+    key = ("linear", backend, os.environ.get(BACKEND_ENV), x.dtype, x.device, x.shape[-1],
+           *map(id, weights), *map(id, biases))
+    entry = memo.get(key) if memo is not None else None
+    if entry is not None and same_items(entry[0], weights) and same_items(entry[1], biases):
+        return entry[2]
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        check_tensor(f"weights[{i}]", w, (x.dtype,), (None, x.shape[-1]), x.device)
+        if b is not None:
+            check_tensor(f"biases[{i}]", b, (x.dtype,), (w.shape[0],), x.device)
+    _, implementation = resolve("linear", backend, x.device, dtype=x.dtype)
+    if memo is not None:
+        memo[key] = (tuple(weights), tuple(biases), implementation)
+    return implementation
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -479,14 +498,27 @@ def _rows(x: torch.Tensor) -> int:
     return math.prod(x.shape[:-1])
 
 
+def _pack_of(w: torch.Tensor, memo: dict | None) -> tuple[torch.Tensor, int]:
+    """``w``'s pack and its kernel address; inside a :func:`weights_unchanged` block looked up
+    once per weight (the block's memo holds the weight and the pack)."""
+    entry = memo.get(("pack", id(w))) if memo is not None else None
+    if entry is not None and entry[0] is w:
+        return entry[1], entry[2]
+    packed = _PACKS.get(w)
+    address = pack_address(packed)
+    if memo is not None and _version_of(w) is not None:  # inference tensors: packed per call
+        memo[("pack", id(w))] = (w, packed, address)
+    return packed, address
+
+
 def _linear_group_cpu(x, weights, biases):
     rows, width = _rows(x), x.shape[-1]
-    outputs, segments = [], []
-    packs = [_PACKS.get(w) for w in weights]  # held until the call returns
-    for w, packed, b in zip(weights, packs, biases):
+    outputs, segments, memo = [], [], block_memo()
+    packs = [_pack_of(w, memo) for w in weights]  # held until the call returns
+    for w, (_, address), b in zip(weights, packs, biases):
         y = torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype)
         outputs.append(y)
-        segments += [pack_address(packed), 0 if b is None else b.data_ptr(), y.data_ptr(),
+        segments += [address, 0 if b is None else b.data_ptr(), y.data_ptr(),
                      w.shape[0], w.shape[0]]
     if rows:  # K >= 1: linear_group answers K = 0 itself
         cpu_extension().linear(x.data_ptr(), rows, width, width, segments)

@@ -23,55 +23,18 @@ input can make it read or write out of bounds, value checks on or off.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import operator
-import threading
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import (check_eps, check_int, check_positive, check_range, check_tensor,
-                        value_checks_enabled)
+from ._validate import (_UNCHANGED, block_memo, same_items, check_eps, check_int, check_positive,
+                        check_range, check_tensor, value_checks_enabled, weights_unchanged)
 from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-class _UnchangedBlock(threading.local):
-    """The epoch of this thread's open :func:`weights_unchanged` block (-1: none)."""
-
-    epoch = -1
-
-
-_UNCHANGED = _UnchangedBlock()
-_EPOCHS = itertools.count()
-
-
-@contextlib.contextmanager
-def weights_unchanged() -> Iterator[None]:
-    """A block in which the caller guarantees that no layer's weights change (from any
-    thread: the block itself is per thread).
-
-    Inside it, a :class:`LayerWeights` compares its tensors' stamps (storage pointers and
-    version counters) on first use only, not on every call. The generation loop runs a whole
-    ``generate`` call in one block (nothing else runs between its steps): stamping the 30
-    layers' tensors cost ~0.1-0.2 ms of a 4.5 ms decode step on 2 cores, their metadata
-    being out of cache after each step's weight stream. Every outermost block starts a new
-    epoch, so weights changed between blocks are re-checked and re-packed as usual; a nested
-    block is part of the outer one (so do not yield from inside a block: a generator
-    suspended in one keeps it open for whatever its consumer runs meanwhile).
-    """
-    if _UNCHANGED.epoch >= 0:  # inside an outer block: its promise covers this one
-        yield
-        return
-    _UNCHANGED.epoch = next(_EPOCHS)
-    try:
-        yield
-    finally:
-        _UNCHANGED.epoch = -1
 
 
 def decoder_layer_backend(device: torch.device, dtype: torch.dtype) -> str:
@@ -314,21 +277,9 @@ class DecoderStep:
             raise ValueError(f"k_caches, v_caches: expected one per layer ({len(layers)}), got "
                              f"{len(k_caches)} and {len(v_caches)}")
         self._check_cpu()
-        first, pointers = layers[0], []
+        first = layers[0]
         self.check(first, x, k_caches[0], v_caches[0], None)  # x, the caches, the heads
-        for i, (layer, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches)):
-            # Every later layer: the first one's dims (so the same checks hold) and caches.
-            if (layer.hidden != layer.in_features or layer.eps != first.eps
-                    or layer._dims != first._dims):
-                raise ValueError(f"layers[{i}]: expected in == hidden and the first layer's eps, "
-                                 f"dtype, device and sizes, got in {layer.in_features}, hidden "
-                                 f"{layer.hidden}, eps {layer.eps}, (dtype, device, q, in, k/v, "
-                                 f"hidden, intermediate) {layer._dims} against {first._dims}")
-            if i:
-                _check("k_cache", k_cache, self.dtype, self.cache_shape, self.device)
-                _check("v_cache", v_cache, self.dtype, self.cache_shape, self.device)
-            pointers += layer.kernel_pointers()
-            pointers += (k_cache.data_ptr(), v_cache.data_ptr())
+        pointers = self._stack_pointers(layers, k_caches, v_caches)
         slots = self._feature_slots(capture, len(layers))
         norm, norm_eps = self._final_norm(final_norm, first)
         out = torch.empty_like(x)
@@ -344,6 +295,41 @@ class DecoderStep:
         if not capture:
             return out
         return out, features.view(self.batch, self.count, -1)
+
+    def _stack_pointers(self, layers: Sequence[LayerWeights], k_caches: Sequence[torch.Tensor],
+                        v_caches: Sequence[torch.Tensor]) -> list[int]:
+        """Every layer's kernel pointers and K / V cache addresses, each layer checked against
+        the first and its caches against this step. Inside a :func:`weights_unchanged` block
+        the list is made once per (layers, caches) and kept in the block's memo: the same
+        layer and cache objects under the same cache shape need no new look (walking 30 layers
+        every step cost ~0.2 ms of a 6 ms decode step on 2 cores, their objects out of cache
+        after the step's weight stream)."""
+        memo = block_memo()
+        key = ("stack", id(layers), id(k_caches), id(v_caches))
+        bound = (self.cache_shape, self.dtype, self.device)
+        entry = memo.get(key) if memo is not None else None
+        if (entry is not None and entry[0] == bound and same_items(entry[1], layers)
+                and same_items(entry[2], k_caches) and same_items(entry[3], v_caches)):
+            return entry[4]
+        first, pointers = layers[0], []
+        for i, (layer, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches)):
+            # Every later layer: the first one's dims (so the same checks hold) and caches.
+            if (layer.hidden != layer.in_features or layer.eps != first.eps
+                    or layer._dims != first._dims):
+                raise ValueError(f"layers[{i}]: expected in == hidden and the first layer's eps, "
+                                 f"dtype, device and sizes, got in {layer.in_features}, hidden "
+                                 f"{layer.hidden}, eps {layer.eps}, (dtype, device, q, in, k/v, "
+                                 f"hidden, intermediate) {layer._dims} against {first._dims}")
+            if i:
+                _check("k_cache", k_cache, self.dtype, self.cache_shape, self.device)
+                _check("v_cache", v_cache, self.dtype, self.cache_shape, self.device)
+            pointers += layer.kernel_pointers()
+            pointers += (k_cache.data_ptr(), v_cache.data_ptr())
+        if memo is not None:  # the lists' objects held (ids stay theirs), caches' storages too
+            held_storage = [t.detach() for t in (*k_caches, *v_caches)]
+            memo[key] = (bound, tuple(layers), tuple(k_caches), tuple(v_caches), pointers,
+                         (layers, k_caches, v_caches, held_storage))
+        return pointers
 
     @staticmethod
     def _feature_slots(capture: Sequence[int], depth: int) -> list[int]:
