@@ -205,6 +205,22 @@ def _check(args) -> None:
                         f"{args.device}")
 
 
+def activations_warning(target, mode: str) -> str | None:
+    """A line for ``--activations`` int16 / int8 over a target whose layers do not take it
+    (only GEMMs over Q4 / Q8 block packs do: a GGUF target in fp32 on the cpu backend); None
+    when the mode applies or is fp32."""
+    from .ops.decoder import follows_cpu_activations
+
+    if mode == "fp32":
+        return None
+    weight = target.model.layers[0].self_attn.q_proj.weight
+    if follows_cpu_activations(weight):
+        return None
+    return (f"--activations {mode} changes nothing here: the target's weights are not 4- / "
+            f"8-bit GGUF blocks in fp32 on the CPU ({str(weight.dtype).replace('torch.', '')} "
+            f"on {weight.device.type}), so its GEMMs keep fp32 activations")
+
+
 def generate(args) -> int:
     from . import backend_report, ops
     from .runtime.api import from_pretrained
@@ -215,6 +231,9 @@ def generate(args) -> int:
         raise UserError(f"--activations: {error}") from error
     generator = from_pretrained(args.target, args.draft, DTYPES[args.dtype], args.device,
                                 args.tree, args.draft_weights)
+    warning = activations_warning(generator.engine.target, args.activations)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     if hasattr(generator, "budget"):
         print(generator.budget.report())
     generator.engine.prompt_lookup = not args.no_lookup

@@ -16,6 +16,8 @@ import torch
 
 from eagle_kernels import cli
 
+from cpu_support import needs_cpu_backend, q4_exact_layers
+
 
 @pytest.fixture
 def no_model(monkeypatch):
@@ -105,3 +107,19 @@ def test_module_entry_point_prints_no_traceback(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: --draft")
+
+
+@needs_cpu_backend
+def test_activations_warning_names_targets_the_mode_leaves_alone(gen):
+    """--activations int16 / int8 over a target whose layers are not GGUF blocks in fp32 on the
+    CPU changes nothing: the CLI says so in one line; over 4-bit block layers (and for fp32)
+    it says nothing."""
+    from runtime_helpers import tiny_target
+
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    assert cli.activations_warning(target, "fp32") is None
+    warning = cli.activations_warning(target, "int8")
+    assert warning.startswith("--activations int8 changes nothing here") and "\n" not in warning
+    assert "(float32 on cpu)" in warning
+    q4_exact_layers(target)
+    assert cli.activations_warning(target, "int16") is None

@@ -157,6 +157,25 @@ def test_other_packs_and_mixed_groups_keep_fp32_activations(gen, mode):
     assert torch.equal(mixed[0], alone[0]) and torch.equal(mixed[1], alone[1])
 
 
+@needs_cpu_backend
+def test_which_weights_follow_the_mode(gen):
+    """follows_cpu_activations: Q4 / Q8 block weights in fp32 do (the mode changes their
+    product), dense fp32, bf16-exact and bf16 weights do not (the mode leaves them alone)."""
+    q4, q8 = q4_exact_weight(gen, 24, 64), q8_exact_weight(gen, 24, 64)
+    dense = torch.randn(24, 64, generator=gen)
+    assert decoder.follows_cpu_activations(q4) and decoder.follows_cpu_activations(q8)
+    for weight in (dense, dense.bfloat16().float(), dense.bfloat16()):
+        assert not decoder.follows_cpu_activations(weight)
+    x = torch.randn(2, 64, generator=gen)  # on int8's grid with probability 0
+    fp32 = [ops.linear(x, w, backend="cpu") for w in (q4, dense)]
+    with quantized_activations("int8"):
+        changed = [not torch.equal(ops.linear(x, w, backend="cpu"), y)
+                   for w, y in zip((q4, dense), fp32)]
+    assert changed == [True, False]
+    with pytest.raises(ValueError, match="weight: expected shape"):
+        decoder.follows_cpu_activations(torch.zeros(3))
+
+
 def test_the_switch_checks_its_argument():
     for wrong in ("int4", 8, None):
         with pytest.raises(ValueError, match="mode: expected one of fp32, int16, int8"):

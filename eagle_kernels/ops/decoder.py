@@ -94,6 +94,16 @@ def cpu_activations() -> str:
     return next(mode for mode, value in CPU_ACTIVATIONS.items() if value == bits)
 
 
+def follows_cpu_activations(weight: torch.Tensor) -> bool:
+    """Whether the cpu backend's ``linear`` over ``weight`` [N, K] follows
+    :func:`set_cpu_activations`: an fp32 CPU weight whose values are exactly Q4 / Q8 blocks
+    (its pack is a block pack). Packs the weight (kept, as its first ``linear`` call would)."""
+    check_tensor("weight", weight, None, (None, None), None)
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.shape[1] == 0:
+        return False
+    return _PACKS.get(weight).dtype in (torch.uint8, torch.int8)
+
+
 def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
                  biases: Sequence[torch.Tensor | None] | None = None,
                  backend: str = "auto") -> tuple[torch.Tensor, ...]:
