@@ -99,6 +99,10 @@ def cpu_section(run: Path, report: dict) -> list[str]:
              + (f" (as packed; in fp32 {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
                 f"{floors['fp32_memory_floor_ms']} ms)" if "fp32_weight_bytes" in floors else "")
              + f"; one token is {floors['token_gflop']} GFLOP."
+             + (f" A decode step's one-row GEMVs over in-cache weights take "
+                f"{floors['one_row_floor_ms']} ms (the one-row compute floor): the AR step is "
+                f"{floors['ar_x_one_row_floor']}x max(memory floor, that)."
+                if floors.get("one_row_floor_ms") else "")
              + (f" Timing: {floors['timing']}, floors included." if "timing" in floors else ""),
              "", "| what | tree | nodes | context | ms | floor ms | x floor | x AR step | "
              "ms / draft step | cycle x AR step |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -20,12 +20,24 @@ def test_bench_cpu_smoke(tmp_path):
                              str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "cpu.json").read_text())
-    assert report["floors"]["memory_floor_ms"] > 0 and report["floors"]["gemm_gflop_s"] > 0
+    floors = report["floors"]
+    assert floors["memory_floor_ms"] > 0 and floors["gemm_gflop_s"] > 0
+    if _cpu_kernels_built():
+        ar = next(row for row in report["rows"] if row["what"] == "ar_step")["ms"]
+        assert floors["one_row_floor_ms"] > 0
+        bound = max(floors["memory_floor_ms"], floors["one_row_floor_ms"])
+        assert abs(floors["ar_x_one_row_floor"] - ar / bound) < 0.01 * ar / bound
     assert {row["what"] for row in report["rows"]} == {"ar_step", "ar_step_long", "verify",
                                                         "draft"}
     long = next(row for row in report["rows"] if row["what"] == "ar_step_long")
     assert long["context"] == 32 and long["floor_ms"] > report["floors"]["memory_floor_ms"]
     assert (tmp_path / "cpu.csv").is_file() and (tmp_path / "cpu.png").stat().st_size > 0
+
+
+def _cpu_kernels_built() -> bool:
+    from eagle_kernels.ops import available_backends
+
+    return available_backends()["cpu"].available
 
 
 def test_cache_bytes_counts_what_the_kv_cache_holds_per_token():

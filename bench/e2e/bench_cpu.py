@@ -16,7 +16,9 @@ measurement below (floors included) timed in the same interleaved rounds, median
   compute floor(N) = FLOPs of N tokens / that rate;
 * ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax, inside
   ``ops.weights_unchanged()`` as the engine's loop, timed after the first of steps run back
-  to back as decoding runs them: InARow), against the memory floor;
+  to back as decoding runs them: InARow), against the memory floor, and (``floors``) against
+  max(memory floor, one-row compute floor): the step's one-row GEMVs timed over in-cache
+  weights (one_row_calls), what the cores need with no DRAM in the way;
 * ``ar_step_long``: the same step after 1024 and 2048 tokens of context, against a floor that
   adds the K / V rows the attention reads (fp32 cache: context x layers x 2 x kv width x 4
   bytes) to the weights: what longer chats cost;
@@ -105,6 +107,49 @@ def gemm_calls(packed_weight: torch.Tensor | None = None) -> tuple[float, list]:
 
     return (2 * 64 * 1536 * 576 * GEMM_PASSES,
             [passes(lambda: x @ wt)] + [passes(gemm) for gemm in ours])
+
+
+def one_row_calls(target) -> tuple[list[float], list]:
+    """How many times each call's time counts in a decode step, and two calls that run one-row
+    GEMVs over in-cache weights (GEMM_PASSES times each): the first layer's seven (its packs,
+    ~2.7 MB, stay in L2 / L3 between passes; counts layers / GEMM_PASSES) and a [1536 x 576]
+    slice of the lm_head, packed as the lm_head is (counts lm_head / slice / GEMM_PASSES). Their
+    weighted sum is the one-row compute floor: what the cores need for a decode step's GEMVs
+    with no DRAM in the way (one row reuses no weight across rows, so a GEMV runs below the
+    many-row GEMM rate of the compute floor(N); over 4-bit packs it is bound by turning levels
+    into fp32). No calls where the cpu kernels are not built (no floor then)."""
+    if not ops.available_backends()["cpu"].available:
+        return [], []
+    layer = target.model.layers[0]
+    weights = [m.weight for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                  layer.self_attn.v_proj, layer.self_attn.o_proj,
+                                  layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+    head = target.lm_head.weight
+    head_slice = head[:min(1536, head.shape[0])]  # contiguous rows: packed as the lm_head is
+    from eagle_kernels.ops._backend import cpu_extension
+    from eagle_kernels.ops.decoder import _PACKS, pack_address
+
+    extension, held = cpu_extension(), []
+
+    def gemvs(group):
+        """The kernel calls themselves (ops.linear's ~10 us of Python a call would be a third
+        of a layer's GEMV time): x [1, K] and y [1, N] made once, packs made now."""
+        calls = []
+        for w in group:
+            x, y, packed = torch.randn(1, w.shape[1]), torch.empty(1, w.shape[0]), _PACKS.get(w)
+            held.extend((x, y, packed))
+            calls.append((x.data_ptr(), w.shape[1],
+                          [pack_address(packed), 0, y.data_ptr(), w.shape[0], w.shape[0]]))
+
+        def call():
+            for _ in range(GEMM_PASSES):
+                for x, k, segments in calls:
+                    extension.linear(x, 1, k, k, segments)
+        call.held = held
+        return call
+
+    counts = [target.num_layers / GEMM_PASSES, head.numel() / head_slice.numel() / GEMM_PASSES]
+    return counts, [gemvs(weights), gemvs([head_slice])]
 
 
 def gemm_rate(repeats: int) -> float:
@@ -215,9 +260,10 @@ def timed_together(target, head, args) -> dict:
     stream_bytes, streams = bandwidth_calls(args.bandwidth_mb)
     down = target.model.layers[0].mlp.down_proj.weight  # SmolLM2-135M's is [576 x 1536]
     gemm_flops, gemms = gemm_calls(down if tuple(down.shape) == (576, 1536) else None)
+    one_row_counts, one_row = one_row_calls(target)
     # weights_unchanged: the engine runs its loop in one such block (weights stamped once).
     with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
-        groups = {"streams": streams, "gemms": gemms,
+        groups = {"streams": streams, "gemms": gemms, "one_row": one_row,
                   # the first calls after the streams and GEMMs ran ~3-5 % slow even after 3
                   # warm-up steps: the long contexts take that place, the AR step follows
                   # verify (the ratios to it are then not flattered)
@@ -235,6 +281,8 @@ def timed_together(target, head, args) -> dict:
         timed[name] = [call.median() for call in groups[name]]
     timed["bandwidth"] = stream_bytes / min(timed["streams"])
     timed["gemm_rate"] = gemm_flops / min(timed["gemms"])
+    timed["one_row_floor"] = (sum(c * t for c, t in zip(one_row_counts, timed["one_row"]))
+                              if one_row_counts else None)
     return timed
 
 
@@ -274,6 +322,10 @@ def measure(generator, args) -> tuple[list[dict], dict]:
               "gemm_gflop_s": round(rate / 1e9, 1), "weight_bytes": weight_bytes,
               "memory_floor_ms": round(memory_floor * 1e3, 3), "fp32_weight_bytes": fp32_bytes,
               "fp32_memory_floor_ms": round(fp32_bytes / bandwidth * 1e3, 3),
+              "one_row_floor_ms": (round(timed["one_row_floor"] * 1e3, 3)
+                                   if timed["one_row_floor"] else None),
+              "ar_x_one_row_floor": (round(ar / max(memory_floor, timed["one_row_floor"]), 3)
+                                     if timed["one_row_floor"] else None),
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
               "activations": ops.cpu_activations(),
@@ -294,7 +346,10 @@ def print_report(rows: list[dict], floors: dict) -> None:
           f"{floors['weight_bytes'] / 1e6:.0f} MB -> memory floor {floors['memory_floor_ms']} ms "
           f"(fp32 weights {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
           f"{floors['fp32_memory_floor_ms']} ms; {floors['cpu_isa']}"
-          f"; {floors['activations']} activations)")
+          f"; {floors['activations']} activations)"
+          + (f"; one-row GEMVs in cache {floors['one_row_floor_ms']} ms a step -> AR step "
+             f"{floors['ar_x_one_row_floor']} x max(memory floor, one-row compute floor)"
+             if floors["one_row_floor_ms"] else ""))
     for row in rows:
         if row["what"] == "draft":
             print(f"draft {row['tree']:>9}: {row['ms']:8.2f} ms ({row['step_ms']:.2f} ms/step = "
