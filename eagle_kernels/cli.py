@@ -231,9 +231,10 @@ def generate(args) -> int:
         raise UserError(f"--activations: {error}") from error
     generator = from_pretrained(args.target, args.draft, DTYPES[args.dtype], args.device,
                                 args.tree, args.draft_weights)
-    warning = activations_warning(generator.engine.target, args.activations)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+    if args.activations != "fp32":
+        warning = activations_warning(generator.engine.target, args.activations)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     if hasattr(generator, "budget"):
         print(generator.budget.report())
     generator.engine.prompt_lookup = not args.no_lookup

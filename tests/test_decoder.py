@@ -3,6 +3,7 @@ reference, row invariance of the cpu kernels on every instruction set this proce
 clear errors for bad input."""
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -773,7 +774,11 @@ def test_weights_unchanged_block_stamps_once(gen):
 def test_block_memo_binds_each_stack_to_its_own_caches(gen):
     """Inside one weights_unchanged block the target's stack keeps its pointers per (layers,
     caches): a second cache, one of another length and the first one again each run over
-    their own K/V (as outside any block, bit for bit); the block's end drops the memo."""
+    their own K/V (as outside any block, bit for bit). An entry lives only as long as its
+    caches (a freed cache's entry goes; an id reused by a new cache never matches), and the
+    block's end drops the memo."""
+    import gc
+
     from eagle_kernels.ops._validate import _UNCHANGED
     from runtime_helpers import tiny_target
 
@@ -792,19 +797,57 @@ def test_block_memo_binds_each_stack_to_its_own_caches(gen):
         positions = cache.lens.to(torch.int64).unsqueeze(1) + torch.arange(2)
         return target(tokens, positions, cache, mask)[0]
 
+    def stacks():
+        return sum(key[0] == "stack" for key in _UNCHANGED.memo)
+
     caches = [cache_of(16, torch.Generator().manual_seed(s)) for s in (1, 2)]
     caches.append(cache_of(24, torch.Generator().manual_seed(3)))
     with torch.inference_mode():
         alone = [forward(_fresh(cache)) for cache in caches]
         assert not torch.equal(alone[0], alone[1])  # the caches' prefixes tell them apart
         with ops.weights_unchanged():
-            inside = [forward(_fresh(cache)) for cache in caches]
+            copies = [_fresh(cache) for cache in caches]
+            inside = [forward(copy) for copy in copies]
             first_again = [forward(caches[0]), forward(caches[0])]
-            stacks = sum(key[0] == "stack" for key in _UNCHANGED.memo)
+            kept = stacks()
+            del copies
+            gc.collect()
+            left = stacks()
+            again = [forward(_fresh(cache)) for cache in caches]  # new caches, maybe old ids
     assert all(torch.equal(a, b) for a, b in zip(alone, inside))
-    assert all(torch.equal(alone[0], again) for again in first_again)
-    assert stacks == 4  # one per cache object
+    assert all(torch.equal(a, b) for a, b in zip(alone, again))
+    assert all(torch.equal(alone[0], other) for other in first_again)
+    assert (kept, left) == (4, 1)  # one per live cache object
     assert _UNCHANGED.memo == {}
+
+
+@needs_cpu_backend
+def test_block_memo_keeps_no_stack_of_layers_packed_per_call(gen):
+    """Layers whose weights are inference tensors (made under torch.inference_mode) re-pack on
+    every call, freeing the last call's packs: their stack pointers are not kept, so the
+    stack runs over cache A, cache B and cache A again as it does outside a block."""
+    from eagle_kernels.ops._validate import _UNCHANGED
+    from runtime_helpers import tiny_target
+
+    seed = int(torch.randint(1000, (1,), generator=gen))
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "re-packed on every call"
+        target = tiny_target(seed=seed)
+        tokens = torch.randint(0, 300, (1, 2), generator=gen)
+        mask = causal_tree_mask(1, 2, torch.device("cpu"))
+        caches = [target.allocate_cache(1, 16 + 8 * i) for i in range(2)]
+        for cache in caches:
+            for t in cache.keys + cache.values:
+                t.normal_(generator=gen)
+            cache.lens.fill_(5)  # a prefix of 5 random keys: each cache gives its own output
+        positions = 5 + torch.arange(2).unsqueeze(0)
+        alone = [target(tokens, positions, _fresh(c), mask)[0] for c in caches]
+        with ops.weights_unchanged():  # the caches themselves: alive through the block
+            inside = [target(tokens, positions, caches[i], mask)[0] for i in (0, 1, 0)]
+            stacks = [key for key in _UNCHANGED.memo if key[0] == "stack"]
+    assert not torch.equal(alone[0], alone[1])
+    assert [torch.equal(a, b) for a, b in zip([alone[0], alone[1], alone[0]], inside)] == [True] * 3
+    assert stacks == []
 
 
 @needs_cpu_backend
@@ -815,6 +858,7 @@ def test_block_memo_checks_a_linear_once_per_weight_and_request(gen, monkeypatch
     call is. A weight changed in place inside the block runs its old pack (the promise is the
     caller's); the next block re-packs."""
     from eagle_kernels.ops import _backend, decoder
+    from eagle_kernels.ops._validate import _UNCHANGED
 
     resolved = []
 
@@ -842,7 +886,12 @@ def test_block_memo_checks_a_linear_once_per_weight_and_request(gen, monkeypatch
         with torch.no_grad():
             w.mul_(2)
         assert torch.equal(ops.linear(x, w, b), before)  # stale by promise
-    assert len(resolved) == 5
+        temporary = torch.randn(8, 16, generator=gen)
+        ops.linear(x, temporary)
+        entries = len(_UNCHANGED.memo)
+        del temporary  # its check and its pack go with it
+        assert len(_UNCHANGED.memo) == entries - 2
+    assert len(resolved) == 6
     assert torch.equal(ops.linear(x, w, b), ops.linear(x, w.clone(), b))  # re-packed
     assert not torch.equal(ops.linear(x, w, b), before)
 

@@ -176,6 +176,16 @@ def test_which_weights_follow_the_mode(gen):
         decoder.follows_cpu_activations(torch.zeros(3))
 
 
+@needs_cpu_backend
+def test_a_forced_torch_backend_does_not_follow_the_mode(gen, monkeypatch):
+    """With EAGLE_KERNELS_BACKEND=torch no linear runs the cpu kernels: no weight follows."""
+    from eagle_kernels.ops import BACKEND_ENV
+
+    q4 = q4_exact_weight(gen, 24, 64)
+    monkeypatch.setenv(BACKEND_ENV, "torch")
+    assert not decoder.follows_cpu_activations(q4)
+
+
 def test_the_switch_checks_its_argument():
     for wrong in ("int4", 8, None):
         with pytest.raises(ValueError, match="mode: expected one of fp32, int16, int8"):

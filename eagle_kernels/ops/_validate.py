@@ -14,6 +14,7 @@ import math
 import operator
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -61,18 +62,20 @@ def weights_unchanged() -> Iterator[None]:
     """A block in which the caller guarantees that no layer's weights change (from any
     thread: the block itself is per thread).
 
-    Inside it, a :class:`~eagle_kernels.ops.LayerWeights` compares its tensors' stamps (storage pointers and
-    version counters) on first use only, not on every call. The generation loop runs a whole
-    ``generate`` call in one block (nothing else runs between its steps): stamping the 30
-    layers' tensors cost ~0.1-0.2 ms of a 4.5 ms decode step on 2 cores, their metadata
-    being out of cache after each step's weight stream. Ops also keep what they bound to
-    tensors seen before in the block (:func:`block_memo`: a layer stack's pointers with its
-    K/V caches, a linear layer's packs), so the promise covers those tensors too: no weight
-    and no K/V cache tensor given to an op in the block is resized or given new storage
-    before it ends (writing their values in place is fine). Every outermost block starts a new
-    epoch, so weights changed between blocks are re-checked and re-packed as usual; a nested
-    block is part of the outer one (so do not yield from inside a block: a generator
-    suspended in one keeps it open for whatever its consumer runs meanwhile).
+    Inside it, a :class:`~eagle_kernels.ops.LayerWeights` compares its tensors' stamps
+    (storage pointers and version counters) on first use only, not on every call. The
+    generation loop runs a whole ``generate`` call in one block (nothing else runs between its
+    steps): stamping the 30 layers' tensors cost ~0.1-0.2 ms of a 4.5 ms decode step on 2
+    cores, their metadata being out of cache after each step's weight stream. Ops also keep
+    what they bound to tensors seen before in the block (:func:`block_memo`: a layer stack's
+    pointers with its K/V caches, a linear layer's checks and pack), so the promise covers
+    every weight given to an op in the block (not changed at all, in place or otherwise:
+    ``ops.linear`` runs the pack it made first) and every K/V cache tensor (its values change
+    as the model writes them, but it is not resized nor given new storage). Every outermost
+    block starts a new epoch, so weights changed between blocks are re-checked and re-packed
+    as usual; a nested block is part of the outer one (so do not yield from inside a block: a
+    generator suspended in one keeps it open for whatever its consumer runs meanwhile). The
+    memo holds no tensor past its last other user (see :func:`remember`).
     """
     if _UNCHANGED.epoch >= 0:  # inside an outer block: its promise covers this one
         yield
@@ -86,15 +89,33 @@ def weights_unchanged() -> Iterator[None]:
 
 def block_memo() -> dict | None:
     """This thread's open :func:`weights_unchanged` block's memo (emptied when the block
-    ends), or None outside any block. An op keys its entries by the identities of the tensors
-    it bound and keeps those tensors in the entry, so an id cannot be reused while the entry
-    lives."""
+    ends), or None outside any block. Entries go in with :func:`remember` and come out with
+    :func:`recall`."""
     return _UNCHANGED.memo if _UNCHANGED.epoch >= 0 else None
 
 
-def same_items(held: tuple, given: Sequence) -> bool:
-    """Whether ``given`` holds exactly the objects of ``held`` (by identity), in order."""
-    return len(held) == len(given) and all(map(operator.is_, held, given))
+def remember(memo: dict, key, objects: Sequence, value) -> None:
+    """Keep ``value`` under ``key`` while every one of ``objects`` lives: each is held by a
+    weak reference whose callback drops the entry, so a memo holds no tensor past its last
+    user (a K/V cache freed after its call, a temporary weight) and an id reused by a new
+    object never matches (:func:`recall` compares the objects themselves)."""
+    entry = None
+
+    def drop(_ref):
+        if memo.get(key) is entry:  # not an entry that replaced this one under the key
+            del memo[key]
+
+    entry = (tuple(weakref.ref(o, drop) for o in objects), value)
+    memo[key] = entry
+
+
+def recall(memo: dict | None, key, objects: Sequence):
+    """The value :func:`remember` kept under ``key`` for exactly these objects (by identity,
+    in order), else None."""
+    entry = memo.get(key) if memo is not None else None
+    if entry is None or len(entry[0]) != len(objects):
+        return None
+    return entry[1] if all(map(operator.is_, (ref() for ref in entry[0]), objects)) else None
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:

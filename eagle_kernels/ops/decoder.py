@@ -26,8 +26,9 @@ from typing import Sequence
 import torch
 
 from . import reference
-from ._backend import BACKEND_ENV, cpu_extension, cpu_float32_only, register, resolve
-from ._validate import block_memo, check_eps, check_range, check_tensor, same_items
+from ._backend import (BACKEND_ENV, VERDICT_ENV, cpu_extension, cpu_float32_only, register,
+                       resolve)
+from ._validate import block_memo, check_eps, check_range, check_tensor, recall, remember
 
 def _check_input(name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
     check_tensor(name, x, (torch.float16, torch.bfloat16, torch.float32))
@@ -95,11 +96,14 @@ def cpu_activations() -> str:
 
 
 def follows_cpu_activations(weight: torch.Tensor) -> bool:
-    """Whether the cpu backend's ``linear`` over ``weight`` [N, K] follows
-    :func:`set_cpu_activations`: an fp32 CPU weight whose values are exactly Q4 / Q8 blocks
-    (its pack is a block pack). Packs the weight (kept, as its first ``linear`` call would)."""
+    """Whether ``linear(x, weight)`` (backend "auto") follows :func:`set_cpu_activations`: an
+    fp32 CPU weight whose values are exactly Q4 / Q8 blocks (its pack is a block pack), where
+    the cpu backend runs ``linear`` (built, not overridden by ``EAGLE_KERNELS_BACKEND``).
+    Packs the weight (kept, as its first ``linear`` call would)."""
     check_tensor("weight", weight, None, (None, None), None)
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.shape[1] == 0:
+        return False
+    if resolve("linear", "auto", weight.device, dtype=weight.dtype)[0] != "cpu":
         return False
     return _PACKS.get(weight).dtype in (torch.uint8, torch.int8)
 
@@ -135,18 +139,22 @@ def _checked_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
     kind of ``x`` (dtype, device, width) and the same backend request were checked and
     resolved already: the answer is kept in the block's memo."""
     memo = block_memo()
-    key = ("linear", backend, os.environ.get(BACKEND_ENV), x.dtype, x.device, x.shape[-1],
-           *map(id, weights), *map(id, biases))
-    entry = memo.get(key) if memo is not None else None
-    if entry is not None and same_items(entry[0], weights) and same_items(entry[1], biases):
-        return entry[2]
+    # The environment resolve reads (forced backend, the Triton interpreter, GPU verdicts).
+    settings = tuple(os.environ.get(name) for name in (BACKEND_ENV, "TRITON_INTERPRET",
+                                                       VERDICT_ENV))
+    key = ("linear", backend, settings, x.dtype, x.device, x.shape[-1], *map(id, weights),
+           *(None if b is None else id(b) for b in biases))
+    bound = (*weights, *(b for b in biases if b is not None))
+    implementation = recall(memo, key, bound)
+    if implementation is not None:
+        return implementation
     for i, (w, b) in enumerate(zip(weights, biases)):
         check_tensor(f"weights[{i}]", w, (x.dtype,), (None, x.shape[-1]), x.device)
         if b is not None:
             check_tensor(f"biases[{i}]", b, (x.dtype,), (w.shape[0],), x.device)
     _, implementation = resolve("linear", backend, x.device, dtype=x.dtype)
     if memo is not None:
-        memo[key] = (tuple(weights), tuple(biases), implementation)
+        remember(memo, key, bound, implementation)
     return implementation
 
 
@@ -510,14 +518,14 @@ def _rows(x: torch.Tensor) -> int:
 
 def _pack_of(w: torch.Tensor, memo: dict | None) -> tuple[torch.Tensor, int]:
     """``w``'s pack and its kernel address; inside a :func:`weights_unchanged` block looked up
-    once per weight (the block's memo holds the weight and the pack)."""
-    entry = memo.get(("pack", id(w))) if memo is not None else None
-    if entry is not None and entry[0] is w:
-        return entry[1], entry[2]
+    once per weight (the block's memo holds the pack while the weight lives)."""
+    kept = recall(memo, ("pack", id(w)), (w,))
+    if kept is not None:
+        return kept
     packed = _PACKS.get(w)
     address = pack_address(packed)
     if memo is not None and _version_of(w) is not None:  # inference tensors: packed per call
-        memo[("pack", id(w))] = (w, packed, address)
+        remember(memo, ("pack", id(w)), (w,), (packed, address))
     return packed, address
 
 

@@ -30,8 +30,9 @@ import torch
 
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
-from ._validate import (_UNCHANGED, block_memo, same_items, check_eps, check_int, check_positive,
-                        check_range, check_tensor, value_checks_enabled, weights_unchanged)
+from ._validate import (_UNCHANGED, block_memo, check_eps, check_int, check_positive,
+                        check_range, check_tensor, recall, remember, value_checks_enabled,
+                        weights_unchanged)
 from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -305,12 +306,12 @@ class DecoderStep:
         every step cost ~0.2 ms of a 6 ms decode step on 2 cores, their objects out of cache
         after the step's weight stream)."""
         memo = block_memo()
-        key = ("stack", id(layers), id(k_caches), id(v_caches))
-        bound = (self.cache_shape, self.dtype, self.device)
-        entry = memo.get(key) if memo is not None else None
-        if (entry is not None and entry[0] == bound and same_items(entry[1], layers)
-                and same_items(entry[2], k_caches) and same_items(entry[3], v_caches)):
-            return entry[4]
+        key = ("stack", self.cache_shape, self.dtype, self.device, id(layers[0]),
+               id(k_caches[0]))
+        bound = (*layers, *k_caches, *v_caches)
+        kept = recall(memo, key, bound)
+        if kept is not None:
+            return kept[0]
         first, pointers = layers[0], []
         for i, (layer, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches)):
             # Every later layer: the first one's dims (so the same checks hold) and caches.
@@ -325,10 +326,13 @@ class DecoderStep:
                 _check("v_cache", v_cache, self.dtype, self.cache_shape, self.device)
             pointers += layer.kernel_pointers()
             pointers += (k_cache.data_ptr(), v_cache.data_ptr())
-        if memo is not None:  # the lists' objects held (ids stay theirs), caches' storages too
-            held_storage = [t.detach() for t in (*k_caches, *v_caches)]
-            memo[key] = (bound, tuple(layers), tuple(k_caches), tuple(v_caches), pointers,
-                         (layers, k_caches, v_caches, held_storage))
+        # Not kept where a layer re-packs on every call (inference-tensor weights: its packs of
+        # this call die with its next call). Kept: the packs and the storages pointed at, so a
+        # tensor given new storage despite the promise runs stale memory, never freed memory.
+        if memo is not None and all(layer._stamped_in == _UNCHANGED.epoch for layer in layers):
+            held = ([pack for layer in layers for pack in (*layer._packs, *layer._held)],
+                    [t.detach() for t in (*k_caches, *v_caches)])
+            remember(memo, key, bound, (pointers, held))
         return pointers
 
     @staticmethod
