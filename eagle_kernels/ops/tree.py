@@ -134,11 +134,12 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
     check_int("num_nodes", num_nodes, 1, candidates + 1)
     check_range("root_tokens", root_tokens, 0, 2**62)
     check_range("candidate_tokens", candidate_tokens, 0, 2**62)
-    with_root = torch.cat([torch.full((batch, 1), -1, dtype=torch.int32, device=device),
-                           candidate_parents + 1], dim=1)
-    check_parents("candidate_parents (as tree with the root prepended)", with_root)
-    if value_checks_enabled() and bool(torch.isnan(candidate_scores).any()):
-        raise ValueError("candidate_scores: expected no NaN")
+    if value_checks_enabled():  # the tree built only to be checked: not with checks off
+        with_root = torch.cat([torch.full((batch, 1), -1, dtype=torch.int32, device=device),
+                               candidate_parents + 1], dim=1)
+        check_parents("candidate_parents (as tree with the root prepended)", with_root)
+        if bool(torch.isnan(candidate_scores).any()):
+            raise ValueError("candidate_scores: expected no NaN")
     max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0,
                           max(num_nodes - 1, MAX_PADDED_DEPTH))
     name, implementation = resolve("eagle2_rerank", backend, device, candidates=candidates,
