@@ -103,7 +103,7 @@ def remember(memo: dict, key, objects: Sequence, value) -> None:
 
     def drop(_ref):
         if memo.get(key) is entry:  # not an entry that replaced this one under the key
-            del memo[key]
+            memo.pop(key, None)  # (a callback may run in another thread: never raise)
 
     entry = (tuple(weakref.ref(o, drop) for o in objects), value)
     memo[key] = entry
