@@ -778,6 +778,7 @@ def test_block_memo_binds_each_stack_to_its_own_caches(gen):
     caches (a freed cache's entry goes; an id reused by a new cache never matches), and the
     block's end drops the memo."""
     import gc
+    import weakref
 
     from eagle_kernels.ops._validate import _UNCHANGED
     from runtime_helpers import tiny_target
@@ -805,19 +806,25 @@ def test_block_memo_binds_each_stack_to_its_own_caches(gen):
     with torch.inference_mode():
         alone = [forward(_fresh(cache)) for cache in caches]
         assert not torch.equal(alone[0], alone[1])  # the caches' prefixes tell them apart
-        with ops.weights_unchanged():
-            copies = [_fresh(cache) for cache in caches]
-            inside = [forward(copy) for copy in copies]
-            first_again = [forward(caches[0]), forward(caches[0])]
-            kept = stacks()
-            del copies
-            gc.collect()
-            left = stacks()
-            again = [forward(_fresh(cache)) for cache in caches]  # new caches, maybe old ids
+        gc.disable()  # what is held must go by reference counting alone, not by a collection
+        try:
+            with ops.weights_unchanged():
+                copies = [_fresh(cache) for cache in caches]
+                inside = [forward(copy) for copy in copies]
+                first_again = [forward(caches[0]), forward(caches[0])]
+                kept = stacks()
+                held = [weakref.ref(entry[1][1]) for key, entry in _UNCHANGED.memo.items()
+                        if key[0] == "stack"]  # the packs and cache storages each entry holds
+                del copies
+                left, held_left = stacks(), sum(ref() is not None for ref in held)
+                again = [forward(_fresh(cache)) for cache in caches]  # new caches, maybe old ids
+            held_after = sum(ref() is not None for ref in held)
+        finally:
+            gc.enable()
     assert all(torch.equal(a, b) for a, b in zip(alone, inside))
     assert all(torch.equal(a, b) for a, b in zip(alone, again))
     assert all(torch.equal(alone[0], other) for other in first_again)
-    assert (kept, left) == (4, 1)  # one per live cache object
+    assert (kept, left, held_left, held_after) == (4, 1, 1, 0)  # one per live cache object
     assert _UNCHANGED.memo == {}
 
 

@@ -111,35 +111,41 @@ def gemm_calls(packed_weight: torch.Tensor | None = None) -> tuple[float, list]:
 
 def one_row_calls(target) -> tuple[list[float], list]:
     """How many times each call's time counts in a decode step, and two calls that run one-row
-    GEMVs over in-cache weights (GEMM_PASSES times each): the first layer's seven (its packs,
-    ~2.7 MB, stay in L2 / L3 between passes; counts layers / GEMM_PASSES) and a [1536 x 576]
-    slice of the lm_head, packed as the lm_head is (counts lm_head / slice / GEMM_PASSES). Their
-    weighted sum is the one-row compute floor: what the cores need for a decode step's GEMVs
-    with no DRAM in the way (one row reuses no weight across rows, so a GEMV runs below the
-    many-row GEMM rate of the compute floor(N); over 4-bit packs it is bound by turning levels
-    into fp32). No calls where the cpu kernels are not built (no floor then)."""
+    GEMVs over in-cache weights (GEMM_PASSES times each): the first layer's, grouped as the
+    fused layer calls them (q/k/v, o, gate/up, down: its packs, ~2.7 MB, stay in L2 / L3
+    between passes; counts layers / GEMM_PASSES), and a [6144 x 576] slice of the lm_head,
+    packed as the lm_head is (~4 MB; counts lm_head / slice / GEMM_PASSES). Their weighted sum
+    is the one-row compute floor: what the cores need for a decode step's GEMVs with no DRAM
+    in the way (one row reuses no weight across rows, so a GEMV runs below the many-row GEMM
+    rate of the compute floor(N); over 4-bit packs it is bound by turning levels into fp32).
+    No calls where the cpu kernels are not built (no floor then)."""
     if not ops.available_backends()["cpu"].available:
         return [], []
-    layer = target.model.layers[0]
-    weights = [m.weight for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                  layer.self_attn.v_proj, layer.self_attn.o_proj,
-                                  layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
-    head = target.lm_head.weight
-    head_slice = head[:min(1536, head.shape[0])]  # contiguous rows: packed as the lm_head is
     from eagle_kernels.ops._backend import cpu_extension
     from eagle_kernels.ops.decoder import _PACKS, pack_address
 
+    layer = target.model.layers[0]
+    attention, mlp = layer.self_attn, layer.mlp
+    groups = [[attention.q_proj, attention.k_proj, attention.v_proj], [attention.o_proj],
+              [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]]
+    groups = [[m.weight for m in group] for group in groups]
+    head = target.lm_head.weight
+    head_slice = head[:min(6144, head.shape[0])]  # contiguous rows: packed as the lm_head is
     extension, held = cpu_extension(), []
 
-    def gemvs(group):
-        """The kernel calls themselves (ops.linear's ~10 us of Python a call would be a third
-        of a layer's GEMV time): x [1, K] and y [1, N] made once, packs made now."""
+    def gemvs(weight_groups):
+        """The kernel calls themselves, one per group as the fused layer makes them (ops.linear's
+        ~10 us of Python a call would be a third of a layer's GEMV time): x [1, K] and each
+        y [1, N] made once, packs made now."""
         calls = []
-        for w in group:
-            x, y, packed = torch.randn(1, w.shape[1]), torch.empty(1, w.shape[0]), _PACKS.get(w)
-            held.extend((x, y, packed))
-            calls.append((x.data_ptr(), w.shape[1],
-                          [pack_address(packed), 0, y.data_ptr(), w.shape[0], w.shape[0]]))
+        for group in weight_groups:
+            x, segments = torch.randn(1, group[0].shape[1]), []
+            for w in group:
+                y, packed = torch.empty(1, w.shape[0]), _PACKS.get(w)
+                held.extend((y, packed))
+                segments += [pack_address(packed), 0, y.data_ptr(), w.shape[0], w.shape[0]]
+            held.append(x)
+            calls.append((x.data_ptr(), x.shape[1], segments))
 
         def call():
             for _ in range(GEMM_PASSES):
@@ -149,7 +155,7 @@ def one_row_calls(target) -> tuple[list[float], list]:
         return call
 
     counts = [target.num_layers / GEMM_PASSES, head.numel() / head_slice.numel() / GEMM_PASSES]
-    return counts, [gemvs(weights), gemvs([head_slice])]
+    return counts, [gemvs(groups), gemvs([[head_slice]])]
 
 
 def gemm_rate(repeats: int) -> float:

@@ -84,7 +84,8 @@ def weights_unchanged() -> Iterator[None]:
     try:
         yield
     finally:
-        _UNCHANGED.epoch, _UNCHANGED.memo = -1, {}  # drops the bound tensors with the block
+        _UNCHANGED.memo.clear()  # the entries and what they hold go now (their callbacks
+        _UNCHANGED.epoch, _UNCHANGED.memo = -1, {}  # refer to the dict: a cycle until cleared)
 
 
 def block_memo() -> dict | None:
@@ -98,15 +99,17 @@ def remember(memo: dict, key, objects: Sequence, value) -> None:
     """Keep ``value`` under ``key`` while every one of ``objects`` lives: each is held by a
     weak reference whose callback drops the entry, so a memo holds no tensor past its last
     user (a K/V cache freed after its call, a temporary weight) and an id reused by a new
-    object never matches (:func:`recall` compares the objects themselves)."""
-    entry = None
+    object never matches (:func:`recall` compares the objects themselves). The callback knows
+    its entry by a token, not by the entry itself: an entry that referred to itself through
+    its callbacks would outlive its removal until Python's cycle collector ran."""
+    token = object()
 
     def drop(_ref):
-        if memo.get(key) is entry:  # not an entry that replaced this one under the key
+        entry = memo.get(key)
+        if entry is not None and entry[2] is token:  # not an entry that replaced this one
             memo.pop(key, None)  # (a callback may run in another thread: never raise)
 
-    entry = (tuple(weakref.ref(o, drop) for o in objects), value)
-    memo[key] = entry
+    memo[key] = (tuple(weakref.ref(o, drop) for o in objects), value, token)
 
 
 def recall(memo: dict | None, key, objects: Sequence):

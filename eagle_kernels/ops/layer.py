@@ -164,6 +164,11 @@ class LayerWeights:
         return self._pointers
 
 
+class HeldTensors(list):
+    """What a kept stack's pointers address (packs, views of the caches' storages); a list a
+    test can hold a weak reference to, to see it go with its caches."""
+
+
 class DecoderStep:
     """What every layer of one forward shares, checked once (value checks included).
 
@@ -330,8 +335,8 @@ class DecoderStep:
         # this call die with its next call). Kept: the packs and the storages pointed at, so a
         # tensor given new storage despite the promise runs stale memory, never freed memory.
         if memo is not None and all(layer._stamped_in == _UNCHANGED.epoch for layer in layers):
-            held = ([pack for layer in layers for pack in (*layer._packs, *layer._held)],
-                    [t.detach() for t in (*k_caches, *v_caches)])
+            held = HeldTensors([pack for layer in layers for pack in (*layer._packs, *layer._held)]
+                               + [t.detach() for t in (*k_caches, *v_caches)])
             remember(memo, key, bound, (pointers, held))
         return pointers
 
