@@ -112,10 +112,10 @@ def remember(memo: dict, key, objects: Sequence, value) -> None:
     memo[key] = (tuple(weakref.ref(o, drop) for o in objects), value, token)
 
 
-def recall(memo: dict | None, key, objects: Sequence):
+def recall(memo: dict, key, objects: Sequence):
     """The value :func:`remember` kept under ``key`` for exactly these objects (by identity,
     in order), else None."""
-    entry = memo.get(key) if memo is not None else None
+    entry = memo.get(key)
     if entry is None or len(entry[0]) != len(objects):
         return None
     return entry[1] if all(map(operator.is_, (ref() for ref in entry[0]), objects)) else None

@@ -139,15 +139,16 @@ def _checked_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
     kind of ``x`` (dtype, device, width) and the same backend request were checked and
     resolved already: the answer is kept in the block's memo."""
     memo = block_memo()
-    # The environment resolve reads (forced backend, the Triton interpreter, GPU verdicts).
-    settings = tuple(os.environ.get(name) for name in (BACKEND_ENV, "TRITON_INTERPRET",
-                                                       VERDICT_ENV))
-    key = ("linear", backend, settings, x.dtype, x.device, x.shape[-1], *map(id, weights),
-           *(None if b is None else id(b) for b in biases))
-    bound = (*weights, *(b for b in biases if b is not None))
-    implementation = recall(memo, key, bound)
-    if implementation is not None:
-        return implementation
+    if memo is not None:  # outside a block nothing is kept: no key to build
+        # The environment resolve reads (forced backend, the Triton interpreter, GPU verdicts).
+        settings = tuple(os.environ.get(name) for name in (BACKEND_ENV, "TRITON_INTERPRET",
+                                                           VERDICT_ENV))
+        key = ("linear", backend, settings, x.dtype, x.device, x.shape[-1], *map(id, weights),
+               *(None if b is None else id(b) for b in biases))
+        bound = (*weights, *(b for b in biases if b is not None))
+        implementation = recall(memo, key, bound)
+        if implementation is not None:
+            return implementation
     for i, (w, b) in enumerate(zip(weights, biases)):
         check_tensor(f"weights[{i}]", w, (x.dtype,), (None, x.shape[-1]), x.device)
         if b is not None:
@@ -519,7 +520,7 @@ def _rows(x: torch.Tensor) -> int:
 def _pack_of(w: torch.Tensor, memo: dict | None) -> tuple[torch.Tensor, int]:
     """``w``'s pack and its kernel address; inside a :func:`weights_unchanged` block looked up
     once per weight (the block's memo holds the pack while the weight lives)."""
-    kept = recall(memo, ("pack", id(w)), (w,))
+    kept = recall(memo, ("pack", id(w)), (w,)) if memo is not None else None
     if kept is not None:
         return kept
     packed = _PACKS.get(w)
