@@ -123,3 +123,29 @@ def test_activations_warning_names_targets_the_mode_leaves_alone(gen):
     assert "(float32 on cpu)" in warning
     q4_exact_layers(target)
     assert cli.activations_warning(target, "int16") is None
+
+
+def test_compare_alternates_the_modes_and_reports_each_rounds_speedup():
+    """--compare runs COMPARE_ROUNDS rounds of one call per mode, alternating which goes first
+    (the first speculative call is the one already printed), and reports each round's speedup
+    within the round; one call whose tokens differ makes the outputs not identical."""
+    from types import SimpleNamespace
+
+    calls = []
+    speed = {True: [200.0, 150.0], False: [100.0, 120.0, 90.0]}  # tokens/s, in call order
+
+    class Generator:
+        engine = SimpleNamespace(head=object())
+
+        def generate(self, prompts, speculative, **options):
+            calls.append(speculative)
+            tokens = [[1, 2, 3]] if len(calls) != 5 else [[1, 2, 4]]
+            return SimpleNamespace(tokens=tokens, stats=SimpleNamespace(
+                tokens_per_second=speed[speculative].pop(0)))
+
+    first = SimpleNamespace(tokens=[[1, 2, 3]], stats=SimpleNamespace(tokens_per_second=50.0))
+    assert cli.COMPARE_ROUNDS == 3
+    base, speedups, same = cli.compare(Generator(), ["hi"], {}, first)
+    assert calls == [False, False, True, True, False]
+    assert speedups == [50 / 100, 200 / 120, 150 / 90] and base.stats.tokens_per_second == 100
+    assert not same  # the fifth call's tokens differ

@@ -11,7 +11,8 @@ from eagle_kernels.runtime import Engine, TreeConfig
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
 from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, TIMINGS_TO_TRUST, AdaptiveTree,
                                                CycleCost, PRIOR_WEIGHT, choose_tree,
-                                               expected_tau, fit_alpha, measure_cycle, tree_tau)
+                                               expected_tau, fit_alpha, measure_cycle, tree_tau,
+                                               trees_that_can_pay)
 from runtime_helpers import tiny_target
 
 SMALL, MEDIUM, LARGE = TreeConfig(1, 0, 2), TreeConfig(4, 3, 12), TreeConfig(10, 6, 60)
@@ -69,8 +70,28 @@ def test_measured_cycle_costs_cover_drafting_and_verify(target):
     head = new_draft_head(EAGLE3, target)
     cost = measure_cycle(target, head, MEDIUM, context=16, repeats=1)
     assert cost.draft > 0 and cost.verify > 0
-    policy = choose_tree(target, head, context=16, repeats=1, trees=CANDIDATE_TREES[:3])
+    policy = choose_tree(target, head, context=16, repeats=1, trees=CANDIDATE_TREES[:3],
+                         prune=False)
     assert policy.current in CANDIDATE_TREES[:3] and set(policy.costs) == set(CANDIDATE_TREES[:3])
+    pruned = choose_tree(target, head, context=16, repeats=1, trees=CANDIDATE_TREES[:3])
+    assert pruned.trees[0] == CANDIDATE_TREES[0] and set(pruned.trees) <= set(CANDIDATE_TREES[:3])
+
+
+def test_trees_that_cannot_pay_are_not_measured_further():
+    """A tree whose cycle costs more plain steps than the most tokens it can yield (max_depth
+    + 1) is dropped; one costing exactly that many is kept, and so is the first tree, which the
+    policy needs even when nothing pays."""
+    step = 0.01
+    chain, bushy = TreeConfig(1, 1, 2), TreeConfig(2, 2, 4)  # at most 2 and 4 tokens a cycle
+    costs = {chain: CycleCost(0.005, 0.02), bushy: CycleCost(0.01, 0.02), LARGE: CycleCost(
+        0.01, (LARGE.max_depth + 1) * step)}
+    assert trees_that_can_pay(costs, step) == [chain, bushy]  # LARGE: 0.01 s over its 8 steps
+    costs[LARGE] = CycleCost(0.0, (LARGE.max_depth + 1) * step)
+    assert trees_that_can_pay(costs, step) == [chain, bushy, LARGE]
+    costs[bushy] = CycleCost(0.0, 4.001 * step)
+    assert trees_that_can_pay(costs, step) == [chain, LARGE]
+    costs[chain] = CycleCost(0.0, 2.001 * step)
+    assert trees_that_can_pay(costs, step) == [chain, LARGE]  # the first stays
 
 
 def test_first_cycles_pair_with_the_start_up_plain_step(target):

@@ -237,6 +237,7 @@ Q4_ZERO_LEVEL = 8
 PACK_Q8_EXACT = True  # pack exactly-Q8_0 weights in 8 bits (see pack_weight)
 RECOVERY_PROBE_ROWS = 64  # rows a Q4 / Q8 recovery tries first, before the whole weight
 RECOVERY_CHUNK_ROWS = 4096  # rows recovered at a time (bounds the search's temporaries)
+ALL_BYTES_TRUE = 0x0101010101010101  # 8 bool flags, all True, read as one int64
 Q4_FORMAT_TAG, Q8_FORMAT_TAG = 2, 3  # kernels.h PackFormat, in the low bits of a pack's address
 
 
@@ -322,14 +323,24 @@ def _exact_levels(blocks: torch.Tensor, nearest: torch.Tensor, offset: torch.Ten
         safe = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
         level = ((blocks - offset) / safe).round().clamp(*levels)
         rebuilt = candidate * level + offset
-        exact = (rebuilt.view(torch.int32) == blocks.view(torch.int32)).all(-1, keepdim=True)
+        exact = _all_per_block(rebuilt.view(torch.int32) == blocks.view(torch.int32))
         real = candidate.double() * level.double() + torch.as_tensor(offset).double()
-        exact &= (real == blocks.double()).all(-1, keepdim=True)
+        exact &= _all_per_block(real == blocks.double())
         exact &= torch.isfinite(candidate) & ~found
         q = torch.where(exact, level, q)
         d = torch.where(exact, candidate, d)
         found |= exact
-    return (q, d) if bool(found.all()) else None
+        if bool(found.all()):  # as always for a GGUF tensor: the neighbours change nothing
+            return q, d
+    return None
+
+
+def _all_per_block(flags: torch.Tensor) -> torch.Tensor:
+    """``flags.all(-1, keepdim=True)`` for bool [N, B, 32] (contiguous), 6x faster: read as 4
+    int64 words of 8 one-byte flags each (torch's bool reduction over a short last dimension is
+    slow; this made a third of the default target's first-call packing)."""
+    words = flags.view(torch.int64)
+    return (words == ALL_BYTES_TRUE).all(-1, keepdim=True)
 
 
 def _quant_blocks(w: torch.Tensor) -> torch.Tensor | None:

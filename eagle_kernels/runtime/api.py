@@ -124,9 +124,11 @@ class EagleGenerator:
     @classmethod
     def from_pretrained(cls, target: str | os.PathLike | None = None, draft: str | None = None,
                         dtype: torch.dtype = torch.float32, device: str = "cpu",
-                        tree: TreeConfig | str | None = None,
+                        tree: TreeConfig | str | None = "auto",
                         draft_weights: str = "auto") -> "EagleGenerator":
-        """Load target (+ head). ``tree="auto"`` measures this device and picks the tree.
+        """Load target (+ head). ``tree="auto"`` (the default) measures this device and picks
+        the tree (:meth:`set_tree`: a few seconds; a CPU wants far smaller trees than EAGLE-2's
+        10/6/60, which runs ~6x slower than plain decoding on a 2-core CPU).
         ``draft_weights``: ``"auto"`` (Q8_0 for an fp32 head on the cpu), ``"q8_0"`` or
         ``"exact"`` (the checkpoint's values); the output is the target's either way."""
         if draft_weights not in DRAFT_WEIGHTS:
@@ -147,7 +149,8 @@ class EagleGenerator:
     def set_tree(self, tree: TreeConfig | str | None) -> None:
         """``"auto"``: measure every candidate tree's cycle on this device and adapt the choice
         to the acceptance observed while generating (:class:`~.tree_budget.AdaptiveTree`,
-        kept in ``self.budget``); a :class:`TreeConfig`: that tree; None: the default tree."""
+        kept in ``self.budget``); a :class:`TreeConfig`: that tree; None: the default tree
+        (:class:`TreeConfig`'s, EAGLE-2's 10/6/60)."""
         engine = self.engine
         engine.tree_policy = None
         if tree == "auto" and engine.head is not None:
@@ -156,7 +159,9 @@ class EagleGenerator:
             engine.tree = self.budget.current
         elif isinstance(tree, TreeConfig):
             engine.tree = tree
-        elif tree not in (None, "auto"):
+        elif tree is None:
+            engine.tree = TreeConfig()
+        elif tree != "auto":
             raise ValueError(f"tree: expected a TreeConfig, 'auto' or None, got {tree!r}")
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
@@ -236,6 +241,6 @@ class TextStream:
         return TextOutput(texts, out.tokens, out.stop_reasons, out.stats)
 
 def from_pretrained(target=None, draft=None, dtype=torch.float32, device="cpu",
-                    tree=None, draft_weights="auto") -> EagleGenerator:
+                    tree="auto", draft_weights="auto") -> EagleGenerator:
     """Shortcut for :meth:`EagleGenerator.from_pretrained`."""
     return EagleGenerator.from_pretrained(target, draft, dtype, device, tree, draft_weights)

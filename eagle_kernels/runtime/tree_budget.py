@@ -465,11 +465,28 @@ def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: 
     return costs, seconds[-1]
 
 
+def trees_that_can_pay(costs: dict[TreeConfig, CycleCost], step: float) -> list[TreeConfig]:
+    """The trees of ``costs`` whose cycle (drafting + verify) costs at most as many plain steps of
+    ``step`` seconds as the most tokens it can yield (``max_depth + 1``: every draft on a path
+    accepted, plus the bonus token): a costlier tree is slower than plain decoding whatever the
+    head. The first tree is always kept (the policy needs one; where it does not pay either, the
+    policy decodes plainly). On a 2-core CPU this drops the trees from 16 nodes up (their verify
+    costs 6-20 steps); on a GPU, where a verify costs about a step, none."""
+    trees = list(costs)
+    return [tree for tree in trees if tree == trees[0]
+            or costs[tree].draft + costs[tree].verify <= (tree.max_depth + 1) * step]
+
+
 def choose_tree(target, head, batch: int = 1, context: int = 256,
                 alpha: float = PRIOR_ALPHA, repeats: int = 5,
-                trees=CANDIDATE_TREES) -> AdaptiveTree:
+                trees=CANDIDATE_TREES, prune: bool = True) -> AdaptiveTree:
     """Measure every candidate tree's cycle and a plain decoding step here; return the policy
-    (its ``current`` tree is the best under the prior ``alpha`` until acceptance is observed)."""
+    (its ``current`` tree is the best under the prior ``alpha`` until acceptance is observed).
+    With ``prune`` a first timed round keeps only :func:`trees_that_can_pay` for the ``repeats``
+    rounds and the policy (on a 2-core CPU a third of the start-up time: the large trees'
+    verify passes dominate each round)."""
+    if prune and len(trees) > 1:
+        trees = trees_that_can_pay(*measure_trees(target, head, trees, batch, context, repeats=1))
     costs, step = measure_trees(target, head, trees, batch, context, repeats)
     policy = AdaptiveTree(costs, alpha, step, batch=batch)
     # The plain step just measured is a step timing of this moment: the cycles of a call that
