@@ -63,8 +63,9 @@ def echo_prompts(target) -> list[list[int]]:
 
 
 def plain_policy(prior_alpha: float) -> AdaptiveTree:
-    """One tree whose cycle (14 ms) beats a 10 ms plain step only while alpha stays high."""
-    return AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=prior_alpha,
+    """One tree whose cycle (14 ms) beats a 10 ms plain step only while alpha stays high; its
+    verify costs a plain step (as on a GPU), so batched steps take context drafts."""
+    return AdaptiveTree({SMALL: CycleCost(0.004, 0.01)}, prior_alpha=prior_alpha,
                         step_seconds=0.01, online_timing=False)
 
 
@@ -288,7 +289,8 @@ def test_drafts_that_lose_to_plain_steps_pause(target, monkeypatch, draft_second
 def test_steps_with_drafts_are_not_timed_as_cycles_or_steps(target, monkeypatch):
     """The tree budget times plain steps (its reference) and tree cycles; a step that verified
     a context draft is neither, and must not pass for a cheap cycle of the current tree."""
-    policy = AdaptiveTree({SMALL: CycleCost(0.002, 0.012)}, prior_alpha=0.0, step_seconds=0.01)
+    # a verify as costly as a plain step (a GPU's): the batch of 3 takes context drafts
+    policy = AdaptiveTree({SMALL: CycleCost(0.004, 0.01)}, prior_alpha=0.0, step_seconds=0.01)
     timed = {"step": 0, "cycle": 0}
     monkeypatch.setattr(policy, "time_step", lambda *a: timed.__setitem__("step", timed["step"] + 1))
     monkeypatch.setattr(policy, "time_cycle",
@@ -471,3 +473,42 @@ def test_a_cycle_row_accepts_none_of_its_padding(target, monkeypatch):
     assert out.tokens == reference and out.stats.context_cycles > 0
     assert any(len(set(lengths)) > 1 for lengths, _ in observed)  # padding in some cycle
     assert all(a <= n for lengths, accepted in observed for n, a in zip(lengths, accepted))
+
+
+def test_a_batch_takes_context_drafts_only_where_verifying_them_is_cheap():
+    """A batched step verifies every row's chain: it takes the drafts only where the tree
+    budget puts that forward at LOOKUP_BATCH_MAX_VERIFY_STEPS plain steps or less (a GPU), not
+    where it costs several (a CPU); one sequence takes them whatever the cost (its own payoff
+    check decides), and without a budget every batch does."""
+    from types import SimpleNamespace
+
+    from eagle_kernels.runtime.lookup import LOOKUP_BATCH_MAX_VERIFY_STEPS, ContextDrafts
+
+    def drafts(rows: int, steps):
+        call = SimpleNamespace(generated=torch.zeros(rows, dtype=torch.int64),
+                               out=torch.zeros(rows, 8), done=torch.zeros(rows, dtype=torch.bool),
+                               budgets=torch.full((rows,), 10))
+        asked = []
+
+        def verify_steps(batch, nodes):
+            asked.append((batch, nodes))
+            return steps
+
+        context = ContextDrafts(call, [[1, 2, 3, 1, 2]] * rows,
+                                verify_steps=None if steps is None else verify_steps)
+        return context.propose(), asked
+
+    assert drafts(2, 3.0) == ([[], []], [(2, 3)])  # two chains of [root, 3, 1]
+    assert drafts(2, LOOKUP_BATCH_MAX_VERIFY_STEPS) == ([[3, 1], [3, 1]], [(2, 3)])
+    assert drafts(1, 3.0) == ([[3, 1]], [])
+    assert drafts(2, None)[0] == [[3, 1], [3, 1]]
+
+
+def test_a_steps_progress_is_what_its_slowest_row_recorded_in_every_row():
+    """The payoff check times a step by how far it moved the call: rows that recorded tokens
+    times the fewest any recorded (finished rows record none)."""
+    from eagle_kernels.runtime.lookup import call_progress
+
+    assert call_progress([3]) == 3
+    assert call_progress([4, 1, 0, 2]) == 3
+    assert call_progress([0, 0]) == 0

@@ -190,7 +190,8 @@ def test_context_drafts_batch4(setup, reference, monkeypatch):
 
     monkeypatch.setattr(lookup, "time", type("StepClock", (), {"perf_counter": step_clock}))
     target, prompts = setup
-    policy = AdaptiveTree({RANDOM_HEAD_TREE: CycleCost(0.002, 0.012)}, prior_alpha=0.0,
+    # a verify as costly as a plain step (a GPU's), so the batch takes context drafts
+    policy = AdaptiveTree({RANDOM_HEAD_TREE: CycleCost(0.004, 0.01)}, prior_alpha=0.0,
                           step_seconds=0.01, online_timing=False)
     engine = Engine(target, new_draft_head(EAGLE3, target, seed=7), tree_policy=policy)
     outputs, accepted = [], 0
@@ -200,4 +201,4 @@ def test_context_drafts_batch4(setup, reference, monkeypatch):
         outputs += result.tokens
         accepted += result.stats.lookup_accepted
     assert_lossless(target, prompts, reference, outputs)
-    assert accepted > 100, accepted  # the drafts really ran (392 with the step clock, no pause)
+    assert accepted > 100, accepted  # the drafts really ran (hundreds with the step clock)

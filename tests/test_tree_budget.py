@@ -311,3 +311,29 @@ def test_trees_without_pairs_follow_the_paired_tree():
     assert policy.steps_per_cycle(other) == pytest.approx(0.018 / 0.0145 * 1.17)
     now[0] += TIMING_MAX_AGE
     assert policy.steps_per_cycle(chain) is None
+
+
+def cpu_like_policy() -> AdaptiveTree:
+    """Start-up costs of a compute-bound device at batch 1: a forward costs 4 ms + 2 ms a row
+    (a plain step 6 ms), drafting 0.5 ms; the head accepts half its drafts."""
+    costs = {tree: CycleCost(0.0005, 0.004 + 0.002 * tree.total_tokens)
+             for tree in CANDIDATE_TREES[:5]}
+    return AdaptiveTree(costs, prior_alpha=0.5, step_seconds=0.006, online_timing=False)
+
+
+def test_a_call_at_another_batch_is_costed_by_its_rows():
+    """The start-up measurement is at one batch; a call of B sequences costs its plain step as
+    a forward over B rows and a cycle as one over B x nodes rows, interpolated between the
+    measured forwards (linear past the largest). Compute-bound (cost grows with rows): a tree
+    that pays for one sequence does not for 8; memory-bound (flat): it pays at both."""
+    policy = cpu_like_policy()
+    assert policy.verify_steps(1, 2) == pytest.approx(0.008 / 0.006)
+    assert policy.verify_steps(8, 2) == pytest.approx(0.036 / 0.020)  # 16 rows: extrapolated
+    assert policy.verify_steps(3, 1) == 1.0
+    assert policy.start_call(1) and policy.current == TreeConfig(1, 1, 2)
+    assert not policy.start_call(8)  # 1.8 steps + drafting for tau 1.5
+    assert policy.plain_step_seconds() == pytest.approx(0.020)  # 8 rows
+    assert policy.start_call(1) and policy.plain_step_seconds() == pytest.approx(0.006)
+    flat = AdaptiveTree({tree: CycleCost(0.0005, 0.006) for tree in CANDIDATE_TREES[:5]},
+                        prior_alpha=0.5, step_seconds=0.006, online_timing=False)
+    assert flat.start_call(8) and flat.verify_steps(8, 8) == 1.0

@@ -209,7 +209,7 @@ class Engine:
                              f"room under max_length {max_length}")
         sampling = sampling or SamplingConfig()
         policy = self.tree_policy if speculative else None
-        plain_instead = policy is not None and not policy.start_call()
+        plain_instead = policy is not None and not policy.start_call(len(prompts))
         # A speculative call's plainly decoded steps (and eager cycles) may verify context drafts.
         lookup = speculative and self.prompt_lookup
         tree = self.tree if policy is None else policy.current
@@ -244,7 +244,9 @@ class Engine:
                          stats, self.device, policy)
             cache = self.target.allocate_cache(len(prompts), max_len)
         if lookup:
-            call.context = ContextDrafts(call, prompts)
+            budget = self.tree_policy
+            call.context = ContextDrafts(call, prompts, verify_steps=getattr(
+                budget, "verify_steps", None))
         if plain_instead:
             stats.fallback = ("plain decoding" + (" with context drafts" if lookup else "")
                               + ": no tree is expected to beat it at this acceptance")

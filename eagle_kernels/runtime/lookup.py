@@ -26,11 +26,12 @@ verify costs (2 / 3 / 4 / 5 nodes = 1.24 / 1.55 / 1.85 / 2.2 plain steps): model
 over plain decoding 1.30 / 1.16 for this rule, against 1.26 / 1.15 for a fixed 2 tokens after a
 2-3 token match, 1.06 / 0.93 for 4 tokens after any 1-3 token match.
 
-Drafts that do not pay are dropped: every LOOKUP_WINDOW steps with a draft, the tokens per
-second they produced are compared with those of the steps without one (plain steps, or cycles
-of the head's tree; the latest LOOKUP_WINDOW of each, timed here); when the drafts lost, the
-next LOOKUP_PAUSE steps go without, then drafting is tried again (a reply may start to repeat
-itself later).
+Drafts that do not pay are dropped: every LOOKUP_WINDOW steps with a draft, how fast they
+moved the call (:func:`call_progress` per second) is compared with the steps without one (plain
+steps, or cycles of the head's tree; the latest LOOKUP_WINDOW of each, timed here); when the
+drafts lost, the next LOOKUP_PAUSE steps go without, then drafting is tried again (a reply may
+start to repeat itself later). A batch takes drafts only where the tree budget expects their
+verify pass to cost about a plain step (LOOKUP_BATCH_MAX_VERIFY_STEPS).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ LOOKUP_MAX_NGRAM = 4  # longest match looked for; a draft has at most this many 
 LOOKUP_MIN_NGRAM_IN_CYCLES = 3
 LOOKUP_WINDOW = 16  # steps with a draft between two checks that drafting beats the others
 LOOKUP_PAUSE = 64  # steps without drafts after drafts were found to lose, before a retry
+# A batched step takes context drafts only where verifying the chains costs at most this many
+# plain steps of the batch (the tree budget's estimate): the call advances by its slowest row,
+# so a batch gains far less from drafts than one sequence does, and on a 2-core CPU a step of
+# 4 sequences' 5-node chains costs 3.6 plain steps (4 prompts x 96 tokens: 0.88-0.97x plain
+# decoding with 3 such steps); on a GPU, where the verify costs about a step, batches keep them.
+LOOKUP_BATCH_MAX_VERIFY_STEPS = 1.25
 
 
 class ContextIndex:
@@ -99,20 +106,28 @@ class ContextDrafts:
     mid-call. ``clock``: seconds.
     """
 
-    def __init__(self, call, prompts: list[list[int]], clock=None):
+    def __init__(self, call, prompts: list[list[int]], clock=None, verify_steps=None):
         self.call, self.prompts = call, prompts
+        # verify_steps(batch, nodes): plain steps a forward over the chains costs (the tree
+        # budget's AdaptiveTree.verify_steps); None: batched steps take drafts whatever the cost
+        self.verify_steps = verify_steps
         self.index: ContextIndex | None = None
         self.clock = clock or time.perf_counter
-        # (tokens produced by active rows, seconds) of the latest steps with and without drafts
+        # (call_progress, seconds) of the latest steps with and without drafts
         self.timed = {kind: deque(maxlen=LOOKUP_WINDOW) for kind in ("other", "draft")}
         self.drafts_since_check = 0
         self.paused = 0  # steps left before drafting is tried again
         self._began = 0.0
 
     def propose(self, in_cycle: bool = False) -> list[list[int]]:
-        """Each sequence's draft ([] for a finished one). ``in_cycle`` (the draft would
-        replace the head's tree): matches of LOOKUP_MIN_NGRAM_IN_CYCLES tokens or more, and
-        all [] unless every unfinished sequence has one (a row without would lose its tree)."""
+        """Each sequence's draft ([] for a finished one). A batch's drafts only where verifying
+        them costs at most LOOKUP_BATCH_MAX_VERIFY_STEPS plain steps: a batched call lasts as
+        many steps as its slowest row needs, so drafts make some rows finish earlier and the
+        call hardly sooner, while the verify pass over every row's chain costs several plain
+        steps on a CPU (4 prompts x 96 tokens: 0.70-0.78x plain decoding with the drafts taken,
+        17 such steps accepting 64 tokens). ``in_cycle`` (the draft would replace the head's
+        tree): matches of LOOKUP_MIN_NGRAM_IN_CYCLES tokens or more, and all [] unless every
+        unfinished sequence has one (a row without would lose its tree)."""
         call = self.call
         if self.index is None:
             generated, out = call.generated.tolist(), call.out.tolist()
@@ -131,7 +146,15 @@ class ContextDrafts:
                   for b, stop in enumerate(done)]
         if in_cycle and not all(draft or stop for draft, stop in zip(drafts, done)):
             return [[] for _ in drafts]
+        if len(drafts) > 1 and any(drafts) and not self._cheap_for_a_batch(drafts):
+            return [[] for _ in drafts]
         return drafts
+
+    def _cheap_for_a_batch(self, drafts: list[list[int]]) -> bool:
+        if self.verify_steps is None:
+            return True
+        cost = self.verify_steps(len(drafts), max(map(len, drafts)) + 1)
+        return cost is None or cost <= LOOKUP_BATCH_MAX_VERIFY_STEPS
 
     def observe(self, drafts: list[list[int]], new_tokens: torch.Tensor, counts: torch.Tensor,
                 accepted: torch.Tensor) -> None:
@@ -148,11 +171,11 @@ class ContextDrafts:
         for b, count in enumerate(counts):
             if count:
                 self.index.extend(b, rows[b][:count])
-        self._time(drafted, sum(counts), self.clock() - self._began)
+        self._time(drafted, call_progress(counts), self.clock() - self._began)
 
     def _time(self, drafted: bool, tokens: int, seconds: float) -> None:
         """Record a step; after every LOOKUP_WINDOW drafted steps, pause drafting for
-        LOOKUP_PAUSE steps if they produced fewer tokens per second than the others."""
+        LOOKUP_PAUSE steps if they moved the call less per second than the others."""
         if tokens == 0:  # every row finished: nothing to learn from
             return
         self.timed["draft" if drafted else "other"].append((tokens, seconds))
@@ -172,6 +195,14 @@ class ContextDrafts:
         if draft_rate < other_rate:
             self.paused = LOOKUP_PAUSE
             self.call.stats.lookup_pauses += 1
+
+
+def call_progress(counts: list[int]) -> int:
+    """How far a step moved its call, in tokens: the rows that recorded tokens times the fewest
+    any of them recorded (one row: its count). A batched call lasts as many steps as its slowest
+    row needs, so the tokens some rows accept beyond the others' do not make it finish sooner."""
+    recorded = [count for count in counts if count]
+    return len(recorded) * min(recorded) if recorded else 0
 
 
 def chain_tree(root: torch.Tensor, drafts: list[list[int]]) -> ops.DraftTree:

@@ -246,6 +246,7 @@ class AdaptiveTree:
     history: list[tuple[TreeConfig, int]] = field(default_factory=list)  # (tree, tokens) per
     #                                                         cycle and sequence, the last MEMORY
     current: TreeConfig | None = None
+    call_batch: int | None = None  # the present call's sequences (start_call); None: ``batch``
     _since_pick: int = 0
     _calls_since_probe: int = 0
     _worth: bool | None = None
@@ -364,8 +365,50 @@ class AdaptiveTree:
             return timed / self._trusted(self._cycle_timings[last]) * ratios[last]
         return self.costs[tree].total / self.costs[last].total * ratios[last]
 
+    def _other_batch(self) -> bool:
+        return self.call_batch is not None and self.call_batch != self.batch
+
+    def _rows_seconds(self, rows: int) -> float:
+        """Start-up seconds of a target forward over ``rows`` rows, interpolated linearly
+        between the measured ones (a plain step: ``batch`` rows; a verify: ``batch`` x nodes)
+        and extended along the last segment past the largest: a call at another batch than the
+        measured one is costed from these (on a CPU, compute-bound, a verify of 4 sequences x 2
+        nodes costs about 8 nodes' verify, 1.7x a 4-sequence step where one sequence's 2 nodes
+        cost 1.3x its step; on a GPU both stay near one step)."""
+        points = sorted({self.batch: self.step_seconds,
+                         **{self.batch * tree.total_tokens: cost.verify
+                            for tree, cost in self.costs.items()}}.items())
+        if rows <= points[0][0] or len(points) == 1:
+            return points[0][1]
+        right = next((i for i, (n, _) in enumerate(points) if n >= rows), len(points) - 1)
+        (n0, s0), (n1, s1) = points[right - 1], points[right]
+        return s0 + (s1 - s0) * (rows - n0) / (n1 - n0)
+
+    def verify_steps(self, batch: int, nodes: int) -> float | None:
+        """What a target forward over ``nodes`` nodes of each of ``batch`` sequences costs in
+        plain steps of that batch, from the start-up measurement (:meth:`_rows_seconds`); None
+        without a start-up ``step_seconds``."""
+        if self.step_seconds is None:
+            return None
+        return self._rows_seconds(batch * nodes) / self._rows_seconds(batch)
+
+    def _estimated_at_call_batch(self, tree: TreeConfig | None) -> float:
+        """Seconds now of a plain step (``tree`` None) or a cycle of ``tree`` at the call's
+        batch, from the start-up measurement (:meth:`_rows_seconds`; drafting scaled as a
+        plain step) and the machine's present speed (loop timings are taken at ``batch``
+        only)."""
+        step = self._rows_seconds(self.call_batch)
+        if tree is None:
+            return step * self._scale()
+        cost = self.costs[tree]
+        cycle = self._rows_seconds(self.call_batch * tree.total_tokens) \
+            + cost.draft * step / self.step_seconds
+        return cycle * self._scale()
+
     def cycle_seconds(self, tree: TreeConfig) -> float:
-        """What a cycle of ``tree`` costs now (see the class docstring)."""
+        """What a cycle of ``tree`` costs now (see the class docstring), at the call's batch."""
+        if self._other_batch() and self.step_seconds is not None:
+            return self._estimated_at_call_batch(tree)
         relative = self.steps_per_cycle(tree)
         if relative is not None:
             return relative * self.plain_step_seconds()
@@ -373,9 +416,12 @@ class AdaptiveTree:
         return timed if timed is not None else self.costs[tree].total * self._scale()
 
     def plain_step_seconds(self) -> float | None:
-        """What a plain decoding step costs now; None without a start-up ``step_seconds``."""
+        """What a plain decoding step costs now, at the call's batch; None without a start-up
+        ``step_seconds``."""
         if self.step_seconds is None:
             return None
+        if self._other_batch():
+            return self._estimated_at_call_batch(None)
         timed = self._trusted(self._step_timings)
         return timed if timed is not None else self.step_seconds * self._scale()
 
@@ -409,8 +455,10 @@ class AdaptiveTree:
             self._worth = self.rate(self.best()) * step >= GAIN_TO_SPECULATE
         return self._worth
 
-    def start_call(self) -> bool:
-        """Whether a new call should speculate: when worth it, and every PROBE_EVERY calls."""
+    def start_call(self, batch: int | None = None) -> bool:
+        """Whether a new call of ``batch`` sequences (default: the measured ``batch``) should
+        speculate: when worth it at that batch, and every PROBE_EVERY calls."""
+        self.call_batch = batch
         self._calls_since_probe += 1
         self._worth = None  # plain steps timed since the last decision count
         if self.worth_speculating() or self._calls_since_probe >= PROBE_EVERY:
