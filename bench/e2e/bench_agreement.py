@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     report = {"environment": environment(), "command": "python " + " ".join(sys.argv),
               "max_new_tokens": args.max_new_tokens, "heads": {}}
     # The target loads once; the other heads join it as from_pretrained would load them.
-    generator = EagleGenerator.from_pretrained(args.target, drafts[0],
+    generator = EagleGenerator.from_pretrained(args.target, drafts[0], tree=None,  # no cycles
                                                draft_weights=args.draft_weights)
     target, heads = generator.engine.target, [generator.engine.head]
     default_target = args.target is None
