@@ -261,7 +261,7 @@ def generate(args) -> int:
         warning = activations_warning(generator.engine.target, args.activations)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
-    if hasattr(generator, "budget"):
+    if getattr(generator, "budget", None) is not None:
         print(generator.budget.report())
     generator.engine.prompt_lookup = not args.no_lookup
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -98,9 +98,10 @@ def test_from_hf_rejects_what_it_cannot_share(tokenizer):
 
 
 def test_the_tree_is_measured_here_unless_one_is_given(tokenizer):
-    """By default (from_hf, as from_pretrained) the tree budget measures this device and its
-    policy drives the tree (EAGLE-2's fixed 10/6/60 runs ~6x slower than plain decoding on a
-    2-core CPU); set_tree(None) goes back to TreeConfig's default, a TreeConfig to itself."""
+    """By default (from_hf, as from_pretrained) on a CPU the tree budget measures this device
+    and its policy drives the tree (EAGLE-2's fixed 10/6/60 runs ~6x slower than plain decoding
+    on a 2-core CPU); set_tree(None) goes back to TreeConfig's default, a TreeConfig to itself,
+    and neither keeps the budget."""
     model = tiny_hf_model(tokenizer, "llama", layers=2, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the random head's warning
@@ -108,8 +109,10 @@ def test_the_tree_is_measured_here_unless_one_is_given(tokenizer):
     engine = generator.engine
     assert engine.tree_policy is generator.budget and engine.tree == generator.budget.current
     generator.set_tree(None)
-    assert engine.tree_policy is None and engine.tree == TreeConfig()
+    assert engine.tree_policy is None and engine.tree == TreeConfig() and generator.budget is None
     generator.set_tree(TREE)
     assert engine.tree_policy is None and engine.tree == TREE
+    generator.set_tree("default")
+    assert engine.tree_policy is generator.budget is not None
     with pytest.raises(ValueError, match="tree"):
         generator.set_tree("big")

@@ -512,3 +512,21 @@ def test_a_steps_progress_is_what_its_slowest_row_recorded_in_every_row():
     assert call_progress([3]) == 3
     assert call_progress([4, 1, 0, 2]) == 3
     assert call_progress([0, 0]) == 0
+
+
+def test_the_engine_costs_a_batch_by_its_rows(target):
+    """Wired through the engine: with verify costs growing by rows (a CPU's), a tree that pays
+    for one sequence runs for one prompt, while a batch of 3 decodes plainly from the start
+    and takes no context drafts (one sequence does take them)."""
+    costs = {SMALL: CycleCost(0.0005, 0.0075)}  # a forward: 5 ms + 1.25 ms a row
+    policy = AdaptiveTree(costs, prior_alpha=0.5, step_seconds=0.00625, online_timing=False)
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=policy)
+    prompts = echo_prompts(target)
+    batch = engine.generate(prompts, 24)  # first: the random head's misses would teach alpha
+    assert not batch.stats.tree_cycles and batch.stats.lookup_steps == 0, batch.stats.summary()
+    assert batch.stats.fallback.startswith("plain decoding")
+    one = engine.generate(prompts[:1], 24)
+    assert one.stats.tree_cycles, one.stats.summary()  # 1.28 steps for tau 1.5: it pays
+    policy.prior_alpha, policy.history = 0.0, []  # now plain for one sequence too
+    single = engine.generate(prompts[2:], 24)
+    assert not single.stats.tree_cycles and single.stats.lookup_steps > 0, single.stats.summary()

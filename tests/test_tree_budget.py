@@ -337,3 +337,44 @@ def test_a_call_at_another_batch_is_costed_by_its_rows():
     flat = AdaptiveTree({tree: CycleCost(0.0005, 0.006) for tree in CANDIDATE_TREES[:5]},
                         prior_alpha=0.5, step_seconds=0.006, online_timing=False)
     assert flat.start_call(8) and flat.verify_steps(8, 8) == 1.0
+
+
+def test_forward_costs_by_rows_rise_and_extend_at_the_overall_slope():
+    """_rows_seconds: exact at the measured forwards, linear between them, the first below,
+    made non-decreasing (a 12-node verify timed below the 8-node one costs as much as it), and
+    past the largest extended at the first-to-largest slope, not the last segment's: never
+    falling, never negative."""
+    policy = cpu_like_policy()  # 1 row 6 ms, 2 8 ms, 3 10, 4 12, 6 16, 8 20
+    assert policy._rows_seconds(3) == pytest.approx(0.010)
+    assert policy._rows_seconds(5) == pytest.approx(0.014)
+    assert policy._rows_seconds(0) == pytest.approx(0.006)
+    noisy = dict(policy.costs)
+    noisy[TreeConfig(4, 3, 12)] = CycleCost(0.0005, 0.019)  # below 8 nodes' 20 ms
+    bent = AdaptiveTree(noisy, prior_alpha=0.5, step_seconds=0.006, online_timing=False)
+    assert bent._rows_seconds(12) == pytest.approx(0.020)
+    slope = (0.020 - 0.006) / 11
+    assert bent._rows_seconds(100) == pytest.approx(0.020 + slope * 88)
+    rows = [bent._rows_seconds(n) for n in range(0, 400)]
+    assert all(b >= a > 0 for a, b in zip(rows, rows[1:]))
+    assert bent.verify_steps(4, 5) >= bent.verify_steps(4, 2) >= 1.0
+    assert AdaptiveTree(noisy, step_seconds=0.0).verify_steps(4, 2) is None
+
+
+def test_choose_tree_measures_again_only_the_trees_that_can_pay(target, monkeypatch):
+    """A one-round pilot over every candidate, then the full measurement over the trees that
+    can pay there: the policy holds exactly those."""
+    from eagle_kernels.runtime import tree_budget
+
+    trees = CANDIDATE_TREES[:4]
+    scripted = {tree: CycleCost(0.0, 0.006 * (tree.max_depth + 1) * (1.5 if i == 2 else 0.9))
+                for i, tree in enumerate(trees)}  # the third costs 1.5x the most it yields
+    asked = []
+
+    def measure(target_, head_, candidates, batch, context, repeats):
+        asked.append((list(candidates), repeats))
+        return {tree: scripted[tree] for tree in candidates}, 0.006
+
+    monkeypatch.setattr(tree_budget, "measure_trees", measure)
+    policy = choose_tree(target, None, trees=trees, repeats=5)
+    kept = [trees[0], trees[1], trees[3]]
+    assert asked == [(list(trees), 1), (kept, 5)] and policy.trees == kept

@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None, generator=None) -> int:
     dtype = DTYPES[args.dtype]
     if generator is None:
         generator = from_pretrained(args.target, args.draft, dtype, args.device, args.tree)
-    if hasattr(generator, "budget"):
+    if getattr(generator, "budget", None) is not None:
         print(generator.budget.report())
     hf = None if args.no_hf else hf_model(args.target, dtype, args.device)
     rows = []

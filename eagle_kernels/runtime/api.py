@@ -120,15 +120,15 @@ class EagleGenerator:
         self.engine = engine
         self.tokenizer = tokenizer
         self.draft_weights = "exact"  # how the head's weights are kept: "exact" or "q8_0"
+        self.budget = None  # the tree budget (AdaptiveTree) of set_tree("auto")
 
     @classmethod
     def from_pretrained(cls, target: str | os.PathLike | None = None, draft: str | None = None,
                         dtype: torch.dtype = torch.float32, device: str = "cpu",
-                        tree: TreeConfig | str | None = "auto",
+                        tree: TreeConfig | str | None = "default",
                         draft_weights: str = "auto") -> "EagleGenerator":
-        """Load target (+ head). ``tree="auto"`` (the default) measures this device and picks
-        the tree (:meth:`set_tree`: a few seconds; a CPU wants far smaller trees than EAGLE-2's
-        10/6/60, which runs ~6x slower than plain decoding on a 2-core CPU).
+        """Load target (+ head). ``tree``: see :meth:`set_tree` (the default: the measured
+        tree on a CPU, EAGLE-2's 10/6/60 in CUDA graphs on a GPU).
         ``draft_weights``: ``"auto"`` (Q8_0 for an fp32 head on the cpu), ``"q8_0"`` or
         ``"exact"`` (the checkpoint's values); the output is the target's either way."""
         if draft_weights not in DRAFT_WEIGHTS:
@@ -149,10 +149,16 @@ class EagleGenerator:
     def set_tree(self, tree: TreeConfig | str | None) -> None:
         """``"auto"``: measure every candidate tree's cycle on this device and adapt the choice
         to the acceptance observed while generating (:class:`~.tree_budget.AdaptiveTree`,
-        kept in ``self.budget``); a :class:`TreeConfig`: that tree; None: the default tree
-        (:class:`TreeConfig`'s, EAGLE-2's 10/6/60)."""
+        kept in ``self.budget``; a few seconds); a :class:`TreeConfig`: that tree; None:
+        :class:`TreeConfig`'s, EAGLE-2's 10/6/60; ``"default"``: ``"auto"`` where the target
+        runs on a CPU (10/6/60 runs ~6x slower than plain decoding on a 2-core CPU, which wants
+        1-2 drafted tokens), None elsewhere (on a GPU 10/6/60 pays with most heads, and a fixed
+        tree's cycles run in a CUDA graph, which the adaptive tree's eager loop gives up)."""
         engine = self.engine
+        if tree == "default":
+            tree = "auto" if engine.target.device.type == "cpu" else None
         engine.tree_policy = None
+        self.budget = None
         if tree == "auto" and engine.head is not None:
             self.budget = choose_tree(engine.target, engine.head)
             engine.tree_policy = self.budget
@@ -162,7 +168,8 @@ class EagleGenerator:
         elif tree is None:
             engine.tree = TreeConfig()
         elif tree != "auto":
-            raise ValueError(f"tree: expected a TreeConfig, 'auto' or None, got {tree!r}")
+            raise ValueError(f"tree: expected a TreeConfig, 'auto', 'default' or None, got "
+                             f"{tree!r}")
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, as a user turn of the chat template when ``chat``."""
@@ -241,6 +248,6 @@ class TextStream:
         return TextOutput(texts, out.tokens, out.stop_reasons, out.stats)
 
 def from_pretrained(target=None, draft=None, dtype=torch.float32, device="cpu",
-                    tree="auto", draft_weights="auto") -> EagleGenerator:
+                    tree="default", draft_weights="auto") -> EagleGenerator:
     """Shortcut for :meth:`EagleGenerator.from_pretrained`."""
     return EagleGenerator.from_pretrained(target, draft, dtype, device, tree, draft_weights)

@@ -384,7 +384,7 @@ class Engine:
                 name = f"{call.tree.top_k}/{call.tree.depth}/{call.tree.total_tokens}"
                 stats.tree_cycles[name] = stats.tree_cycles.get(name, 0) + 1
             if adaptive:  # eager only (see _graph_plan)
-                call.policy.observe(call.tree, accepted_counts)
+                call.policy.observe(call.tree, accepted_counts, batch)
                 call.tree = call.policy.current
                 if (plain_step is not None and call.policy.just_repicked
                         and not call.policy.worth_speculating()):

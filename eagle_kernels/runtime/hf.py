@@ -72,7 +72,8 @@ def target_from_hf(hf_model) -> TargetModel:
     return model.requires_grad_(False).eval()
 
 
-def from_hf(model, tokenizer, draft: str | None = None, tree: TreeConfig | str | None = "auto",
+def from_hf(model, tokenizer, draft: str | None = None,
+            tree: TreeConfig | str | None = "default",
             dtype: torch.dtype | None = None, device: str | torch.device | None = None
             ) -> EagleGenerator:
     """An :class:`~.api.EagleGenerator` (``generate`` / ``stream``) over a loaded HF model.
@@ -83,7 +84,7 @@ def from_hf(model, tokenizer, draft: str | None = None, tree: TreeConfig | str |
     tokenizer : its tokenizer (chat template used by ``generate(..., chat=True)``).
     draft, tree : as :func:`~.api.from_pretrained`: an EAGLE head directory,
         ``"random-eagle3"`` / ``"random-eagle1"``, ``"none"`` (autoregressive only) or None
-        (a random EAGLE-3 head, with a warning); ``"auto"`` (the default), a
+        (a random EAGLE-3 head, with a warning); ``"default"``, ``"auto"``, a
         :class:`TreeConfig` or None.
     dtype, device : optional checks only: sharing the weights means running in the model's
         own dtype and device, so a different value raises (move the HF model first).

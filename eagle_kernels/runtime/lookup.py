@@ -120,14 +120,15 @@ class ContextDrafts:
         self._began = 0.0
 
     def propose(self, in_cycle: bool = False) -> list[list[int]]:
-        """Each sequence's draft ([] for a finished one). A batch's drafts only where verifying
-        them costs at most LOOKUP_BATCH_MAX_VERIFY_STEPS plain steps: a batched call lasts as
-        many steps as its slowest row needs, so drafts make some rows finish earlier and the
-        call hardly sooner, while the verify pass over every row's chain costs several plain
-        steps on a CPU (4 prompts x 96 tokens: 0.70-0.78x plain decoding with the drafts taken,
-        17 such steps accepting 64 tokens). ``in_cycle`` (the draft would replace the head's
-        tree): matches of LOOKUP_MIN_NGRAM_IN_CYCLES tokens or more, and all [] unless every
-        unfinished sequence has one (a row without would lose its tree)."""
+        """Each sequence's draft ([] for a finished one). In a plain step, a batch's drafts
+        only where verifying them costs at most LOOKUP_BATCH_MAX_VERIFY_STEPS plain steps: a
+        batched call lasts as many steps as its slowest row needs, so drafts make some rows
+        finish earlier and the call hardly sooner, while the verify pass over every row's
+        chain costs several plain steps on a CPU (4 prompts x 96 tokens: 0.70-0.78x plain
+        decoding with the drafts taken, 17 such steps accepting 64 tokens). ``in_cycle`` (the
+        draft would replace the head's tree): matches of LOOKUP_MIN_NGRAM_IN_CYCLES tokens or
+        more, and all [] unless every unfinished sequence has one (a row without would lose
+        its tree)."""
         call = self.call
         if self.index is None:
             generated, out = call.generated.tolist(), call.out.tolist()
@@ -146,7 +147,9 @@ class ContextDrafts:
                   for b, stop in enumerate(done)]
         if in_cycle and not all(draft or stop for draft, stop in zip(drafts, done)):
             return [[] for _ in drafts]
-        if len(drafts) > 1 and any(drafts) and not self._cheap_for_a_batch(drafts):
+        # (in a cycle the chain replaces a tree, which a batch verifies anyway)
+        if not in_cycle and len(drafts) > 1 and any(drafts) and not self._cheap_for_a_batch(
+                drafts):
             return [[] for _ in drafts]
         return drafts
 

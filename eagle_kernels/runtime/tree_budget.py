@@ -249,7 +249,7 @@ class AdaptiveTree:
     call_batch: int | None = None  # the present call's sequences (start_call); None: ``batch``
     _since_pick: int = 0
     _calls_since_probe: int = 0
-    _worth: bool | None = None
+    _worth: tuple | None = None  # (call_batch, worth speculating) of the last decision
     _cycle_timings: dict[TreeConfig, deque] = field(default_factory=dict)  # (when, seconds)
     _step_timings: deque = field(default_factory=lambda: deque(maxlen=TIMING_WINDOW))
     _timed_last: TreeConfig | None = None  # the last tree timed often enough to trust
@@ -366,48 +366,65 @@ class AdaptiveTree:
         return self.costs[tree].total / self.costs[last].total * ratios[last]
 
     def _other_batch(self) -> bool:
-        return self.call_batch is not None and self.call_batch != self.batch
+        """Whether the present call runs at another batch than the measured one (and there
+        is a positive start-up plain step to scale from)."""
+        return (self.call_batch is not None and self.call_batch != self.batch
+                and bool(self.step_seconds) and self.step_seconds > 0)
 
     def _rows_seconds(self, rows: int) -> float:
         """Start-up seconds of a target forward over ``rows`` rows, interpolated linearly
-        between the measured ones (a plain step: ``batch`` rows; a verify: ``batch`` x nodes)
-        and extended along the last segment past the largest: a call at another batch than the
-        measured one is costed from these (on a CPU, compute-bound, a verify of 4 sequences x 2
-        nodes costs about 8 nodes' verify, 1.7x a 4-sequence step where one sequence's 2 nodes
-        cost 1.3x its step; on a GPU both stay near one step)."""
-        points = sorted({self.batch: self.step_seconds,
-                         **{self.batch * tree.total_tokens: cost.verify
-                            for tree, cost in self.costs.items()}}.items())
-        if rows <= points[0][0] or len(points) == 1:
-            return points[0][1]
-        right = next((i for i, (n, _) in enumerate(points) if n >= rows), len(points) - 1)
+        between the measured ones (a plain step: ``batch`` rows; a verify: ``batch`` x nodes),
+        made non-decreasing in rows (a running maximum: timing noise must not make more rows
+        cheaper), and past the largest extended at the slope from the smallest to the largest
+        (not the last segment's, which noise may bend; never downwards). A call at another
+        batch than the measured one is costed from these: on a CPU, compute-bound, a verify of
+        4 sequences x 2 nodes costs about 8 nodes' verify, 1.7x a 4-sequence step where one
+        sequence's 2 nodes cost 1.3x its step; on a GPU both stay near one step."""
+        measured = sorted({self.batch: self.step_seconds,
+                           **{self.batch * tree.total_tokens: cost.verify
+                              for tree, cost in self.costs.items()}}.items())
+        points, highest = [], 0.0
+        for count, seconds in measured:
+            highest = max(highest, seconds)
+            points.append((count, highest))
+        (n_first, s_first), (n_last, s_last) = points[0], points[-1]
+        if rows <= n_first:
+            return s_first
+        if rows >= n_last:
+            slope = (s_last - s_first) / (n_last - n_first) if n_last > n_first else 0.0
+            return s_last + slope * (rows - n_last)
+        right = next(i for i, (count, _) in enumerate(points) if count >= rows)
         (n0, s0), (n1, s1) = points[right - 1], points[right]
         return s0 + (s1 - s0) * (rows - n0) / (n1 - n0)
 
     def verify_steps(self, batch: int, nodes: int) -> float | None:
         """What a target forward over ``nodes`` nodes of each of ``batch`` sequences costs in
         plain steps of that batch, from the start-up measurement (:meth:`_rows_seconds`); None
-        without a start-up ``step_seconds``."""
-        if self.step_seconds is None:
+        without a positive start-up ``step_seconds``."""
+        if not self.step_seconds or self.step_seconds <= 0:
             return None
         return self._rows_seconds(batch * nodes) / self._rows_seconds(batch)
 
     def _estimated_at_call_batch(self, tree: TreeConfig | None) -> float:
         """Seconds now of a plain step (``tree`` None) or a cycle of ``tree`` at the call's
         batch, from the start-up measurement (:meth:`_rows_seconds`; drafting scaled as a
-        plain step) and the machine's present speed (loop timings are taken at ``batch``
-        only)."""
+        plain step), the machine's present speed, and for a tree the share of a cycle that
+        is neither drafting nor verify (acceptance, compaction, the head's commit, the loop:
+        its timed cycles in plain steps over its start-up ones, at the measured batch, where
+        the loop takes timings)."""
         step = self._rows_seconds(self.call_batch)
         if tree is None:
             return step * self._scale()
         cost = self.costs[tree]
         cycle = self._rows_seconds(self.call_batch * tree.total_tokens) \
             + cost.draft * step / self.step_seconds
-        return cycle * self._scale()
+        timed = self.steps_per_cycle(tree)
+        overhead = 1.0 if timed is None else max(timed * self.step_seconds / cost.total, 1.0)
+        return cycle * overhead * self._scale()
 
     def cycle_seconds(self, tree: TreeConfig) -> float:
         """What a cycle of ``tree`` costs now (see the class docstring), at the call's batch."""
-        if self._other_batch() and self.step_seconds is not None:
+        if self._other_batch():
             return self._estimated_at_call_batch(tree)
         relative = self.steps_per_cycle(tree)
         if relative is not None:
@@ -451,9 +468,9 @@ class AdaptiveTree:
         step = self.plain_step_seconds()
         if step is None:
             return True
-        if self._worth is None:
-            self._worth = self.rate(self.best()) * step >= GAIN_TO_SPECULATE
-        return self._worth
+        if self._worth is None or self._worth[0] != self.call_batch:
+            self._worth = (self.call_batch, self.rate(self.best()) * step >= GAIN_TO_SPECULATE)
+        return self._worth[1]
 
     def start_call(self, batch: int | None = None) -> bool:
         """Whether a new call of ``batch`` sequences (default: the measured ``batch``) should
@@ -468,8 +485,11 @@ class AdaptiveTree:
             return True
         return False
 
-    def observe(self, tree: TreeConfig, accepted: list[int]) -> None:
-        """Record one cycle: ``accepted[b]`` draft tokens accepted by each active sequence."""
+    def observe(self, tree: TreeConfig, accepted: list[int], batch: int | None = None) -> None:
+        """Record one cycle: ``accepted[b]`` draft tokens accepted by each active sequence of
+        a call of ``batch`` sequences (default: the measured batch), for which the tree is
+        re-picked (the calls of streams may interleave: each cycle says its own batch)."""
+        self.call_batch = batch
         self.history += [(tree, count + 1) for count in accepted]
         del self.history[:-MEMORY]
         self._since_pick += 1
