@@ -538,8 +538,9 @@ def trees_that_can_pay(costs: dict[TreeConfig, CycleCost], step: float) -> list[
     ``step`` seconds as the most tokens it can yield (``max_depth + 1``: every draft on a path
     accepted, plus the bonus token): a costlier tree is slower than plain decoding whatever the
     head. The first tree is always kept (the policy needs one; where it does not pay either, the
-    policy decodes plainly). On a 2-core CPU this drops the trees from 16 nodes up (their verify
-    costs 6-20 steps); on a GPU, where a verify costs about a step, none."""
+    policy decodes plainly). On a 2-core CPU this drops the trees of 24 nodes and more (their
+    verify costs 8-20 steps; 12-16 nodes sit near the line), on a GPU, where a verify costs
+    about a step, none."""
     trees = list(costs)
     return [tree for tree in trees if tree == trees[0]
             or costs[tree].draft + costs[tree].verify <= (tree.max_depth + 1) * step]
