@@ -244,9 +244,8 @@ class Engine:
                          stats, self.device, policy)
             cache = self.target.allocate_cache(len(prompts), max_len)
         if lookup:
-            budget = self.tree_policy
             call.context = ContextDrafts(call, prompts, verify_steps=getattr(
-                budget, "verify_steps", None))
+                self.tree_policy, "verify_steps", None))
         if plain_instead:
             stats.fallback = ("plain decoding" + (" with context drafts" if lookup else "")
                               + ": no tree is expected to beat it at this acceptance")

@@ -365,11 +365,15 @@ class AdaptiveTree:
             return timed / self._trusted(self._cycle_timings[last]) * ratios[last]
         return self.costs[tree].total / self.costs[last].total * ratios[last]
 
+    def _has_step(self) -> bool:
+        """Whether there is a positive start-up plain step to cost other batches from."""
+        return (self.step_seconds or 0) > 0
+
     def _other_batch(self) -> bool:
         """Whether the present call runs at another batch than the measured one (and there
-        is a positive start-up plain step to scale from)."""
+        is a start-up plain step to scale from)."""
         return (self.call_batch is not None and self.call_batch != self.batch
-                and bool(self.step_seconds) and self.step_seconds > 0)
+                and self._has_step())
 
     def _rows_seconds(self, rows: int) -> float:
         """Start-up seconds of a target forward over ``rows`` rows, interpolated linearly
@@ -401,7 +405,7 @@ class AdaptiveTree:
         """What a target forward over ``nodes`` nodes of each of ``batch`` sequences costs in
         plain steps of that batch, from the start-up measurement (:meth:`_rows_seconds`); None
         without a positive start-up ``step_seconds``."""
-        if not self.step_seconds or self.step_seconds <= 0:
+        if not self._has_step():
             return None
         return self._rows_seconds(batch * nodes) / self._rows_seconds(batch)
 
@@ -543,7 +547,7 @@ def trees_that_can_pay(costs: dict[TreeConfig, CycleCost], step: float) -> list[
     about a step, none."""
     trees = list(costs)
     return [tree for tree in trees if tree == trees[0]
-            or costs[tree].draft + costs[tree].verify <= (tree.max_depth + 1) * step]
+            or costs[tree].total <= (tree.max_depth + 1) * step]
 
 
 def choose_tree(target, head, batch: int = 1, context: int = 256,
