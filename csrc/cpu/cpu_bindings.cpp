@@ -176,7 +176,7 @@ constexpr size_t kLayerPointers = 26, kLayerSizes = 12, kStackLayerPointers = 18
 /// count, in_features, hidden, intermediate, q_heads, kv_heads, head_dim, table_rows, max_len,
 /// tree_offset, words.
 void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, float eps,
-                       float scale, int count) {
+                       float scale, int count, const cpu::GemmAhead* next_qkv = nullptr) {
   if (n[6] < 1 || n[5] % n[6] != 0 || n[10] < 0 || n[10] + n[1] > n[9])
     throw std::invalid_argument("decoder_layer: expected kv_heads >= 1 dividing q_heads and "
                                 "tree_offset + count <= max_len");
@@ -200,7 +200,8 @@ void run_decoder_layer(const std::uintptr_t* p, const std::vector<int64_t>& n, f
       as_ptr<float>(p[22]), as_ptr<float>(p[23]), as_ptr<const int32_t>(p[24]), n[9], n[10],
       as_ptr<const int32_t>(p[25]), n[11],
       layer_workspace.data(), attention_workspace.data(),
-      linear_workspace(count, std::max({n[2], n[3], n[4], n[5] * n[7]}), rows), count};
+      linear_workspace(count, std::max({n[2], n[3], n[4], n[5] * n[7]}), rows), count,
+      next_qkv};
   active->decoder_layer(args);
 }
 
@@ -264,7 +265,14 @@ void decoder_stack(const std::vector<std::uintptr_t>& layers,
     p[23] = own[17];
     p[24] = shared[5];
     p[25] = shared[6];
-    run_decoder_layer(p, n, eps, scale, count);
+    cpu::GemmAhead next_qkv{};  // the next layer's q/k/v weights (see GemmAhead)
+    if (i + 1 < depth) {
+      const std::uintptr_t* next = own + kStackLayerPointers;
+      next_qkv = {{cpu::packed_weight(next[2]), cpu::packed_weight(next[3]),
+                   cpu::packed_weight(next[4])},
+                  {n[5] * n[7], n[6] * n[7], n[6] * n[7]}, 3, n[2]};
+    }
+    run_decoder_layer(p, n, eps, scale, count, i + 1 < depth ? &next_qkv : nullptr);
     input = output;
   }
   if (final_norm != 0) {  // in place: each row's sum of squares is read before it is written

@@ -433,25 +433,56 @@ constexpr int single_row_panels() {
   return 8 / kPanelVectors;
 }
 
+/// Bytes of one panel over k of a pack of `format`.
+static int64_t panel_bytes(PackFormat format, int64_t k) {
+  switch (format) {
+    case PackFormat::kQ4: return panel_size<Q4Byte>(k);
+    case PackFormat::kQ8: return panel_size<Q8Byte>(k);
+    case PackFormat::kBf16: return panel_size<uint16_t>(k) * 2;
+    default: return panel_size<float>(k) * 4;
+  }
+}
+
+/// single_row_panels of a pack of `format`.
+static int single_row_panels_of(PackFormat format) {
+  switch (format) {
+    case PackFormat::kQ4: return single_row_panels<Q4Byte>();
+    case PackFormat::kQ8: return single_row_panels<Q8Byte>();
+    case PackFormat::kBf16: return single_row_panels<uint16_t>();
+    default: return single_row_panels<float>();
+  }
+}
+
+/// The lines of the first one-row tile over panels [p0, p1) of pack `w` over k (none if empty).
+static Prefetch first_tile(PackedWeight w, int64_t k, int64_t p0, int64_t p1) {
+  if (p0 >= p1) return {};
+  const int64_t tile = single_row_panels_of(w.format), bytes = panel_bytes(w.format, k);
+  const int64_t panels = p1 - p0 < tile ? p1 - p0 : tile;
+  return {static_cast<const char*>(w.data) + p0 * bytes, panels * bytes / 64, 0};
+}
+
 /// One row, panels [p0, p1) of a segment (pack `packed`): single_row_panels streams at a time,
-/// each tile prefetching the next tile's panels over its k steps. The hardware prefetcher alone
-/// left DRAM idle on a Zen 5 VM: the decoder stack's decode step 6.1-6.5 -> 4.3-4.7 ms with
-/// Q4 packs on AVX-512, 8.7 -> 5.8 ms on AVX2 (one process each way, alternating).
+/// each tile prefetching the next tile's panels over its k steps, and the last one `after` (the
+/// first tile of this thread's next share, in this GEMM or the next: without it every share
+/// began by waiting on DRAM, the hardware prefetcher not yet started). The hardware prefetcher
+/// alone left DRAM idle on a Zen 5 VM: the decoder stack's decode step 6.1-6.5 -> 4.3-4.7 ms
+/// with Q4 packs on AVX-512, 8.7 -> 5.8 ms on AVX2 (one process each way, alternating).
 template <typename WT>
 static void linear_single_row(const LinearArgs& a, TileRows x, const LinearSegment& s,
-                              const WT* packed, int64_t p0, int64_t p1) {
+                              const WT* packed, int64_t p0, int64_t p1, Prefetch after) {
   constexpr int kTile = single_row_panels<WT>();
+  after.per_k = (after.lines + a.k - 1) / a.k;
   for (int64_t p = p0; p < p1; p += kTile) {
     const int panels = static_cast<int>(p1 - p < kTile ? p1 - p : kTile);
     const int64_t col = p * kPanel;
     const WT* w = packed + p * panel_size<WT>(a.k);
     const float* bias = s.bias ? s.bias + col : nullptr;
+    const Prefetch ahead = p + panels < p1 ? panels_ahead(packed, p + panels, kTile, p1, a.k)
+                                           : after;
     if (panels == kTile) {
-      panel_tile<1, kTile>(x, w, a.k, bias, s.y + col, s.ldy, s.n - col,
-                           panels_ahead(packed, p + panels, kTile, p1, a.k));
+      panel_tile<1, kTile>(x, w, a.k, bias, s.y + col, s.ldy, s.n - col, ahead);
     } else {  // the tail, one tile: same chains (one panel at a time ran one latency-bound chain)
-      panel_tile_panels<1, kTile>(panels, x, w, a.k, bias, s.y + col, s.ldy, s.n - col,
-                                  Prefetch{});
+      panel_tile_panels<1, kTile>(panels, x, w, a.k, bias, s.y + col, s.ldy, s.n - col, ahead);
     }
   }
 }
@@ -462,7 +493,7 @@ static void linear_single_row(const LinearArgs& a, TileRows x, const LinearSegme
 /// the hardware prefetcher alone lets DRAM idle). See kRowGroupsMaxRows.
 template <typename WT>
 static void linear_row_groups(const LinearArgs& a, TileRows x, const LinearSegment& s,
-                              const WT* packed, int64_t p0, int64_t p1) {
+                              const WT* packed, int64_t p0, int64_t p1, Prefetch after) {
   const int64_t groups = (a.m + kFewRows - 1) / kFewRows;
   const int64_t panel_elements = panel_size<WT>(a.k);
   const int64_t panel_lines = panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
@@ -475,6 +506,8 @@ static void linear_row_groups(const LinearArgs& a, TileRows x, const LinearSegme
       if (g == 0 && p + 1 < p1)
         ahead = {reinterpret_cast<const char*>(packed + (p + 1) * panel_elements), panel_lines,
                  (panel_lines + a.k - 1) / a.k};
+      else if (g == 0)  // the last panel: the thread's next share (see linear_single_row)
+        ahead = {after.from, after.lines, (after.lines + a.k - 1) / a.k};
       panel_tile_any<kFewRows, 1>(rows, 1, x.from(r), packed + p * panel_elements, a.k,
                                   s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col, s.ldy,
                                   s.n - col, ahead);
@@ -579,12 +612,12 @@ static void block_sums(const float* x, int64_t m, int64_t k, int64_t ldx, float*
 /// and still measured faster).
 template <typename WT>
 static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& s,
-                          const WT* packed, int64_t p0, int64_t p1) {
-  if (a.m == 1) return linear_single_row(a, x, s, packed, p0, p1);
+                          const WT* packed, int64_t p0, int64_t p1, Prefetch after) {
+  if (a.m == 1) return linear_single_row(a, x, s, packed, p0, p1, after);
   const int64_t groups_from = std::is_same_v<WT, float> ? kRowTile + 1 : kNarrowRowGroupsFrom;
   const int64_t groups_to = kBlockPacked<WT> ? kNarrowRowGroupsMaxRows : kRowGroupsMaxRows;
   if (a.m >= groups_from && a.m <= groups_to)
-    return linear_row_groups(a, x, s, packed, p0, p1);
+    return linear_row_groups(a, x, s, packed, p0, p1, after);
   // A full row tile over a Q4 / Q8 pack (not widened: M <= kRowTile) takes kNarrowPanelTile.
   const int tile = kBlockPacked<WT> && a.m == kRowTile ? kNarrowPanelTile
                    : kBlockPacked<WT> && a.m > kRowTile ? kLevelsPanelTile : kPanelTile;
@@ -592,8 +625,12 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
     const int64_t n1 = b1 + block < p1 ? b1 + block : p1;  // the next block: [b1, n1)
-    const int64_t next_lines = (n1 - b1) * panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
+    int64_t next_lines = (n1 - b1) * panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
     const char* next = reinterpret_cast<const char*>(packed + b1 * panel_elements);
+    if (b1 == p1) {  // the last block: the thread's next share (see linear_single_row)
+      next = after.from;
+      next_lines = after.lines;
+    }
     if constexpr (!std::is_same_v<WT, float>) {
       if (a.m > kRowTile) {  // several row tiles read this block: widen it once
         auto* widened = reinterpret_cast<Widened<WT>*>(
@@ -611,26 +648,70 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
   }
 }
 
-/// panels(segment, p0, p1) for each segment's part of panels [begin, end) of all segments end
-/// to end (a thread's share of a GEMM: threads split the panels, never the reduction).
-template <typename Panels>
-static void for_each_segment_share(const LinearArgs& a, int64_t begin, int64_t end,
-                                   const Panels& panels_of) {
+/// The first one-row tile of thread t's share (of `threads`) of GEMM `g`, split as
+/// for_each_segment_share splits a GEMM.
+static Prefetch first_tile_of_share(const GemmAhead& g, int64_t t, int64_t threads) {
+  int64_t total = 0;
+  for (int i = 0; i < g.count; ++i) total += (g.n[i] + kPanel - 1) / kPanel;
+  const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
   int64_t offset = 0;
-  for (int i = 0; i < a.num_segments; ++i) {
-    const LinearSegment& s = a.segments[i];
-    const int64_t panels = (s.n + kPanel - 1) / kPanel;
+  for (int i = 0; i < g.count; ++i) {
+    const int64_t panels = (g.n[i] + kPanel - 1) / kPanel;
     const int64_t p0 = begin > offset ? begin - offset : 0;
     const int64_t p1 = end - offset < panels ? end - offset : panels;
-    if (p0 < p1) panels_of(s, p0, p1);
+    if (p0 < p1) return first_tile(g.w[i], g.k, p0, p1);
     offset += panels;
+  }
+  return {};
+}
+
+/// Parts a thread's share of one GEMM is walked in with look-ahead (more run without).
+constexpr int kMaxShareParts = 16;
+
+/// panels(segment, p0, p1, after) for each segment's part of thread t's share of the panels of
+/// all segments end to end (a thread's share of a GEMM: threads split the panels, never the
+/// reduction); `after` is the first tile of the thread's next part, or of its share of
+/// `a.then` (the same split of that GEMM's panels) after the last.
+template <typename Panels>
+static void for_each_segment_share(const LinearArgs& a, int64_t t, int64_t threads,
+                                   const Panels& panels_of) {
+  int64_t total = 0;  // panels of all segments end to end
+  for (int i = 0; i < a.num_segments; ++i) total += (a.segments[i].n + kPanel - 1) / kPanel;
+  const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
+  struct Part {
+    int segment;
+    int64_t p0, p1;
+  };
+  Part parts[kMaxShareParts];
+  int count = 0;
+  int64_t offset = 0;
+  for (int i = 0; i < a.num_segments; ++i) {
+    const int64_t panels = (a.segments[i].n + kPanel - 1) / kPanel;
+    const int64_t p0 = begin > offset ? begin - offset : 0;
+    const int64_t p1 = end - offset < panels ? end - offset : panels;
+    if (p0 < p1) {
+      if (count == static_cast<int>(sizeof(parts) / sizeof(parts[0]))) {  // rare: run it now
+        panels_of(a.segments[i], p0, p1, Prefetch{});
+      } else {
+        parts[count++] = {i, p0, p1};
+      }
+    }
+    offset += panels;
+  }
+  for (int j = 0; j < count; ++j) {
+    Prefetch after;
+    if (j + 1 < count) {
+      after = first_tile(a.segments[parts[j + 1].segment].w, a.k, parts[j + 1].p0,
+                         parts[j + 1].p1);
+    } else if (a.then != nullptr) {
+      after = first_tile_of_share(*a.then, t, threads);
+    }
+    panels_of(a.segments[parts[j].segment], parts[j].p0, parts[j].p1, after);
   }
 }
 
 /// The GEMM over every pack format (linear_int8.h's `linear` calls it).
 static void linear_packed(const LinearArgs& a) {
-  int64_t total = 0;  // panels of all segments end to end
-  for (int i = 0; i < a.num_segments; ++i) total += (a.segments[i].n + kPanel - 1) / kPanel;
   int64_t columns = 0;
   bool offsets = false;  // a Q4 pack: its blocks' offsets need the rows' block sums
   for (int i = 0; i < a.num_segments; ++i) {
@@ -640,22 +721,22 @@ static void linear_packed(const LinearArgs& a) {
 #pragma omp parallel num_threads(a.threads) if (a.m * a.k * columns >= kParallelMinMacs)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
     TileRows x{a.x, a.ldx, nullptr, a.k / kQ4BlockK};
     if (offsets) {  // each thread its own copy: no barrier, and a few adds per weight row
       float* sums = a.widened + t * linear_workspace_floats(a.k, a.m) + linear_widen_floats(a.k);
       block_sums(a.x, a.m, a.k, a.ldx, sums);
       x.sums = sums;
     }
-    for_each_segment_share(a, begin, end, [&](const LinearSegment& s, int64_t p0, int64_t p1) {
+    for_each_segment_share(a, t, threads,
+                           [&](const LinearSegment& s, int64_t p0, int64_t p1, Prefetch after) {
       if (s.w.format == PackFormat::kBf16)
-        linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1);
+        linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1, after);
       else if (s.w.format == PackFormat::kQ4)
-        linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1);
+        linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1, after);
       else if (s.w.format == PackFormat::kQ8)
-        linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1);
+        linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1, after);
       else
-        linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1);
+        linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1, after);
     });
   }
 }

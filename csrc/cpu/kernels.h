@@ -63,6 +63,17 @@ struct LinearSegment {
   int64_t ldy;
 };
 
+/// The weights of the GEMM that runs after a GEMM (its segments' packs and widths, over k): a
+/// one-row GEMM asks for the first tile of this thread's share of them during its own last tile
+/// (decoder_linear.h linear_single_row). Never changes what is computed.
+struct GemmAhead {
+  static constexpr int kMaxSegments = 3;
+  PackedWeight w[kMaxSegments];
+  int64_t n[kMaxSegments];
+  int count;
+  int64_t k;
+};
+
 struct LinearArgs {
   const float* x;  ///< [m, k], row stride ldx
   int64_t m, k, ldx;
@@ -70,6 +81,7 @@ struct LinearArgs {
   int num_segments;
   float* widened;  ///< threads * linear_workspace_floats(k, m): see there
   int threads;
+  const GemmAhead* then = nullptr;  ///< the GEMM after this one, or nullptr
 };
 
 /// Bytes of packed panels a many-row GEMM keeps in L2 while every row tile passes over them
@@ -325,6 +337,7 @@ struct DecoderLayerArgs {
   float* attention_workspace;  ///< attention_workspace_total(...) floats
   float* linear_workspace;     ///< threads * linear_workspace_floats(widest k, rows) of the layer
   int threads;
+  const GemmAhead* next_qkv = nullptr;  ///< the next layer's q/k/v GEMM (a stack), or nullptr
 };
 
 /// Floats of layer workspace (decoder_layer.h): normed input, q, attention output, k, v, o, h,

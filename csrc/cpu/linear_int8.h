@@ -411,7 +411,9 @@ static void linear_int8(const LinearArgs& a, bool wide) {
     const QuantizedRows xq =
         quantized_rows(own + linear_int8_offset_floats(a.k, a.m), a.m, a.k, wide);
     if (begin < end) quantize_rows(a.x, a.m, a.ldx, xq, vnni);  // each thread its own copy
-    for_each_segment_share(a, begin, end, [&](const LinearSegment& s, int64_t p0, int64_t p1) {
+    // (no look-ahead here: int8_panels asks for its own blocks ahead)
+    for_each_segment_share(a, t, threads,
+                           [&](const LinearSegment& s, int64_t p0, int64_t p1, Prefetch) {
       if (s.w.format == PackFormat::kQ4)
         int8_panels<true>(a, xq, s, p0, p1, vnni);
       else
