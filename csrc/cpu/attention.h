@@ -461,8 +461,9 @@ static void split_block_scores(const AttentionArgs& a, const SplitLayout& l, int
 
 /// Units of work over sequences' prefixes, `per_unit` positions each (the last of a sequence
 /// short, unless `whole`: then only whole units), and this thread's contiguous share
-/// [first, end) of them; calls `body(b, t0, keys, next_end, first)` for each: next_end where the
-/// thread's next unit of that sequence ends (t0 + keys when it has none), first for its first.
+/// [first, end) of them; calls `body(b, t0, keys, next_end, first, last)` for each: next_end
+/// where the thread's next unit of that sequence ends (t0 + keys when it has none), first for
+/// its first unit, last for its last.
 template <typename Body>
 static void prefix_units(const AttentionArgs& a, int64_t per_unit, bool whole, int64_t thread,
                          int64_t threads, Body&& body) {
@@ -481,23 +482,55 @@ static void prefix_units(const AttentionArgs& a, int64_t per_unit, bool whole, i
       const int64_t t0 = i * per_unit, keys = prefix - t0 < per_unit ? prefix - t0 : per_unit;
       const bool next = unit + 1 < end && i + 1 < count;
       const int64_t after = t0 + keys + per_unit < prefix ? t0 + keys + per_unit : prefix;
-      body(b, t0, keys, next ? after : t0 + keys, unit == first);
+      body(b, t0, keys, next ? after : t0 + keys, unit == first, unit + 1 == end);
     }
   }
 }
 
+/// Rows of this thread's first unit of prefix_units(per_unit, whole) in `cache` (every KV
+/// head), or none.
+static LineRange first_unit_rows(const AttentionArgs& a, const float* cache, int64_t per_unit,
+                                 bool whole, int64_t thread, int64_t threads) {
+  const int64_t row = a.kv_heads * a.head_dim;
+  LineRange range{nullptr, 0};
+  prefix_units(a, per_unit, whole, thread, threads,
+               [&](int64_t b, int64_t t0, int64_t keys, int64_t, bool first, bool) {
+    if (first)
+      range = {reinterpret_cast<const char*>(cache + (b * a.max_len + t0) * row),
+               keys * row * static_cast<int64_t>(sizeof(float)) / 64};
+  });
+  return range;
+}
+
+/// LookAhead::first of an AttentionArgs: the first key block thread t scores in
+/// tree_attention_split; none where the call does not split (the q/k/v GEMM before it asks
+/// for these rows during its last tile: each thread's first block came from DRAM in a burst).
+static LineRange attention_first_keys(const void* what, int64_t t, int64_t threads) {
+  const AttentionArgs& a = *static_cast<const AttentionArgs*>(what);
+  if (!attention_splits(a.queries, threads)) return {nullptr, 0};
+  return first_unit_rows(a, a.k_cache, kAttentionKeyBlock, false, t, threads);
+}
+
 /// This thread's share of the prefix scores: a contiguous run of (sequence, key block) units,
 /// whole cache rows (every KV head) asked for a block ahead (BlockAhead), so the rows stream
-/// from DRAM while the block before them is scored.
+/// from DRAM while the block before them is scored; during its last, the first value block
+/// the thread sums next (split_value_blocks).
 static void split_prefix_scores(const AttentionArgs& a, const SplitLayout& l, int64_t thread,
                                 int64_t threads) {
   const int64_t row = a.kv_heads * a.head_dim, parts = a.queries * a.q_heads;
   prefix_units(a, kAttentionKeyBlock, false, thread, threads,
-               [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first) {
+               [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first, bool last) {
     const float* rows = a.k_cache + b * a.max_len * row;
     if (first) prefetch_rows(rows, t0, t0 + keys, row, row);
-    split_block_scores(a, l, b, t0, keys,
-                       block_ahead(rows, t0 + keys, next_end, row, row, parts));
+    BlockAhead ahead = block_ahead(rows, t0 + keys, next_end, row, row, parts);
+    if (last) {
+      const LineRange values =
+          first_unit_rows(a, a.v_cache, kAttentionValueBlock, true, thread, threads);
+      if (values.lines > 0)  // whole rows, contiguous: one row of `lines` x 16 floats
+        ahead = block_ahead(reinterpret_cast<const float*>(values.from), 0, values.lines,
+                            kLineFloats, kLineFloats, parts);
+    }
+    split_block_scores(a, l, b, t0, keys, ahead);
   });
 }
 
@@ -510,7 +543,7 @@ static void split_value_blocks(const AttentionArgs& a, const SplitLayout& l, int
   const int64_t group = a.q_heads / a.kv_heads, row = a.kv_heads * a.head_dim;
   const int64_t parts = a.queries * a.q_heads;
   prefix_units(a, kAttentionValueBlock, true, thread, threads,
-               [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first) {
+               [&](int64_t b, int64_t t0, int64_t keys, int64_t next_end, bool first, bool) {
     const float* rows = a.v_cache + b * a.max_len * row;
     if (first) prefetch_rows(rows, t0, t0 + keys, row, row);
     const BlockAhead ahead = block_ahead(rows, t0 + keys, next_end, row, row, parts);

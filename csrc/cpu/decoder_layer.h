@@ -13,7 +13,7 @@ static LinearSegment segment(PackedWeight w, const float* bias, float* y, int64_
 }
 
 static void run_linear(const DecoderLayerArgs& a, const float* x, int64_t m, int64_t k,
-                       const LinearSegment* segments, int count, const GemmAhead* then) {
+                       const LinearSegment* segments, int count, LookAhead then) {
   linear(LinearArgs{x, m, k, k, segments, count, a.linear_workspace, a.threads, then});
 }
 
@@ -66,33 +66,40 @@ static void decoder_layer(const DecoderLayerArgs& a) {
                          a.in_features, a.in_features, a.eps, a.threads});
     attention_input = normed;
   }
-  // Each GEMM knows the next one's weights, so a one-row GEMM's last tile asks for the next
-  // one's first (GemmAhead); the last of the layer, for the next layer's q/k/v (a.next_qkv).
+  // Each GEMM knows what runs next, so a one-row GEMM's last tile asks for the first lines
+  // each thread reads there (LookAhead): the attention's first key block after q/k/v (the
+  // output projection's first tile where the attention does not split), the next GEMM's first
+  // tile after the others, the next layer's q/k/v after the last (a.next_qkv).
+  const AttentionArgs attention{q, a.k_cache, a.v_cache, a.lens, a.tree_mask, attended, a.batch,
+                                a.count, a.q_heads, a.kv_heads, a.head_dim, a.max_len,
+                                a.tree_offset + a.count, a.words, a.scale,
+                                a.attention_workspace, a.threads};
   const GemmAhead o_ahead{{a.wo}, {a.hidden}, 1, q_width};
   const GemmAhead gate_up_ahead{{a.wg, a.wu}, {a.intermediate, a.intermediate}, 2, a.hidden};
   const GemmAhead down_ahead{{a.wd}, {a.hidden}, 1, a.intermediate};
+  const LookAhead after_qkv = attention_splits(a.count, a.threads)
+                                  ? LookAhead{attention_first_keys, &attention}
+                                  : LookAhead{gemm_first_tile, &o_ahead};
   const LinearSegment qkv[3] = {segment(a.wq, a.bq, q, q_width), segment(a.wk, a.bk, k, kv_width),
                                 segment(a.wv, a.bv, v, kv_width)};
-  run_linear(a, attention_input, rows, a.in_features, qkv, 3, &o_ahead);
+  run_linear(a, attention_input, rows, a.in_features, qkv, 3, after_qkv);
   rope(RopeArgs{q, a.positions, a.cos, a.sin, rows, a.q_heads, a.head_dim, q_width, a.table_rows,
                 a.threads});
   rope(RopeArgs{k, a.positions, a.cos, a.sin, rows, a.kv_heads, a.head_dim, kv_width,
                 a.table_rows, a.threads});
   write_cache(a, k, v);
-  tree_attention(AttentionArgs{q, a.k_cache, a.v_cache, a.lens, a.tree_mask, attended, a.batch,
-                               a.count, a.q_heads, a.kv_heads, a.head_dim, a.max_len,
-                               a.tree_offset + a.count, a.words, a.scale,
-                               a.attention_workspace, a.threads});
+  tree_attention(attention);
   const LinearSegment out_proj = segment(a.wo, a.bo, o, a.hidden);
-  run_linear(a, attended, rows, q_width, &out_proj, 1, &gate_up_ahead);
+  run_linear(a, attended, rows, q_width, &out_proj, 1, {gemm_first_tile, &gate_up_ahead});
   rms_norm(RmsNormArgs{o, a.residual, h, a.post_norm, normed2, rows, a.hidden, a.hidden,
                        a.hidden, a.eps, a.threads});
   const LinearSegment gate_up[2] = {segment(a.wg, a.bg, gate, a.intermediate),
                                     segment(a.wu, a.bu, up, a.intermediate)};
-  run_linear(a, normed2, rows, a.hidden, gate_up, 2, &down_ahead);
+  run_linear(a, normed2, rows, a.hidden, gate_up, 2, {gemm_first_tile, &down_ahead});
   silu_mul(SiluMulArgs{gate, up, gate, rows, a.intermediate, a.intermediate, a.intermediate,
                        a.threads});
   const LinearSegment down_proj = segment(a.wd, a.bd, down, a.hidden);
-  run_linear(a, gate, rows, a.intermediate, &down_proj, 1, a.next_qkv);
+  run_linear(a, gate, rows, a.intermediate, &down_proj, 1,
+             a.next_qkv != nullptr ? LookAhead{gemm_first_tile, a.next_qkv} : LookAhead{});
   add_rows(h, down, a.out, rows * a.hidden, a.threads);
 }

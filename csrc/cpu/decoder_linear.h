@@ -648,9 +648,10 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
   }
 }
 
-/// The first one-row tile of thread t's share (of `threads`) of GEMM `g`, split as
-/// for_each_segment_share splits a GEMM.
-static Prefetch first_tile_of_share(const GemmAhead& g, int64_t t, int64_t threads) {
+/// LookAhead::first of a GemmAhead: the first one-row tile of thread t's share (of `threads`)
+/// of its GEMM, split as for_each_segment_share splits a GEMM.
+static LineRange gemm_first_tile(const void* what, int64_t t, int64_t threads) {
+  const GemmAhead& g = *static_cast<const GemmAhead*>(what);
   int64_t total = 0;
   for (int i = 0; i < g.count; ++i) total += (g.n[i] + kPanel - 1) / kPanel;
   const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
@@ -659,10 +660,13 @@ static Prefetch first_tile_of_share(const GemmAhead& g, int64_t t, int64_t threa
     const int64_t panels = (g.n[i] + kPanel - 1) / kPanel;
     const int64_t p0 = begin > offset ? begin - offset : 0;
     const int64_t p1 = end - offset < panels ? end - offset : panels;
-    if (p0 < p1) return first_tile(g.w[i], g.k, p0, p1);
+    if (p0 < p1) {
+      const Prefetch tile = first_tile(g.w[i], g.k, p0, p1);
+      return {tile.from, tile.lines};
+    }
     offset += panels;
   }
-  return {};
+  return {nullptr, 0};
 }
 
 /// Parts a thread's share of one GEMM is walked in with look-ahead (more run without).
@@ -670,8 +674,8 @@ constexpr int kMaxShareParts = 16;
 
 /// panels(segment, p0, p1, after) for each segment's part of thread t's share of the panels of
 /// all segments end to end (a thread's share of a GEMM: threads split the panels, never the
-/// reduction); `after` is the first tile of the thread's next part, or of its share of
-/// `a.then` (the same split of that GEMM's panels) after the last.
+/// reduction); `after` is the first tile of the thread's next part, or after the last what
+/// `a.then` says the thread reads first next.
 template <typename Panels>
 static void for_each_segment_share(const LinearArgs& a, int64_t t, int64_t threads,
                                    const Panels& panels_of) {
@@ -703,8 +707,9 @@ static void for_each_segment_share(const LinearArgs& a, int64_t t, int64_t threa
     if (j + 1 < count) {
       after = first_tile(a.segments[parts[j + 1].segment].w, a.k, parts[j + 1].p0,
                          parts[j + 1].p1);
-    } else if (a.then != nullptr) {
-      after = first_tile_of_share(*a.then, t, threads);
+    } else if (a.then.first != nullptr) {
+      const LineRange next = a.then.first(a.then.what, t, threads);
+      after = {next.from, next.lines, 0};
     }
     panels_of(a.segments[parts[j].segment], parts[j].p0, parts[j].p1, after);
   }

@@ -63,9 +63,23 @@ struct LinearSegment {
   int64_t ldy;
 };
 
-/// The weights of the GEMM that runs after a GEMM (its segments' packs and widths, over k): a
-/// one-row GEMM asks for the first tile of this thread's share of them during its own last tile
-/// (decoder_linear.h linear_single_row). Never changes what is computed.
+/// Cache lines a thread asks for ahead of use: `lines` 64-byte lines from `from`.
+struct LineRange {
+  const char* from;
+  int64_t lines;
+};
+
+/// What runs after a GEMM, for a one-row GEMM to ask for during each thread's last tile: the
+/// first lines thread `thread` of `threads` reads there (the next GEMM's first tile, the
+/// attention's first key block), as `first(what, thread, threads)`. Never changes what is
+/// computed.
+struct LookAhead {
+  LineRange (*first)(const void* what, int64_t thread, int64_t threads);
+  const void* what;
+};
+
+/// The weights of a GEMM (its segments' packs and widths, over k): what a LookAhead of the
+/// GEMM before it points at (decoder_linear.h gemm_first_tile).
 struct GemmAhead {
   static constexpr int kMaxSegments = 3;
   PackedWeight w[kMaxSegments];
@@ -81,7 +95,7 @@ struct LinearArgs {
   int num_segments;
   float* widened;  ///< threads * linear_workspace_floats(k, m): see there
   int threads;
-  const GemmAhead* then = nullptr;  ///< the GEMM after this one, or nullptr
+  LookAhead then{};  ///< what runs after this GEMM (first: nullptr for nothing)
 };
 
 /// Bytes of packed panels a many-row GEMM keeps in L2 while every row tile passes over them
