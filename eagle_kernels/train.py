@@ -310,7 +310,8 @@ def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig, cached
     if head.kind == EAGLE1:
         hidden, _ = training.target_pass(target, ids)
         loss, regression, cross_entropy = training.eagle1_loss(head, target, hidden, ids, mask)
-        return loss, {"regression": float(regression), "ce": float(cross_entropy)}
+        return loss, {"regression": logged(float(regression), None),
+                      "ce": logged(float(cross_entropy), None)}
     if cached is not None:
         features, logits, argmax = cached
     else:
@@ -322,8 +323,17 @@ def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig, cached
                                           mask, steps=config.ttt_steps or default_ttt_steps(ids.device),
                                           loss_backend=config.loss_backend,
                                           target_temperature=config.target_temperature)
-    return result.loss, {"step_loss": [round(x, 4) for x in result.step_losses],
-                         "step_acc": [round(x, 4) for x in result.step_accuracy]}
+    return result.loss, {"step_loss": [logged(x) for x in result.step_losses],
+                         "step_acc": [logged(x) for x in result.step_accuracy]}
+
+
+def logged(value: float, digits: int | None = 4) -> float | None:
+    """A metric as the training log keeps it: rounded to ``digits`` (None: as is); None (JSON
+    null) where it is undefined, e.g. a TTT step with no trainable position in its batch (NaN,
+    which strict JSON readers refuse)."""
+    if not math.isfinite(value):
+        return None
+    return value if digits is None else round(value, digits)
 
 
 def learning_rate(config: TrainConfig, step: int, total: int) -> float:
@@ -448,7 +458,7 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
         step += 1
         record = {"step": step, "loss": round(float(loss.detach()), 4), "tokens": int(ids.numel()),
                   "seconds": round(time.time() - tick, 3), **metrics}
-        log.write(json.dumps(record) + "\n")
+        log.write(json.dumps(record, allow_nan=False) + "\n")  # strict JSON: see logged()
         log.flush()
         bar.set_postfix(loss=record["loss"], acc0=(metrics.get("step_acc") or [None])[0])
         bar.update()

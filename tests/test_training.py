@@ -468,3 +468,19 @@ def test_turns_keeps_the_first_exchanges():
     assert first_exchanges(chat, 1) == chat[:2]
     assert first_exchanges(chat, 2) == chat[:4]
     assert first_exchanges(chat, 5) == chat
+
+
+def test_a_step_with_no_trainable_position_logs_null_not_nan(target):
+    """The training log is strict JSON: a TTT step whose batch has no trainable position has no
+    loss (NaN inside), logged as null; json.dumps(..., allow_nan=False) refuses NaN."""
+    from eagle_kernels.train import TrainConfig, batch_loss, logged
+
+    head = new_draft_head(EAGLE3, target, seed=4).float()
+    ids, _ = random_batch(target, batch=2, length=12, seed=9)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, :4] = True  # positions 0..3: steps whose predicted token lies past them see none
+    _, metrics = batch_loss(head, target, ids, mask, TrainConfig(out="unused", ttt_steps=6))
+    assert None in metrics["step_loss"] and None in metrics["step_acc"]
+    json.loads(json.dumps(metrics, allow_nan=False))
+    assert logged(float("nan")) is None and logged(1.23456) == 1.2346
+    assert logged(1.23456, None) == 1.23456
