@@ -506,12 +506,17 @@ def test_a_batch_takes_context_drafts_only_where_verifying_them_is_cheap():
 
 def test_a_steps_progress_is_what_its_slowest_row_recorded_in_every_row():
     """The payoff check times a step by how far it moved the call: rows that recorded tokens
-    times the fewest any recorded (finished rows record none)."""
+    times the fewest any recorded (finished rows record none; rows cut short by an EOS do not
+    set the pace)."""
     from eagle_kernels.runtime.lookup import call_progress
 
     assert call_progress([3]) == 3
     assert call_progress([4, 1, 0, 2]) == 3
     assert call_progress([0, 0]) == 0
+    # A row an EOS cut short (1 recorded of the 4 it accepted) finishes: it holds nothing back.
+    assert call_progress([3, 1], produced=[3, 4]) == 6
+    assert call_progress([3, 1], produced=[3, 1]) == 2  # uncut: the slow row sets the pace
+    assert call_progress([1, 2], produced=[3, 3]) == 3  # every row cut: what they recorded
 
 
 def test_the_engine_costs_a_batch_by_its_rows(target):

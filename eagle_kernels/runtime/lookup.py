@@ -174,7 +174,8 @@ class ContextDrafts:
         for b, count in enumerate(counts):
             if count:
                 self.index.extend(b, rows[b][:count])
-        self._time(drafted, call_progress(counts), self.clock() - self._began)
+        produced = [a + 1 for a in accepted.tolist()]  # per row, before any EOS cut
+        self._time(drafted, call_progress(counts, produced), self.clock() - self._began)
 
     def _time(self, drafted: bool, tokens: int, seconds: float) -> None:
         """Record a step; after every LOOKUP_WINDOW drafted steps, pause drafting for
@@ -200,12 +201,20 @@ class ContextDrafts:
             self.call.stats.lookup_pauses += 1
 
 
-def call_progress(counts: list[int]) -> int:
+def call_progress(counts: list[int], produced: list[int] | None = None) -> int:
     """How far a step moved its call, in tokens: the rows that recorded tokens times the fewest
     any of them recorded (one row: its count). A batched call lasts as many steps as its slowest
-    row needs, so the tokens some rows accept beyond the others' do not make it finish sooner."""
+    row needs, so the tokens some rows accept beyond the others' do not make it finish sooner.
+    A row that recorded fewer than the step ``produced`` for it (an EOS or the length limit cut
+    it) finishes here and holds the call back no longer: the fewest is taken over the others
+    (every row cut: the tokens recorded)."""
     recorded = [count for count in counts if count]
-    return len(recorded) * min(recorded) if recorded else 0
+    if not recorded:
+        return 0
+    if produced is None:
+        return len(recorded) * min(recorded)
+    whole = [count for count, made in zip(counts, produced) if count and count >= made]
+    return len(recorded) * min(whole) if whole else sum(recorded)
 
 
 def chain_tree(root: torch.Tensor, drafts: list[list[int]]) -> ops.DraftTree:
