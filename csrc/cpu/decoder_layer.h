@@ -66,8 +66,8 @@ static void decoder_layer(const DecoderLayerArgs& a) {
                          a.in_features, a.in_features, a.eps, a.threads});
     attention_input = normed;
   }
-  // Each GEMM knows what runs next, so a one-row GEMM's last tile asks for the first lines
-  // each thread reads there (LookAhead): the attention's first key block after q/k/v (the
+  // Each GEMM knows what runs next, so each thread's last tile asks for the first lines it
+  // reads there (LookAhead): the attention's first key block after q/k/v (the
   // output projection's first tile where the attention does not split), the next GEMM's first
   // tile after the others, the next layer's q/k/v after the last (a.next_qkv).
   const AttentionArgs attention{q, a.k_cache, a.v_cache, a.lens, a.tree_mask, attended, a.batch,

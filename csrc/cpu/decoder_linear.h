@@ -454,11 +454,17 @@ static int single_row_panels_of(PackFormat format) {
 }
 
 /// The lines of the first one-row tile over panels [p0, p1) of pack `w` over k (none if empty).
-static Prefetch first_tile(PackedWeight w, int64_t k, int64_t p0, int64_t p1) {
-  if (p0 >= p1) return {};
+static LineRange first_tile(PackedWeight w, int64_t k, int64_t p0, int64_t p1) {
+  if (p0 >= p1) return {nullptr, 0};
   const int64_t tile = single_row_panels_of(w.format), bytes = panel_bytes(w.format, k);
   const int64_t panels = p1 - p0 < tile ? p1 - p0 : tile;
-  return {static_cast<const char*>(w.data) + p0 * bytes, panels * bytes / 64, 0};
+  return {static_cast<const char*>(w.data) + p0 * bytes, panels * bytes / 64};
+}
+
+/// `lines` asked for over a tile's `steps` k steps (see Prefetch).
+static Prefetch spread(LineRange lines, int64_t steps) {
+  if (lines.lines <= 0 || steps <= 0) return {};
+  return {lines.from, lines.lines, (lines.lines + steps - 1) / steps};
 }
 
 /// One row, panels [p0, p1) of a segment (pack `packed`): single_row_panels streams at a time,
@@ -469,9 +475,9 @@ static Prefetch first_tile(PackedWeight w, int64_t k, int64_t p0, int64_t p1) {
 /// with Q4 packs on AVX-512, 8.7 -> 5.8 ms on AVX2 (one process each way, alternating).
 template <typename WT>
 static void linear_single_row(const LinearArgs& a, TileRows x, const LinearSegment& s,
-                              const WT* packed, int64_t p0, int64_t p1, Prefetch after) {
+                              const WT* packed, int64_t p0, int64_t p1, LineRange then) {
   constexpr int kTile = single_row_panels<WT>();
-  after.per_k = (after.lines + a.k - 1) / a.k;
+  const Prefetch after = spread(then, a.k);
   for (int64_t p = p0; p < p1; p += kTile) {
     const int panels = static_cast<int>(p1 - p < kTile ? p1 - p : kTile);
     const int64_t col = p * kPanel;
@@ -490,10 +496,11 @@ static void linear_single_row(const LinearArgs& a, TileRows x, const LinearSegme
 /// Every row, panels [p0, p1) of a segment, one panel at a time, in groups of at most kFewRows
 /// rows (sizes differing by at most one) that each run one tile over the panel; the first group
 /// prefetches the next panel, spread over its k steps (these tiles are FMA-heavy enough that
-/// the hardware prefetcher alone lets DRAM idle). See kRowGroupsMaxRows.
+/// the hardware prefetcher alone lets DRAM idle), over the last panel `then` (the thread's next
+/// share, see linear_single_row). See kRowGroupsMaxRows.
 template <typename WT>
 static void linear_row_groups(const LinearArgs& a, TileRows x, const LinearSegment& s,
-                              const WT* packed, int64_t p0, int64_t p1, Prefetch after) {
+                              const WT* packed, int64_t p0, int64_t p1, LineRange then) {
   const int64_t groups = (a.m + kFewRows - 1) / kFewRows;
   const int64_t panel_elements = panel_size<WT>(a.k);
   const int64_t panel_lines = panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
@@ -506,8 +513,8 @@ static void linear_row_groups(const LinearArgs& a, TileRows x, const LinearSegme
       if (g == 0 && p + 1 < p1)
         ahead = {reinterpret_cast<const char*>(packed + (p + 1) * panel_elements), panel_lines,
                  (panel_lines + a.k - 1) / a.k};
-      else if (g == 0)  // the last panel: the thread's next share (see linear_single_row)
-        ahead = {after.from, after.lines, (after.lines + a.k - 1) / a.k};
+      else if (g == 0)  // the last panel: the thread's next share
+        ahead = spread(then, a.k);
       panel_tile_any<kFewRows, 1>(rows, 1, x.from(r), packed + p * panel_elements, a.k,
                                   s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col, s.ldy,
                                   s.n - col, ahead);
@@ -606,18 +613,19 @@ static void block_sums(const float* x, int64_t m, int64_t k, int64_t ldx, float*
 /// panels already in L2 (letting only the later tiles prefetch left the first one waiting on
 /// DRAM: 8 rows -2 %, with 96 KB blocks -6 %, measured before row groups). One row tile
 /// (M <= kRowTile) prefetches too: on a Zen 5 VM, Q4 packs, the decoder stack at 2-6 rows
-/// 8-10.5 -> 4.5-6.5 ms on AVX-512 (on the Zen 4 VM before, fp32 packs: +5-7 %). A narrow
+/// 8-10.5 -> 4.5-6.5 ms on AVX-512 (on the Zen 4 VM before, fp32 packs: +5-7 %). The last
+/// block prefetches `then` instead (the first one-row tile of the thread's next share). A narrow
 /// block read by several row tiles is first widened into this thread's buffer (widening
 /// in every tile cost ~25 % of these compute-bound GEMMs; row groups widen in every group,
 /// and still measured faster).
 template <typename WT>
 static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& s,
-                          const WT* packed, int64_t p0, int64_t p1, Prefetch after) {
-  if (a.m == 1) return linear_single_row(a, x, s, packed, p0, p1, after);
+                          const WT* packed, int64_t p0, int64_t p1, LineRange then) {
+  if (a.m == 1) return linear_single_row(a, x, s, packed, p0, p1, then);
   const int64_t groups_from = std::is_same_v<WT, float> ? kRowTile + 1 : kNarrowRowGroupsFrom;
   const int64_t groups_to = kBlockPacked<WT> ? kNarrowRowGroupsMaxRows : kRowGroupsMaxRows;
   if (a.m >= groups_from && a.m <= groups_to)
-    return linear_row_groups(a, x, s, packed, p0, p1, after);
+    return linear_row_groups(a, x, s, packed, p0, p1, then);
   // A full row tile over a Q4 / Q8 pack (not widened: M <= kRowTile) takes kNarrowPanelTile.
   const int tile = kBlockPacked<WT> && a.m == kRowTile ? kNarrowPanelTile
                    : kBlockPacked<WT> && a.m > kRowTile ? kLevelsPanelTile : kPanelTile;
@@ -628,8 +636,8 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
     int64_t next_lines = (n1 - b1) * panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
     const char* next = reinterpret_cast<const char*>(packed + b1 * panel_elements);
     if (b1 == p1) {  // the last block: the thread's next share (see linear_single_row)
-      next = after.from;
-      next_lines = after.lines;
+      next = then.from;
+      next_lines = then.lines;
     }
     if constexpr (!std::is_same_v<WT, float>) {
       if (a.m > kRowTile) {  // several row tiles read this block: widen it once
@@ -648,71 +656,68 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
   }
 }
 
-/// LookAhead::first of a GemmAhead: the first one-row tile of thread t's share (of `threads`)
-/// of its GEMM, split as for_each_segment_share splits a GEMM.
-static LineRange gemm_first_tile(const void* what, int64_t t, int64_t threads) {
-  const GemmAhead& g = *static_cast<const GemmAhead*>(what);
-  int64_t total = 0;
-  for (int i = 0; i < g.count; ++i) total += (g.n[i] + kPanel - 1) / kPanel;
-  const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
-  int64_t offset = 0;
-  for (int i = 0; i < g.count; ++i) {
-    const int64_t panels = (g.n[i] + kPanel - 1) / kPanel;
-    const int64_t p0 = begin > offset ? begin - offset : 0;
-    const int64_t p1 = end - offset < panels ? end - offset : panels;
-    if (p0 < p1) {
-      const Prefetch tile = first_tile(g.w[i], g.k, p0, p1);
-      return {tile.from, tile.lines};
-    }
-    offset += panels;
-  }
-  return {nullptr, 0};
+/// Thread t's share [begin, end) (of `threads`) of a GEMM's `total` panels, all segments end
+/// to end: threads split the panels, never the reduction.
+struct Share {
+  int64_t begin, end;
+};
+static Share thread_share(int64_t total, int64_t t, int64_t threads) {
+  return {total * t / threads, total * (t + 1) / threads};
 }
 
-/// Parts a thread's share of one GEMM is walked in with look-ahead (more run without).
-constexpr int kMaxShareParts = 16;
-
-/// panels(segment, p0, p1, after) for each segment's part of thread t's share of the panels of
-/// all segments end to end (a thread's share of a GEMM: threads split the panels, never the
-/// reduction); `after` is the first tile of the thread's next part, or after the last what
-/// `a.then` says the thread reads first next.
-template <typename Panels>
-static void for_each_segment_share(const LinearArgs& a, int64_t t, int64_t threads,
-                                   const Panels& panels_of) {
-  int64_t total = 0;  // panels of all segments end to end
-  for (int i = 0; i < a.num_segments; ++i) total += (a.segments[i].n + kPanel - 1) / kPanel;
-  const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
-  struct Part {
-    int segment;
-    int64_t p0, p1;
-  };
-  Part parts[kMaxShareParts];
-  int count = 0;
+/// part(i, p0, p1) for each segment i of `count` (width_of(i) columns each, end to end) that
+/// has panels [p0, p1) in `share`, in segment order; stops when part returns false.
+template <typename Width, typename Part>
+static void share_parts(int count, const Width& width_of, int64_t t, int64_t threads,
+                        const Part& part) {
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) total += (width_of(i) + kPanel - 1) / kPanel;
+  const Share share = thread_share(total, t, threads);
   int64_t offset = 0;
-  for (int i = 0; i < a.num_segments; ++i) {
-    const int64_t panels = (a.segments[i].n + kPanel - 1) / kPanel;
-    const int64_t p0 = begin > offset ? begin - offset : 0;
-    const int64_t p1 = end - offset < panels ? end - offset : panels;
-    if (p0 < p1) {
-      if (count == static_cast<int>(sizeof(parts) / sizeof(parts[0]))) {  // rare: run it now
-        panels_of(a.segments[i], p0, p1, Prefetch{});
-      } else {
-        parts[count++] = {i, p0, p1};
-      }
-    }
+  for (int i = 0; i < count; ++i) {
+    const int64_t panels = (width_of(i) + kPanel - 1) / kPanel;
+    const int64_t p0 = share.begin > offset ? share.begin - offset : 0;
+    const int64_t p1 = share.end - offset < panels ? share.end - offset : panels;
+    if (p0 < p1 && !part(i, p0, p1)) return;
     offset += panels;
   }
-  for (int j = 0; j < count; ++j) {
-    Prefetch after;
-    if (j + 1 < count) {
-      after = first_tile(a.segments[parts[j + 1].segment].w, a.k, parts[j + 1].p0,
-                         parts[j + 1].p1);
-    } else if (a.then.first != nullptr) {
-      const LineRange next = a.then.first(a.then.what, t, threads);
-      after = {next.from, next.lines, 0};
-    }
-    panels_of(a.segments[parts[j].segment], parts[j].p0, parts[j].p1, after);
-  }
+}
+
+/// LookAhead::first of a GemmAhead: the first one-row tile of thread t's share (of `threads`)
+/// of its GEMM.
+static LineRange gemm_first_tile(const void* what, int64_t t, int64_t threads) {
+  const GemmAhead& g = *static_cast<const GemmAhead*>(what);
+  LineRange first{nullptr, 0};
+  share_parts(g.count, [&](int i) { return g.n[i]; }, t, threads,
+              [&](int i, int64_t p0, int64_t p1) {
+    first = first_tile(g.w[i], g.k, p0, p1);
+    return false;
+  });
+  return first;
+}
+
+/// panels(segment, p0, p1, then) for each segment's part of thread t's share of a GEMM; with
+/// kLookAhead `then` is the first tile of the thread's next part, after the last what `a.then`
+/// says the thread reads first next (without, or where nothing follows: none).
+template <bool kLookAhead, typename Panels>
+static void for_each_segment_share(const LinearArgs& a, int64_t t, int64_t threads,
+                                   const Panels& panels_of) {
+  int pending = -1;  // the part found last runs once the next one (its look-ahead) is known
+  int64_t q0 = 0, q1 = 0;
+  share_parts(a.num_segments, [&](int i) { return a.segments[i].n; }, t, threads,
+              [&](int i, int64_t p0, int64_t p1) {
+    if (pending >= 0)
+      panels_of(a.segments[pending], q0, q1,
+                kLookAhead ? first_tile(a.segments[i].w, a.k, p0, p1) : LineRange{nullptr, 0});
+    pending = i;
+    q0 = p0;
+    q1 = p1;
+    return true;
+  });
+  if (pending < 0) return;
+  const bool then = kLookAhead && a.then.first != nullptr;
+  panels_of(a.segments[pending], q0, q1,
+            then ? a.then.first(a.then.what, t, threads) : LineRange{nullptr, 0});
 }
 
 /// The GEMM over every pack format (linear_int8.h's `linear` calls it).
@@ -732,16 +737,17 @@ static void linear_packed(const LinearArgs& a) {
       block_sums(a.x, a.m, a.k, a.ldx, sums);
       x.sums = sums;
     }
-    for_each_segment_share(a, t, threads,
-                           [&](const LinearSegment& s, int64_t p0, int64_t p1, Prefetch after) {
+    for_each_segment_share<true>(a, t, threads,
+                                 [&](const LinearSegment& s, int64_t p0, int64_t p1,
+                                     LineRange then) {
       if (s.w.format == PackFormat::kBf16)
-        linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1, after);
+        linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1, then);
       else if (s.w.format == PackFormat::kQ4)
-        linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1, after);
+        linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1, then);
       else if (s.w.format == PackFormat::kQ8)
-        linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1, after);
+        linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1, then);
       else
-        linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1, after);
+        linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1, then);
     });
   }
 }

@@ -69,10 +69,10 @@ struct LineRange {
   int64_t lines;
 };
 
-/// What runs after a GEMM, for a one-row GEMM to ask for during each thread's last tile: the
-/// first lines thread `thread` of `threads` reads there (the next GEMM's first tile, the
-/// attention's first key block), as `first(what, thread, threads)`. Never changes what is
-/// computed.
+/// What runs after a GEMM, for the GEMM to ask for during each thread's last tile (or block, or
+/// panel): the first lines thread `thread` of `threads` reads there (the next GEMM's first
+/// tile, the attention's first key block), as `first(what, thread, threads)`. Never changes
+/// what is computed.
 struct LookAhead {
   LineRange (*first)(const void* what, int64_t thread, int64_t threads);
   const void* what;

@@ -406,14 +406,15 @@ static void linear_int8(const LinearArgs& a, bool wide) {
 #pragma omp parallel num_threads(a.threads) if (a.m * a.k * columns >= kParallelMinMacs)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
+    const Share share = thread_share(total, t, threads);
     float* own = a.widened + t * linear_workspace_floats(a.k, a.m);
     const QuantizedRows xq =
         quantized_rows(own + linear_int8_offset_floats(a.k, a.m), a.m, a.k, wide);
-    if (begin < end) quantize_rows(a.x, a.m, a.ldx, xq, vnni);  // each thread its own copy
+    if (share.begin < share.end)  // each thread its own copy
+      quantize_rows(a.x, a.m, a.ldx, xq, vnni);
     // (no look-ahead here: int8_panels asks for its own blocks ahead)
-    for_each_segment_share(a, t, threads,
-                           [&](const LinearSegment& s, int64_t p0, int64_t p1, Prefetch) {
+    for_each_segment_share<false>(a, t, threads,
+                                  [&](const LinearSegment& s, int64_t p0, int64_t p1, LineRange) {
       if (s.w.format == PackFormat::kQ4)
         int8_panels<true>(a, xq, s, p0, p1, vnni);
       else
