@@ -378,3 +378,20 @@ def test_choose_tree_measures_again_only_the_trees_that_can_pay(target, monkeypa
     policy = choose_tree(target, None, trees=trees, repeats=5)
     kept = [trees[0], trees[1], trees[3]]
     assert asked == [(list(trees), 1), (kept, 5)] and policy.trees == kept
+
+
+def test_no_probe_where_no_tree_could_pay_even_at_a_high_alpha():
+    """A probe call speculates to re-learn acceptance; where no tree would pay even at
+    PROBE_ALPHA (here a batch of 8 on a compute-bound device: a forward costs 2 ms + 2 ms a row,
+    so a 1/1/2 cycle costs 1.9 plain steps of 8 rows), it would only lose time: no call
+    speculates. At batch 1 (a cycle 1.6 steps) the probes go on, the first at once."""
+    from eagle_kernels.runtime.tree_budget import PROBE_EVERY
+
+    chain = TreeConfig(1, 1, 2)
+    policy = AdaptiveTree({chain: CycleCost(0.0005, 0.006)}, prior_alpha=0.5,
+                          step_seconds=0.004, online_timing=False)
+    assert not any(policy.start_call(8) for _ in range(3 * PROBE_EVERY))
+    assert not policy.could_pay() and policy.call_batch == 8
+    assert policy.start_call(1) and policy.could_pay()  # overdue: probes at once
+    calls = [policy.start_call(1) for _ in range(2 * PROBE_EVERY)]
+    assert calls.count(True) == 2 and not policy.worth_speculating()

@@ -54,6 +54,7 @@ PRIOR_ALPHA = 0.5  # before any observation: a mediocre head
 PRIOR_WEIGHT = 8  # cycles' worth of evidence the prior counts for
 REPICK_EVERY = 4  # cycles between re-picks
 PROBE_EVERY = 4  # calls: a call speculates at least this often, to keep learning acceptance
+PROBE_ALPHA = 0.9  # ... where some tree would pay at this acceptance (better than heads show)
 GAIN_TO_SPECULATE = 1.02  # expected rate over plain decoding's below which a call decodes plainly
 MEMORY = 64  # cycles of history the estimate keeps (acceptance drifts along a reply)
 TIMING_WINDOW = 16  # recent wall-clock timings kept per tree and for the plain step
@@ -216,7 +217,8 @@ class AdaptiveTree:
     With ``step_seconds`` (a plain decoding step) it also says when no tree is worth it
     (:meth:`worth_speculating`): a head that accepts too little, on a device where a verify pass
     costs more than a decode step, makes speculation slower than plain decoding, and the engine
-    then decodes plainly (probing every :data:`PROBE_EVERY` calls so the estimate keeps up).
+    then decodes plainly (probing every :data:`PROBE_EVERY` calls so the estimate keeps up, where
+    a better acceptance could change the decision: :meth:`could_pay`).
 
     Costs: what decides is a cycle's cost in plain steps of the same moment (a 3-node cycle
     costs ~1.17 steps here when memory is slow, ~1.40 when it is fast: comparing a cycle timed
@@ -476,13 +478,26 @@ class AdaptiveTree:
             self._worth = (self.call_batch, self.rate(self.best()) * step >= GAIN_TO_SPECULATE)
         return self._worth[1]
 
+    def could_pay(self) -> bool:
+        """Whether some tree would beat plain decoding by GAIN_TO_SPECULATE at the call's batch
+        if the head accepted PROBE_ALPHA: where none would, what a probe could learn about
+        acceptance cannot change the decision (on a 2-core CPU at batch 4 and more a 1/1/2
+        cycle costs ~1.9 plain steps, for at most 1.9 tokens at that alpha)."""
+        step = self.plain_step_seconds()
+        if step is None:
+            return True
+        best = max(self.rate(tree, PROBE_ALPHA) for tree in self.costs)
+        return best * step >= GAIN_TO_SPECULATE
+
     def start_call(self, batch: int | None = None) -> bool:
         """Whether a new call of ``batch`` sequences (default: the measured ``batch``) should
-        speculate: when worth it at that batch, and every PROBE_EVERY calls."""
+        speculate: when worth it at that batch, and every PROBE_EVERY calls where a better
+        acceptance could make it worth it (:meth:`could_pay`)."""
         self.call_batch = batch
         self._calls_since_probe += 1
         self._worth = None  # plain steps timed since the last decision count
-        if self.worth_speculating() or self._calls_since_probe >= PROBE_EVERY:
+        if self.worth_speculating() or (self._calls_since_probe >= PROBE_EVERY
+                                        and self.could_pay()):
             self._calls_since_probe = 0
             self.current = self.best()
             self._since_pick = 0  # a call sees REPICK_EVERY cycles before it may fall back
