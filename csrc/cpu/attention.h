@@ -487,19 +487,19 @@ static void prefix_units(const AttentionArgs& a, int64_t per_unit, bool whole, i
   }
 }
 
-/// Rows of this thread's first unit of prefix_units(per_unit, whole) in `cache` (every KV
-/// head), or none.
-static LineRange first_unit_rows(const AttentionArgs& a, const float* cache, int64_t per_unit,
-                                 bool whole, int64_t thread, int64_t threads) {
-  const int64_t row = a.kv_heads * a.head_dim;
-  LineRange range{nullptr, 0};
+/// This thread's first unit of prefix_units(per_unit, whole): rows [t0, t0 + keys) of
+/// sequence b (keys 0: none).
+struct PrefixUnit {
+  int64_t b, t0, keys;
+};
+static PrefixUnit first_prefix_unit(const AttentionArgs& a, int64_t per_unit, bool whole,
+                                    int64_t thread, int64_t threads) {
+  PrefixUnit unit{0, 0, 0};
   prefix_units(a, per_unit, whole, thread, threads,
                [&](int64_t b, int64_t t0, int64_t keys, int64_t, bool first, bool) {
-    if (first)
-      range = {reinterpret_cast<const char*>(cache + (b * a.max_len + t0) * row),
-               keys * row * static_cast<int64_t>(sizeof(float)) / 64};
+    if (first) unit = {b, t0, keys};
   });
-  return range;
+  return unit;
 }
 
 /// LookAhead::first of an AttentionArgs: the first key block thread t scores in
@@ -508,7 +508,10 @@ static LineRange first_unit_rows(const AttentionArgs& a, const float* cache, int
 static LineRange attention_first_keys(const void* what, int64_t t, int64_t threads) {
   const AttentionArgs& a = *static_cast<const AttentionArgs*>(what);
   if (!attention_splits(a.queries, threads)) return {nullptr, 0};
-  return first_unit_rows(a, a.k_cache, kAttentionKeyBlock, false, t, threads);
+  const int64_t row = a.kv_heads * a.head_dim;  // every KV head's: whole rows, contiguous
+  const PrefixUnit unit = first_prefix_unit(a, kAttentionKeyBlock, false, t, threads);
+  return {reinterpret_cast<const char*>(a.k_cache + (unit.b * a.max_len + unit.t0) * row),
+          unit.keys * row * static_cast<int64_t>(sizeof(float)) / 64};
 }
 
 /// This thread's share of the prefix scores: a contiguous run of (sequence, key block) units,
@@ -524,11 +527,11 @@ static void split_prefix_scores(const AttentionArgs& a, const SplitLayout& l, in
     if (first) prefetch_rows(rows, t0, t0 + keys, row, row);
     BlockAhead ahead = block_ahead(rows, t0 + keys, next_end, row, row, parts);
     if (last) {
-      const LineRange values =
-          first_unit_rows(a, a.v_cache, kAttentionValueBlock, true, thread, threads);
-      if (values.lines > 0)  // whole rows, contiguous: one row of `lines` x 16 floats
-        ahead = block_ahead(reinterpret_cast<const float*>(values.from), 0, values.lines,
-                            kLineFloats, kLineFloats, parts);
+      const PrefixUnit values =
+          first_prefix_unit(a, kAttentionValueBlock, true, thread, threads);
+      if (values.keys > 0)
+        ahead = block_ahead(a.v_cache + values.b * a.max_len * row, values.t0,
+                            values.t0 + values.keys, row, row, parts);
     }
     split_block_scores(a, l, b, t0, keys, ahead);
   });

@@ -266,13 +266,15 @@ void decoder_stack(const std::vector<std::uintptr_t>& layers,
     p[24] = shared[5];
     p[25] = shared[6];
     cpu::GemmAhead next_qkv{};  // the next layer's q/k/v weights (see GemmAhead)
+    const cpu::GemmAhead* ahead = nullptr;
     if (i + 1 < depth) {
       const std::uintptr_t* next = own + kStackLayerPointers;
       next_qkv = {{cpu::packed_weight(next[2]), cpu::packed_weight(next[3]),
                    cpu::packed_weight(next[4])},
                   {n[5] * n[7], n[6] * n[7], n[6] * n[7]}, 3, n[2]};
+      ahead = &next_qkv;
     }
-    run_decoder_layer(p, n, eps, scale, count, i + 1 < depth ? &next_qkv : nullptr);
+    run_decoder_layer(p, n, eps, scale, count, ahead);
     input = output;
   }
   if (final_norm != 0) {  // in place: each row's sum of squares is read before it is written
