@@ -207,12 +207,11 @@ def call_progress(counts: list[int], produced: list[int] | None = None) -> int:
     row needs, so the tokens some rows accept beyond the others' do not make it finish sooner.
     A row that recorded fewer than the step ``produced`` for it (an EOS or the length limit cut
     it) finishes here and holds the call back no longer: the fewest is taken over the others
-    (every row cut: the tokens recorded)."""
+    (every row cut: the tokens recorded). ``produced`` None: no row was cut."""
     recorded = [count for count in counts if count]
     if not recorded:
         return 0
-    if produced is None:
-        return len(recorded) * min(recorded)
+    produced = counts if produced is None else produced
     whole = [count for count, made in zip(counts, produced) if count and count >= made]
     return len(recorded) * min(whole) if whole else sum(recorded)
 

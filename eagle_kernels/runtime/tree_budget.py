@@ -475,8 +475,13 @@ class AdaptiveTree:
         if step is None:
             return True
         if self._worth is None or self._worth[0] != self.call_batch:
-            self._worth = (self.call_batch, self.rate(self.best()) * step >= GAIN_TO_SPECULATE)
+            self._worth = (self.call_batch, self._some_tree_pays(self.alpha(), step))
         return self._worth[1]
+
+    def _some_tree_pays(self, alpha: float, step: float) -> bool:
+        """Whether the best tree's rate at ``alpha`` beats plain steps of ``step`` seconds by
+        GAIN_TO_SPECULATE."""
+        return max(self.rate(tree, alpha) for tree in self.costs) * step >= GAIN_TO_SPECULATE
 
     def could_pay(self) -> bool:
         """Whether some tree would beat plain decoding by GAIN_TO_SPECULATE at the call's batch
@@ -484,10 +489,7 @@ class AdaptiveTree:
         acceptance cannot change the decision (on a 2-core CPU at batch 4 and more a 1/1/2
         cycle costs ~1.9 plain steps, for at most 1.9 tokens at that alpha)."""
         step = self.plain_step_seconds()
-        if step is None:
-            return True
-        best = max(self.rate(tree, PROBE_ALPHA) for tree in self.costs)
-        return best * step >= GAIN_TO_SPECULATE
+        return step is None or self._some_tree_pays(PROBE_ALPHA, step)
 
     def start_call(self, batch: int | None = None) -> bool:
         """Whether a new call of ``batch`` sequences (default: the measured ``batch``) should
