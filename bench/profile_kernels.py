@@ -75,7 +75,7 @@ def _attention_call(backend: str, variant: str | None = None):
         return ops.tree_attention(q, k, v, lens, mask, backend=backend)
     if variant is None:
         return call
-    return lambda: with_constants(ba.attention, ba.TRITON_VARIANTS[variant], call)
+    return lambda: with_constants(ba.attention_triton, ba.TRITON_VARIANTS[variant], call)
 
 
 def _linear_call(backend: str, variant: str | None = None):

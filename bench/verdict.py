@@ -29,7 +29,11 @@ Schema of ``verdict.json`` (``schema`` 1)::
      "kernels": [{"op", "backend", "dtype", "proven": bool, "check": "correct|wrong|error|not
                   run", "max_error": float|null, "gpu_tests": "P passed, F failed",
                   "memcheck": "clean|failed|not run", "speedup_vs_torch": float|null,
-                  "auto": bool, "detail": str}]}
+                  "auto": bool, "detail": str, "revision": int}]}
+
+``revision``: the kernel's code revision (``eagle_kernels.ops._backend.KERNEL_REVISIONS``) the
+run proved; an entry of an older revision (or none, read as 1) keeps a rewritten kernel out of
+``auto``.
 """
 
 from __future__ import annotations
@@ -176,7 +180,7 @@ def _tests_for(tally, op: str, backend: str) -> tuple[int, int]:
 
 def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dict:
     """The verdict from the evidence in ``folders`` (see the module docstring)."""
-    from eagle_kernels.ops._backend import verdict_allows
+    from eagle_kernels.ops._backend import kernel_revision, verdict_allows
 
     checks, device = kernel_checks(folders)
     tally, memchecks, timed = test_tally(folders), memcheck_statuses(folders), speedups(folders)
@@ -193,7 +197,8 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
                      gpu_tests=f"{passed} passed, {failed} failed", memcheck=memcheck,
                      speedup_vs_torch=_speedup(timed.get((row["op"], row["backend"]), []),
                                                row["dtype"]),
-                     detail=row.get("detail", ""))
+                     detail=row.get("detail", ""),
+                     revision=kernel_revision(row["op"], row["backend"]))
         entry["auto"] = verdict_allows(entry)
         kernels.append(entry)
     return {"schema": SCHEMA, "gpu": gpu, "device": device,

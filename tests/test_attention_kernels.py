@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle_kernels import ops
-from eagle_kernels.ops import attention, reference
+from eagle_kernels.ops import attention, attention_triton, reference
 
 from conftest import chain_parents, random_parents
 from cuda_support import (_import_extension, _missing_extension, gpu_when_present, needs_gpu,
@@ -93,7 +93,8 @@ def run_triton(q, k, v, lens, mask, tree_keys=None, num_splits=None):
     tree_keys = q.shape[1] if tree_keys is None else tree_keys
     if num_splits is None:
         return ops.tree_attention(q, k, v, lens, mask, num_tree_keys=tree_keys, backend="triton")
-    return attention._tree_attention_triton(q, k, v, lens, mask, None, tree_keys, num_splits)
+    return attention_triton._tree_attention_triton(q, k, v, lens, mask, None, tree_keys,
+                                                  num_splits)
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,10 +237,29 @@ def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch):
     q, k, v, lens, mask = make_case(gen, 1, 24, 517, 9, 3, 64, torch.float32, parents=parents,
                                     device=TRITON_DEVICE)
     want = run_triton(*decode_steps(q, k, v, lens, parents, 0)).squeeze(1)
-    monkeypatch.setattr(attention, "ORDERED_MAX_TREE_KEYS", 0)
+    monkeypatch.setattr(attention_triton, "ORDERED_MAX_TREE_KEYS", 0)
     out = run_triton(q, k, v, lens, mask)
     differ = sum(not torch.equal(out[0, i], want[i]) for i in range(24))
     assert differ >= 12, (differ, seed_note(gen))
+
+
+@gpu_when_present
+@pytest.mark.parametrize("programs_per_sm, run", [(0.001, 3), (0.1, 2)])
+def test_splits_per_program_change_no_bit(gen, monkeypatch, programs_per_sm, run):
+    """The ordered first pass may run several splits per program (few programs per SM): each
+    split still starts from a fresh state and is stored alone, so the output is bit for bit the
+    one-split-per-program output (0.001: the three splits of a row tile in one program; 0.1:
+    runs of two). Exact, so no false failures; power: a state carried from one split into the next
+    (the bug this guards) changes every row whose prefix spans two splits (L 517: three)."""
+    q, k, v, lens, mask = make_case(gen, 2, 9, 517, 8, 2, 32, torch.float32,
+                                    device=TRITON_DEVICE)
+    units = 2 * 2 * 3  # sequences x KV heads x row tiles (9 queries x 4 heads in tiles of 16)
+    monkeypatch.setattr(attention_triton, "PREFIX_PROGRAMS_PER_SM", 1e9)
+    assert attention_triton.splits_per_program(units, 3, q.device) == 1
+    want = run_triton(q, k, v, lens, mask)
+    monkeypatch.setattr(attention_triton, "PREFIX_PROGRAMS_PER_SM", programs_per_sm)
+    assert attention_triton.splits_per_program(units, 3, q.device) == run
+    assert torch.equal(run_triton(q, k, v, lens, mask), want), seed_note(gen)
 
 
 def test_split_count_heuristic():
@@ -255,9 +275,9 @@ def test_ordered_split_positions_follow_the_capacity_bucket_only():
     """Triton ordered calls: 256-key splits for every cache of up to 8192 keys, then the
     capacity's power of two / 32 (a 32-wide key block for 256-wide heads divides them too)."""
     for max_len in (1, 300, 8192):
-        assert attention.split_keys_for(max_len, 64) == 256
-    assert attention.split_keys_for(8193, 64) == attention.split_keys_for(16384, 64) == 512
-    assert attention.split_keys_for(100_000, 32) == 4096
+        assert attention_triton.split_keys_for(max_len, 64) == 256
+    assert attention_triton.split_keys_for(8193, 64) == attention_triton.split_keys_for(16384, 64) == 512
+    assert attention_triton.split_keys_for(100_000, 32) == 4096
 
 
 def test_triton_backend_rejects_huge_heads(gen):
@@ -364,7 +384,7 @@ def test_gpu_full_grid(gen, backend, dtype, head_dim, q_heads, kv_heads, prefix,
 @pytest.mark.parametrize("num_splits", [1, 4, 32])
 def test_gpu_forced_splits_and_draft_frontier(gen, backend, num_splits):
     gpu_backend(backend)
-    launch = {"triton": attention._tree_attention_triton,
+    launch = {"triton": attention_triton._tree_attention_triton,
               "cuda": attention._tree_attention_cuda}[backend]
     for num_queries, tree_keys in ((60, 60), (10, 70)):
         q, k, v, lens, mask = make_case(gen, 3, num_queries, 4097, 32, 8, 128, torch.bfloat16,

@@ -89,12 +89,26 @@ def test_the_newest_verdict_counts_and_unproven_or_slower_stays_torch(monkeypatc
     assert not _backend.verdict_allows({"proven": True, "speedup_vs_torch": None})
 
 
+def test_a_rewritten_kernel_leaves_auto_until_a_run_proves_its_revision(monkeypatch):
+    """A verdict proves the code it ran: an entry without a revision (read as 1) or of an older
+    one does not let a kernel rewritten since into auto; the current revision does."""
+    allows = _backend.verdict_allows
+    entry = {"op": "tree_attention", "backend": "triton", "proven": True}
+    monkeypatch.setitem(_backend.KERNEL_REVISIONS, ("tree_attention", "triton"), 3)
+    assert not allows(entry) and not allows({**entry, "revision": 2})
+    assert allows({**entry, "revision": 3})
+    monkeypatch.delitem(_backend.KERNEL_REVISIONS, ("tree_attention", "triton"))
+    assert allows(entry)
+
+
 def test_row_invariant_ops_join_auto_by_invariance_not_speed():
     """linear / rms_norm / tree_attention: the proven triton kernel joins auto even when slower
     than torch (lossless by construction), a faster kernel that is not row-invariant never."""
     allows = _backend.verdict_allows
     for op in ("linear", "rms_norm", "tree_attention"):
-        assert allows({"op": op, "backend": "triton", "proven": True, "speedup_vs_torch": 0.7})
+        revision = _backend.kernel_revision(op, "triton")
+        assert allows({"op": op, "backend": "triton", "proven": True, "speedup_vs_torch": 0.7,
+                       "revision": revision})
         assert not allows({"op": op, "backend": "triton", "proven": False,
                            "speedup_vs_torch": 3.0})
         assert not allows({"op": op, "backend": "cuda", "proven": True, "speedup_vs_torch": 3.0})
@@ -108,7 +122,8 @@ def test_row_invariant_ops_join_auto_together_or_not_at_all(monkeypatch, tmp_pat
     one on cuBLAS would round a verify pass differently from a decode step."""
     def write(proven_norm: bool, date: str):
         kernels = [dict(op=op, backend="triton", dtype="bfloat16", speedup_vs_torch=0.8,
-                        proven=proven_norm or op != "rms_norm")
+                        proven=proven_norm or op != "rms_norm",
+                        revision=_backend.kernel_revision(op, "triton"))
                    for op in ("linear", "rms_norm", "tree_attention")]
         (tmp_path / f"{date}_x").mkdir()
         (tmp_path / f"{date}_x" / "verdict.json").write_text(json.dumps(

@@ -13,14 +13,16 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from eagle_kernels.ops import (acceptance, attention, decoder_triton, kv, loss, sampling,  # noqa: E402
-                               topk, tree)
+from eagle_kernels.ops import (acceptance, attention_triton, decoder_triton, kv, loss,  # noqa: E402
+                               sampling, topk, tree)
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 H100_SHARED_BYTES = 232448  # 227 KiB: the most shared memory one block may use on sm_90
 TOO_MUCH_SHARED = []
-# launched with attention.EXACT_ROUNDING (no multiply-add contraction)
-EXACT_ROUNDING_KERNELS = (attention._tree_attention_kernel, attention._merge_splits_kernel)
+# launched with attention_triton.EXACT_ROUNDING (no multiply-add contraction)
+EXACT_ROUNDING_KERNELS = (attention_triton._prefix_splits_kernel, attention_triton._tree_tail_kernel,
+                          attention_triton._tree_attention_kernel,
+                          attention_triton._merge_splits_kernel)
 
 
 def build(fn, signature, constexprs, label="default"):
@@ -112,26 +114,36 @@ variants(kv._compact_kv_kernel,
 ATTENTION_ARGS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
     "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "num_queries": "i32",
-    "q_heads": "i32", "tree_keys": "i32", "words": "i32", "num_splits": "i32",
-    "split_keys": "i32", "max_len": "i32", "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32",
-    "stride_qh": "i32", "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
+    "q_heads": "i32", "tree_keys": "i32", "words": "i32", "num_splits": "i32", "max_len": "i32",
+    "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32", "stride_qh": "i32",
+    "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
+PREFIX_ARGS = {k: v for k, v in ATTENTION_ARGS.items() if k not in ("mask_ptr", "out_ptr", "words")}
+PREFIX_ARGS.update({"split_run": "i32", "split_keys": "i32"})
+TAIL_ARGS = {**ATTENTION_ARGS, "slots_ptr": "*i32", "split_keys": "i32"}
 FP32_ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "out_ptr": "*fp32",
                   "DOT_PRECISION": "ieee"}
-variants(attention._tree_attention_kernel, ATTENTION_ARGS,
-         {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 16, "BLOCK_N": 64,
-          "BLOCK_T": 64, "ORDERED": True, "SPLIT": True, "DOT_PRECISION": "tf32",
-          "UPCAST": False},
-         head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64},
+ORDERED = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 16, "BLOCK_N": 64,
+           "DOT_PRECISION": "tf32", "UPCAST": False}
+variants(attention_triton._prefix_splits_kernel, PREFIX_ARGS, ORDERED,
+         head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64, "GROUP": 3},
+         head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
+         ones={"GROUP": 1, "split_run": 1, "num_splits": 1},
+         fp32={k: v for k, v in FP32_ATTENTION.items() if k != "out_ptr"})
+variants(attention_triton._tree_tail_kernel, TAIL_ARGS, {**ORDERED, "BLOCK_T": 64},
+         head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64, "GROUP": 3},
          head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32, "BLOCK_T": 256},
-         no_split_ones={"SPLIT": False, "num_splits": 1, "words": 1, "GROUP": 1,
-                        "BLOCK_T": 1},
-         prefill_chain={"ORDERED": False, "BLOCK_M": 64, "BLOCK_T": 1, "split_keys": 1},
+         ones={"GROUP": 1, "num_splits": 1, "words": 1, "num_queries": 1, "tree_keys": 1,
+               "BLOCK_T": 1},
          fp32={**FP32_ATTENTION},
-         fp32_head_dim_256={**FP32_ATTENTION, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
-         fp16_head_dim_64_unordered={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",
-                                     "out_ptr": "*fp16", "HEAD_DIM": 64, "BLOCK_D": 64,
-                                     "BLOCK_M": 32, "ORDERED": False})
-variants(attention._merge_splits_kernel,
+         fp16_head_dim_64={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",
+                           "out_ptr": "*fp16", "HEAD_DIM": 64, "BLOCK_D": 64})
+variants(attention_triton._tree_attention_kernel, ATTENTION_ARGS,
+         {**ORDERED, "BLOCK_M": 64, "SPLIT": True},
+         no_split_ones={"SPLIT": False, "num_splits": 1, "words": 1, "GROUP": 1, "BLOCK_M": 16},
+         fp32={**FP32_ATTENTION, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
+         fp16_head_dim_64={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",
+                           "out_ptr": "*fp16", "HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_M": 32})
+variants(attention_triton._merge_splits_kernel,
          {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32",
           "rows_per_batch": "i32"},
          {"HEAD_DIM": 128, "BLOCK_D": 128, "UPCAST": False},

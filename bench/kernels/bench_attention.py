@@ -16,7 +16,9 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
   contexts): the Triton kernel with its row-invariant tile of TRITON_BLOCK_M rows set to 32 / 64
   (still row-invariant: one tile shape for every call) or with the tree keys walked in slot
   order by FA2-like tiles (not row-invariant): what the invariance costs, and which fixed tile
-  to take, measured in one run; ``triton_s1`` / ``triton_s4``: the ordered kernel with 1 / 4 key
+  to take, measured in one run; ``triton_p1`` / ``triton_p16``: its first pass aiming at 1 / 16
+  programs per SM instead of PREFIX_PROGRAMS_PER_SM (how many splits a program runs: no
+  arithmetic changes); ``triton_s1`` / ``triton_s4``: the ordered kernel with 1 / 4 key
   splits instead of its capacity's (17 at 4k: whether the split count is what costs);
   ``triton_decode``: its call for one query (a decode step's attention, against decode_sdpa).
 
@@ -46,14 +48,16 @@ from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # no
                     plot_rows, time_fn, timing_columns, with_constants)
 
 from eagle_kernels import ops  # noqa: E402
-from eagle_kernels.ops import attention, reference  # noqa: E402
+from eagle_kernels.ops import attention_triton, reference  # noqa: E402
 from eagle_kernels.ops._backend import backend_status  # noqa: E402
 
 MODELS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64), "smoke": (4, 2, 16)}
 NUM_NODES = 60
-# Triton variants (module constants of ops.attention set around the call), on these shapes only
+# Triton variants (module constants of ops.attention_triton set around the call), on these shapes only
 TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32}, "triton_m64": {"TRITON_BLOCK_M": 64},
-                   "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0}}
+                   "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0},
+                   "triton_p1": {"PREFIX_PROGRAMS_PER_SM": 1},
+                   "triton_p16": {"PREFIX_PROGRAMS_PER_SM": 16}}
 # The ordered kernel with num_splits set (its default: splits of split_keys_for(max_len) keys,
 # 17 at 4k), and ``triton_decode``: its one-query call, a decode step's attention.
 SPLIT_VARIANTS = (1, 4)
@@ -115,12 +119,13 @@ def methods(case, context, device, variants=False):
                                                                    backend=b), "")
     if variants and "triton" in found:
         for name, constants in TRITON_VARIANTS.items():
-            found[name] = (lambda c=constants: with_constants(attention, c, found["triton"][0]),
+            found[name] = (lambda c=constants: with_constants(attention_triton, c,
+                                                             found["triton"][0]),
                            " ".join(f"{k}={v}" for k, v in constants.items()))
         for splits in SPLIT_VARIANTS:  # fewer, longer key splits than the capacity's
             found[f"triton_s{splits}"] = (
-                lambda s=splits: attention._tree_attention_triton(q, k, v, lens, mask, None,
-                                                                  num_nodes, num_splits=s),
+                lambda s=splits: attention_triton._tree_attention_triton(
+                    q, k, v, lens, mask, None, num_nodes, num_splits=s),
                 f"num_splits={splits}")
         root_only = mask[:, :1, :1].contiguous()  # node 0 sees itself: a decode step's row
         found["triton_decode"] = (

@@ -12,6 +12,7 @@ from ._validate import CHECK_VALUES_ENV, value_checks_enabled
 from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_accept_chain,
                          stochastic_accept_tree)
 from .attention import tree_attention
+from . import attention_triton  # noqa: F401,E402  registers the triton tree_attention
 from .decoder import (apply_rope, cpu_activations, linear, linear_group, rms_norm,
                       set_cpu_activations, silu_mul)
 from . import decoder_triton  # noqa: F401,E402  registers the triton linear / rms_norm

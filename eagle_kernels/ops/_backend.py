@@ -210,8 +210,16 @@ def _unsupported(impl: _Implementation, facts: dict) -> str | None:
 
 # Ops whose every output row the lossless runtime needs independent of the row count (a verify
 # pass over N nodes must give each node a decode step's bits), and the GPU backend that
-# computes them so (ops/decoder_triton.py, ops/attention.py).
+# computes them so (ops/decoder_triton.py, ops/attention_triton.py).
 ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attention": "triton"}
+# Revision of a GPU kernel's code, raised whenever it is rewritten: a verdict entry proves the
+# revision it records (entries that record none: 1), so a rewritten kernel leaves ``auto`` on
+# every GPU until a run proves it there. 2: the two-pass ordered tree attention (2026-11-27).
+KERNEL_REVISIONS = {("tree_attention", "triton"): 2}
+
+
+def kernel_revision(op: str, backend: str) -> int:
+    return KERNEL_REVISIONS.get((op, backend), 1)
 
 
 def verdict_allows(entry: dict) -> bool:
@@ -219,8 +227,11 @@ def verdict_allows(entry: dict) -> bool:
     reference at that dtype on that GPU, and its median speedup over torch above 1; for the ops
     of ROW_INVARIANT_BACKENDS, proven and the row-invariant backend, whatever its speed (greedy
     speculative decoding is then lossless by construction; cuBLAS and the cuda attention are
-    not row-invariant)."""
+    not row-invariant). Only an entry of the kernel's current revision counts
+    (:data:`KERNEL_REVISIONS`)."""
     if not entry.get("proven"):
+        return False
+    if entry.get("revision", 1) != kernel_revision(entry.get("op"), entry.get("backend")):
         return False
     invariant = ROW_INVARIANT_BACKENDS.get(entry.get("op"))
     if invariant is not None:

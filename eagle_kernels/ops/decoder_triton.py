@@ -27,7 +27,8 @@ import torch
 
 from ._backend import register
 from ._triton import tl, triton
-from .attention import _cast, _mma, _sm_count, dot_precision, interpreter_upcast
+from .attention import _sm_count
+from .attention_triton import _cast, _mma, dot_precision, interpreter_upcast
 
 LINEAR_BLOCK_M = 16  # rows per tile, whatever M: a row's MMAs are the same in every call
 LINEAR_BLOCK_N = 64

@@ -40,7 +40,7 @@ from typing import Sequence
 import torch
 
 from .. import ops
-from ..ops.attention import ORDERED_MAX_TREE_KEYS
+from ..ops.attention_triton import ORDERED_MAX_TREE_KEYS
 from ..ops._validate import check_int
 from .calls import (GenerationOutput, GenerationStats, GenerationStream, SamplingConfig, _Call,
                     _token_list)
