@@ -109,7 +109,7 @@ CASES = {
     "attention_triton_unordered": lambda: _attention_call("triton", "triton_unordered"),
     "attention_cuda": lambda: _attention_call("cuda"),
     "linear_triton": lambda: _linear_call("triton"),
-    "linear_triton_m64": lambda: _linear_call("triton", "triton_m64"),
+    "linear_triton_m16": lambda: _linear_call("triton", "triton_m16"),
     "linear_cublas": lambda: _linear_call("cublas"),
 }
 

@@ -346,8 +346,8 @@ def test_bench_smoke(tmp_path):
     assert (tmp_path / "bench_attention.csv").exists()
     assert (tmp_path / "bench_attention.png").exists()
     methods = {line.split(",")[2] for line in (tmp_path / "bench_attention.csv").open()}
-    assert {"triton", "triton_m32", "triton_m64", "triton_unordered", "triton_s1", "triton_s4",
-            "triton_decode"} <= methods
+    assert {"triton", "triton_m32", "triton_m64", "triton_unordered", "triton_p1", "triton_p16",
+            "triton_s1", "triton_s4", "triton_decode"} <= methods
 
 
 # --------------------------------------------------------------------------------------------

@@ -153,9 +153,10 @@ LINEAR_ARGS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr
                "part_ptr": "*fp32", "rows": "i32", "cols": "i32", "width": "i32",
                "split_blocks": "i32"}
 variants(decoder_triton._linear_kernel, LINEAR_ARGS,
-         {"HAS_BIAS": False, "SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64,
-          "DOT_PRECISION": "tf32", "UPCAST": False},
+         {"HAS_BIAS": False, "SPLIT": True, "BLOCK_M": decoder_triton.LINEAR_BLOCK_M,
+          "BLOCK_N": 64, "BLOCK_K": 64, "DOT_PRECISION": "tf32", "UPCAST": False},
          one_pass_bias={"SPLIT": False, "HAS_BIAS": True, "part_ptr": "*bf16", "rows": 1},
+         rows_16={"BLOCK_M": 16},
          fp32={"x_ptr": "*fp32", "w_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
                "DOT_PRECISION": "ieee"})
 variants(decoder_triton._sum_splits_kernel,

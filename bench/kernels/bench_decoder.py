@@ -6,8 +6,8 @@ Llama-3.1-8B projections in bf16 (o_proj 4096 -> 4096, gate 4096 -> 14336, down 
 lm_head 4096 -> 128256) at M = 1 (decode), 16, 60 (a verify tree) and 240 (batch 4 x 60) rows,
 and its RMSNorm (4096 wide). What row invariance costs on the GPU: greedy speculative decoding
 is lossless by construction only with these kernels (ops/decoder_triton.py), so they run
-whatever their speed. ``triton_m32`` / ``triton_m64``: the linear with its fixed row tile
-(LINEAR_BLOCK_M, 16) at 32 / 64 rows, still row-invariant (one tile for every M): fewer weight
+whatever their speed. ``triton_m16`` / ``triton_m32``: the linear with its fixed row tile
+(LINEAR_BLOCK_M, 64) at 16 / 32 rows, still row-invariant (one tile for every M): fewer weight
 reads at 60-240 rows against padded rows at 1; which fixed tile to ship, measured. Floor: the
 weight (and the rows in and out) read once over the measured copy bandwidth. Timed as CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the
 Triton interpreter on CPU.
@@ -36,7 +36,7 @@ from eagle_kernels.ops._backend import backend_status  # noqa: E402
 LLAMA_8B = {"o_proj": (4096, 4096), "gate_proj": (14336, 4096), "down_proj": (4096, 14336),
             "lm_head": (128256, 4096)}
 SMOKE = {"o_proj": (64, 48)}
-LINEAR_VARIANTS = {"triton_m32": {"LINEAR_BLOCK_M": 32}, "triton_m64": {"LINEAR_BLOCK_M": 64}}
+LINEAR_VARIANTS = {"triton_m16": {"LINEAR_BLOCK_M": 16}, "triton_m32": {"LINEAR_BLOCK_M": 32}}
 
 
 def _backends(device) -> list[str]:

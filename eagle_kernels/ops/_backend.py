@@ -214,8 +214,9 @@ def _unsupported(impl: _Implementation, facts: dict) -> str | None:
 ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attention": "triton"}
 # Revision of a GPU kernel's code, raised whenever it is rewritten: a verdict entry proves the
 # revision it records (entries that record none: 1), so a rewritten kernel leaves ``auto`` on
-# every GPU until a run proves it there. 2: the two-pass ordered tree attention (2026-11-27).
-KERNEL_REVISIONS = {("tree_attention", "triton"): 2}
+# every GPU until a run proves it there. Revision 2: the two-pass ordered tree attention and
+# the linear's 64-row tile (2026-11-27).
+KERNEL_REVISIONS = {("tree_attention", "triton"): 2, ("linear", "triton"): 2}
 
 
 def kernel_revision(op: str, backend: str) -> int:

@@ -30,7 +30,11 @@ from ._triton import tl, triton
 from .attention import _sm_count
 from .attention_triton import _cast, _mma, dot_precision, interpreter_upcast
 
-LINEAR_BLOCK_M = 16  # rows per tile, whatever M: a row's MMAs are the same in every call
+# Rows per tile, whatever M: a row's MMAs are the same in every call. 64 (wgmma tiles on sm_90):
+# on the H200 (bench/results/2026-11-27_nvidia-h200, bench_decoder.csv, Llama-3.1-8B weights)
+# within -1..+3 % of 16 rows at M 1-16 and 1.2-2.4x faster at M 60-240 (lm_head at 60 rows
+# 262 against 507 us; cuBLAS 280).
+LINEAR_BLOCK_M = 64
 LINEAR_BLOCK_N = 64
 LINEAR_BLOCK_K = 64
 LINEAR_MIN_SPLIT_BLOCKS = 4  # K blocks per split at least: a split's partial costs a round trip
