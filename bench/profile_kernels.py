@@ -7,10 +7,10 @@
 Cases (bf16; the shapes of the missed bars, bench/results/2026-11-26_nvidia-h100-80gb-hbm3):
 
 * ``attention_*``: tree attention, N = 60, Llama-3.1-8B heads, batch 1, 4k context: the Triton
-  kernel's row-invariant 16-row tile (what ``auto`` runs), its 64-row tile, its unordered walk
-  (not row-invariant), and the CUDA kernel;
+  kernels' row-invariant two passes at their 16-row tile (the default), at a 64-row tile, their
+  unordered walk (not row-invariant), and the CUDA kernel;
 * ``linear_*``: gate_proj (14336 x 4096) over 60 rows: the row-invariant Triton GEMM (its
-  16-row tile and a 64-row one) and cuBLAS.
+  64-row tile, the default, and the 16-row one it had) and cuBLAS.
 
 Each case warms up (Triton compiles, cuBLAS picks), then calls the op once between
 cudaProfilerStart / Stop; ncu (``--profile-from-start off``) profiles every kernel of that call

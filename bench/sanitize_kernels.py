@@ -152,9 +152,9 @@ def attention_cases(device, gen, dtype=torch.bfloat16) -> dict[str, Case]:
 
 
 def decoder_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
-    """The decoder's linear (q / k / v of 37 rows, K = 576 in K splits, a bias) and rms_norm
-    (with a residual), scaled so outputs are O(1)."""
-    x = torch.randn(37, 576, generator=gen)
+    """The decoder's linear (q / k / v of 130 rows: three of its 64-row tiles; K = 576 in K
+    splits, a bias) and rms_norm (with a residual), scaled so outputs are O(1)."""
+    x = torch.randn(130, 576, generator=gen)
     weights = [torch.randn(n, 576, generator=gen) / 24 for n in (576, 192, 200)]
     bias = torch.randn(200, generator=gen)
     h, residual, norm = (torch.randn(5, 3, 576, generator=gen) for _ in range(3))
@@ -322,13 +322,15 @@ def _dtype_cases(device, seed: int) -> list[tuple[str, str, Case]]:
 
 def verdict_rows(device: torch.device, seed: int = 0) -> list[dict]:
     """One row per (op, non-torch backend, dtype): status correct / wrong / error / not run,
-    the largest absolute difference from the torch reference, and why (not)."""
+    the largest absolute difference from the torch reference, why (not), and the revision of
+    the kernel code that ran (``_backend.KERNEL_REVISIONS``: what a verdict proves)."""
     registered = ops.op_backends()
     rows = []
     for op, label, case in _dtype_cases(device, seed):
         for backend in (name for name in registered.get(op, {}) if name != "torch"):
             row = dict(op=op, backend=backend, dtype=label, status="not run", max_error=None,
-                       detail=_skip_reason(backend, device) or "")
+                       detail=_skip_reason(backend, device) or "",
+                       revision=_backend.kernel_revision(op, backend))
             if not row["detail"]:
                 row.update(_run_case(case, backend, device))
             rows.append(row)

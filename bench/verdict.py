@@ -31,9 +31,9 @@ Schema of ``verdict.json`` (``schema`` 1)::
                   "memcheck": "clean|failed|not run", "speedup_vs_torch": float|null,
                   "auto": bool, "detail": str, "revision": int}]}
 
-``revision``: the kernel's code revision (``eagle_kernels.ops._backend.KERNEL_REVISIONS``) the
-run proved; an entry of an older revision (or none, read as 1) keeps a rewritten kernel out of
-``auto``.
+``revision``: the kernel's code revision (``eagle_kernels.ops._backend.KERNEL_REVISIONS``) that
+ran on the GPU, as its kernel check recorded it (a check that recorded none: 1); an entry of an
+older revision keeps a rewritten kernel out of ``auto``.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def _tests_for(tally, op: str, backend: str) -> tuple[int, int]:
 
 def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dict:
     """The verdict from the evidence in ``folders`` (see the module docstring)."""
-    from eagle_kernels.ops._backend import kernel_revision, verdict_allows
+    from eagle_kernels.ops._backend import verdict_allows
 
     checks, device = kernel_checks(folders)
     tally, memchecks, timed = test_tally(folders), memcheck_statuses(folders), speedups(folders)
@@ -197,8 +197,7 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
                      gpu_tests=f"{passed} passed, {failed} failed", memcheck=memcheck,
                      speedup_vs_torch=_speedup(timed.get((row["op"], row["backend"]), []),
                                                row["dtype"]),
-                     detail=row.get("detail", ""),
-                     revision=kernel_revision(row["op"], row["backend"]))
+                     detail=row.get("detail", ""), revision=row.get("revision", 1))
         entry["auto"] = verdict_allows(entry)
         kernels.append(entry)
     return {"schema": SCHEMA, "gpu": gpu, "device": device,

@@ -244,21 +244,28 @@ def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch):
 
 
 @gpu_when_present
-@pytest.mark.parametrize("programs_per_sm, run", [(0.001, 3), (0.1, 2)])
-def test_splits_per_program_change_no_bit(gen, monkeypatch, programs_per_sm, run):
-    """The ordered first pass may run several splits per program (few programs per SM): each
-    split still starts from a fresh state and is stored alone, so the output is bit for bit the
-    one-split-per-program output (0.001: the three splits of a row tile in one program; 0.1:
-    runs of two). Exact, so no false failures; power: a state carried from one split into the next
-    (the bug this guards) changes every row whose prefix spans two splits (L 517: three)."""
-    q, k, v, lens, mask = make_case(gen, 2, 9, 517, 8, 2, 32, torch.float32,
-                                    device=TRITON_DEVICE)
-    units = 2 * 2 * 3  # sequences x KV heads x row tiles (9 queries x 4 heads in tiles of 16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("run", [2, 3])
+def test_splits_per_program_change_no_bit(gen, monkeypatch, dtype, run):
+    """The ordered first pass may run several splits per program (few programs per SM: every
+    P-th split): each still starts from a fresh state and is stored alone, so the output is bit
+    for bit the one-split-per-program output, in a cache of eight 256-key splits of which
+    sequence 0's prefix fills five (program 0 then runs splits 0 and 4 or 0 and 3; the last
+    splits are empty: skipped by the merge). Exact, so no false failures; power: a state carried
+    from one split into the next (the bug this guards) fails both dtypes and runs (checked with
+    that mutation)."""
+    q, k, v, lens, mask = make_case(gen, 2, 9, 1100, 8, 2, 32, dtype, device=TRITON_DEVICE)
+    pad = torch.full((2, 2048 - k.shape[1]) + tuple(k.shape[2:]), float("nan"), dtype=dtype,
+                     device=k.device)
+    k, v = torch.cat([k, pad], 1), torch.cat([v, pad], 1)
+    units, splits = 2 * 2 * 3, 8  # sequences x KV heads x row tiles (9 x 4 rows in tiles of 16)
     monkeypatch.setattr(attention_triton, "PREFIX_PROGRAMS_PER_SM", 1e9)
-    assert attention_triton.splits_per_program(units, 3, q.device) == 1
+    assert attention_triton.splits_per_program(units, splits, q.device) == 1
     want = run_triton(q, k, v, lens, mask)
-    monkeypatch.setattr(attention_triton, "PREFIX_PROGRAMS_PER_SM", programs_per_sm)
-    assert attention_triton.splits_per_program(units, 3, q.device) == run
+    sms = attention_triton._sm_count(q.device)
+    monkeypatch.setattr(attention_triton, "PREFIX_PROGRAMS_PER_SM",
+                        units * splits / (run + 0.5) / sms)
+    assert attention_triton.splits_per_program(units, splits, q.device) == run
     assert torch.equal(run_triton(q, k, v, lens, mask), want), seed_note(gen)
 
 
@@ -347,7 +354,7 @@ def test_bench_smoke(tmp_path):
     assert (tmp_path / "bench_attention.png").exists()
     methods = {line.split(",")[2] for line in (tmp_path / "bench_attention.csv").open()}
     assert {"triton", "triton_m32", "triton_m64", "triton_unordered", "triton_p1", "triton_p16",
-            "triton_s1", "triton_s4", "triton_decode"} <= methods
+            "triton_cap4x", "triton_s1", "triton_s4", "triton_decode"} <= methods
 
 
 # --------------------------------------------------------------------------------------------

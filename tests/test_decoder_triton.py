@@ -41,9 +41,10 @@ def assert_within_flash_rule(got, want64, torch_result, note):
     assert_as_close_as_torch(got, torch_result, want64, note)
 
 
-# (rows, width, out): one row, awkward widths (1, 63, 1000: four K splits), awkward outputs
+# (rows, width, out): one row, awkward widths (1, 63, 1000: four K splits), awkward outputs,
+# rows over three 64-row tiles (decoder_triton.LINEAR_BLOCK_M)
 LINEAR_SIZES = [(1, 64, 64), (1, 1000, 130), (17, 63, 65), (37, 200, 1), (5, 1, 33),
-                (64, 576, 192)]
+                (64, 576, 192), (130, 96, 70)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
@@ -61,14 +62,15 @@ def test_linear_triton_matches_reference(gen, dtype, rows, width, out):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_linear_triton_rows_do_not_depend_on_the_row_count(gen, dtype):
-    """Each row alone (M = 1, a decode step) equals, bit for bit, the same row among 37 (a
-    verify pass) and among 5 others; a group's outputs equal single linears."""
-    x = _draw(gen, 37, 1000, dtype=dtype)
+    """Each row alone (M = 1, a decode step) equals, bit for bit, the same row among 130 (a
+    verify pass over three 64-row tiles) and among 5 others; a group's outputs equal single
+    linears. Rows checked alone: each tile's first and last, and a few between."""
+    x = _draw(gen, 130, 1000, dtype=dtype)
     weights = [_draw(gen, n, 1000, dtype=dtype, scale=0.03) for n in (130, 64)]
     bias = _draw(gen, 64, dtype=dtype)
     batched = ops.linear_group(x, weights, [None, bias], backend="triton")
     few = ops.linear_group(x[10:15].contiguous(), weights, [None, bias], backend="triton")
-    for i in range(37):
+    for i in (0, 1, 10, 14, 36, 63, 64, 65, 100, 127, 128, 129):
         alone = ops.linear_group(x[i:i + 1].contiguous(), weights, [None, bias],
                                  backend="triton")
         for j in range(2):

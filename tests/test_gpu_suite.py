@@ -167,6 +167,24 @@ def _stage(folder: Path, cases: dict[tuple[str, str], bool], memcheck: dict[str,
     (folder / "memcheck.tsv").write_text("".join(f"{op}\t{s}\n" for op, s in memcheck.items()))
 
 
+def test_a_verdict_proves_the_revision_its_gpu_check_ran_not_the_checkout_s(tmp_path):
+    """The revision comes from the kernel check's rows (written on the GPU by the code that
+    ran), never from the checkout collecting the results: evidence of revision-1 code
+    collected after a rewrite does not put the rewrite into auto."""
+    _stage(tmp_path / "stage1", {("test_attention_kernels", "t[triton-1]"): True},
+           {"tree_attention": "clean"})
+    row = dict(op="tree_attention", backend="triton", dtype="bfloat16", status="correct",
+               max_error=0.0, detail="")
+    current = _backend.kernel_revision("tree_attention", "triton")
+    for recorded, joins in ((None, current == 1), (current, True)):
+        rows = [row if recorded is None else {**row, "revision": recorded}]
+        (tmp_path / "stage1" / "kernel-check.json").write_text(
+            json.dumps({"device": "cuda:0", "rows": rows}))
+        entry = verdict.build([tmp_path / "stage1"], "GPU A")["kernels"][0]
+        assert entry["revision"] == (1 if recorded is None else recorded)
+        assert entry["proven"] and entry["auto"] == joins, entry
+
+
 def test_a_rerun_stage_replaces_only_what_it_reran(tmp_path):
     _stage(tmp_path / "stage1", {("test_a", "t[triton-1]"): False, ("test_a", "t[cuda-2]"): True,
                                  ("test_b", "t[triton-3]"): False},

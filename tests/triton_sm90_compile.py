@@ -118,18 +118,19 @@ ATTENTION_ARGS = {
     "scale_log2": "fp32", "stride_qb": "i32", "stride_qn": "i32", "stride_qh": "i32",
     "stride_kb": "i32", "stride_kn": "i32", "stride_kh": "i32"}
 PREFIX_ARGS = {k: v for k, v in ATTENTION_ARGS.items() if k not in ("mask_ptr", "out_ptr", "words")}
-PREFIX_ARGS.update({"split_run": "i32", "split_keys": "i32"})
+PREFIX_ARGS["split_keys"] = "i32"
 TAIL_ARGS = {**ATTENTION_ARGS, "slots_ptr": "*i32", "split_keys": "i32"}
 FP32_ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "out_ptr": "*fp32",
                   "DOT_PRECISION": "ieee"}
-ORDERED = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 16, "BLOCK_N": 64,
+TILES = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 16, "BLOCK_N": 64,
            "DOT_PRECISION": "tf32", "UPCAST": False}
-variants(attention_triton._prefix_splits_kernel, PREFIX_ARGS, ORDERED,
+variants(attention_triton._prefix_splits_kernel, PREFIX_ARGS, TILES,
          head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64, "GROUP": 3},
          head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
-         ones={"GROUP": 1, "split_run": 1, "num_splits": 1},
+         decode_ones={"GROUP": 1, "num_queries": 1, "tree_keys": 1, "num_splits": 1},
          fp32={k: v for k, v in FP32_ATTENTION.items() if k != "out_ptr"})
-variants(attention_triton._tree_tail_kernel, TAIL_ARGS, {**ORDERED, "BLOCK_T": 64},
+variants(attention_triton._tree_tail_kernel, TAIL_ARGS, {**TILES, "BLOCK_T": 64},
+         tree_256={"BLOCK_T": 256},
          head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64, "GROUP": 3},
          head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32, "BLOCK_T": 256},
          ones={"GROUP": 1, "num_splits": 1, "words": 1, "num_queries": 1, "tree_keys": 1,
@@ -137,8 +138,8 @@ variants(attention_triton._tree_tail_kernel, TAIL_ARGS, {**ORDERED, "BLOCK_T": 6
          fp32={**FP32_ATTENTION},
          fp16_head_dim_64={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",
                            "out_ptr": "*fp16", "HEAD_DIM": 64, "BLOCK_D": 64})
-variants(attention_triton._tree_attention_kernel, ATTENTION_ARGS,
-         {**ORDERED, "BLOCK_M": 64, "SPLIT": True},
+variants(attention_triton._tree_attention_kernel, ATTENTION_ARGS,  # slot order
+         {**TILES, "BLOCK_M": 64, "SPLIT": True},
          no_split_ones={"SPLIT": False, "num_splits": 1, "words": 1, "GROUP": 1, "BLOCK_M": 16},
          fp32={**FP32_ATTENTION, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
          fp16_head_dim_64={"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16",

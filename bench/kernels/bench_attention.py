@@ -18,7 +18,9 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
   order by FA2-like tiles (not row-invariant): what the invariance costs, and which fixed tile
   to take, measured in one run; ``triton_p1`` / ``triton_p16``: its first pass aiming at 1 / 16
   programs per SM instead of PREFIX_PROGRAMS_PER_SM (how many splits a program runs: no
-  arithmetic changes); ``triton_s1`` / ``triton_s4``: the ordered kernel with 1 / 4 key
+  arithmetic changes); ``triton_cap4x``: the same call over caches of 4x the capacity (the
+  runtime sizes its cache for prompt, budget and room: the splits past the keys are empty);
+  ``triton_s1`` / ``triton_s4``: the ordered kernel with 1 / 4 key
   splits instead of its capacity's (17 at 4k: whether the split count is what costs);
   ``triton_decode``: its call for one query (a decode step's attention, against decode_sdpa).
 
@@ -127,6 +129,11 @@ def methods(case, context, device, variants=False):
                 lambda s=splits: attention_triton._tree_attention_triton(
                     q, k, v, lens, mask, None, num_nodes, num_splits=s),
                 f"num_splits={splits}")
+        # the runtime's caches hold the prompt, the budget and room: splits past the keys
+        big_k, big_v = (torch.cat([t, torch.zeros_like(t).repeat(1, 3, 1, 1)], 1) for t in (k, v))
+        found["triton_cap4x"] = (
+            lambda: ops.tree_attention(q, big_k, big_v, lens, mask, backend="triton"),
+            "cache capacity 4x (its splits past the keys are empty)")
         root_only = mask[:, :1, :1].contiguous()  # node 0 sees itself: a decode step's row
         found["triton_decode"] = (
             lambda: ops.tree_attention(q[:, :1].contiguous(), k, v, lens, root_only,

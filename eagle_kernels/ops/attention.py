@@ -12,16 +12,20 @@ Kernel design (every kernel). FlashAttention-style online softmax in fp32 over k
 are read once from the NHD cache in place. GQA: the ``group = Hq / Hkv`` query heads that share
 a KV head are stacked as rows, so a tile of rows ``r -> (query r // group, head r % group)``
 reads each K/V block once for the whole group (decode-like shapes have few queries but many
-heads per KV head). A program owns one row tile of one KV head of one sequence; it walks the
-prefix keys ``[0, L)`` with no mask but the length, then the tree keys ``[L, L + T)`` with the
-packed ancestor bits (key j visible to query i iff bit ``j % 32`` of ``tree_mask[b, i, j // 32]``),
-skipping any tree block that no row of the tile sees (half the blocks of a prefill chain).
+heads per KV head). Key j of the tree is visible to query i iff bit ``j % 32`` of
+``tree_mask[b, i, j // 32]``. The CUDA kernel and the Triton slot-order pass: a program owns one
+row tile of one KV head of one sequence and walks the prefix keys ``[0, L)`` with no mask but
+the length, then the tree keys ``[L, L + T)`` with the ancestor bits, skipping any tree block
+that no row of the tile sees (half the blocks of a prefill chain). The Triton ordered passes
+(trees, decode steps) walk each row's own key list instead: see
+:mod:`~eagle_kernels.ops.attention_triton`.
 
 Split-KV (flash-decoding). When the row tiles of a batch cannot fill the GPU (batch 1 verify:
 ``ceil(N * group / BLOCK_M) * Hkv`` programs against 132 SMs), each sequence's keys are cut
 into splits (a multiple of BLOCK_N; the kernel reads the lengths from the device-side
 ``cache_lens``: no host sync, graph-capturable); each split writes its partial state to an fp32
-workspace and a small second kernel merges them. The CUDA kernel cuts ``[0, L + T)`` into
+workspace and a small second kernel merges them (the Triton ordered passes: always, splits
+from the cache capacity, merged in their second pass). The CUDA kernel cuts ``[0, L + T)`` into
 ``num_splits`` equal chunks, the count chosen on the host from shapes only
 (:func:`choose_num_splits`, ``max_len`` standing in for the unknown prefix lengths).
 
@@ -129,7 +133,8 @@ def _workspace(q: torch.Tensor, num_splits: int, state: tuple[int, ...] = (),
                always: bool = False):
     """fp32 partial outputs [B, S, Nq, Hq, D] and per-row split state [B, S, Nq, Hq, *state]
     (the CUDA kernel's base-2 log-sum-exps: state ``()``; the Triton kernels' (max, sum)
-    pairs: ``(2,)``), empty when num_splits == 1 unless ``always`` (never read then)."""
+    pairs: ``(2,)``); a one-split call gets empty tensors (its kernel writes the output
+    directly) unless ``always``."""
     if num_splits == 1 and not always:
         empty = torch.empty(0, dtype=torch.float32, device=q.device)
         return empty, empty

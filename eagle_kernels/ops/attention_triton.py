@@ -8,8 +8,9 @@ for every tree of up to ORDERED_MAX_TREE_KEYS keys: one tile shape for every cal
 keys visited in list order (prefix, then its ancestors) in blocks and splits at fixed list
 positions (splits from the cache capacity only, :func:`split_keys_for`), splits merged in
 order. They run in two passes: the first folds every split's shared blocks (whole blocks of
-prefix keys, the same for every row: no mask, no per-node work) for all row tiles, many short
-splits per program; the second continues each query node's rows from the last, partial prefix
+prefix keys, the same for every row: no mask, no per-node work) for all row tiles, several
+splits per program where the splits outnumber the SMs' room (:func:`splits_per_program`); the
+second continues each query node's rows from the last, partial prefix
 block through its ancestors (gathered in list order), then merges the splits and writes the
 output. The fp32 state crosses between them through the workspace exactly, so the arithmetic
 is that of one pass. (One pass doing both, the per-node prologue in every split's program,
@@ -107,21 +108,21 @@ def _key_block(q, k_seq, v_seq, rows_of, cols, cols_ok, dims, dim_ok, stride_kn,
 @triton.jit
 def _prefix_splits_kernel(
         q_ptr, k_ptr, v_ptr, lens_ptr, part_o_ptr, part_ml_ptr,
-        num_queries, q_heads, tree_keys, num_splits, split_run, split_keys, max_len,
+        num_queries, q_heads, tree_keys, num_splits, split_keys, max_len,
         scale_log2, stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
         UPCAST: tl.constexpr):
-    """Ordered pass 1, program (row tile x KV head, sequence b, run of splits): the shared
-    blocks of each split, i.e. its list positions below ``shared_end = L // BLOCK_N * BLOCK_N``
-    (prefix keys that every row of the tile sees, in whole blocks), folded into a fresh state per
-    split and stored to the workspace, empty splits too (m = -inf, l = 0, acc = 0). How many
-    splits a program runs changes no arithmetic: each split starts from a fresh state."""
+    """Ordered pass 1, program (row tile x KV head, sequence b, p of P): the shared blocks of
+    splits p, p + P, p + 2P, ... (strided: a short prefix in a big cache leaves the high splits
+    empty), i.e. their list positions below ``shared_end = L // BLOCK_N * BLOCK_N`` (prefix keys
+    that every row of the tile sees, in whole blocks), each folded into a fresh state and stored
+    to the workspace, empty splits too (m = -inf, l = 0). How many splits a program runs changes
+    no arithmetic: each starts from a fresh state."""
     row_tiles = tl.cdiv(num_queries * GROUP, BLOCK_M)
     kv_head = tl.program_id(0) // row_tiles  # neighbouring programs share a KV head (L2 reuse)
     tile = tl.program_id(0) % row_tiles
     b = tl.program_id(1)
-    first_split = tl.program_id(2) * split_run
 
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < num_queries * GROUP
@@ -136,7 +137,7 @@ def _prefix_splits_kernel(
     v_seq = v_ptr + b.to(tl.int64) * stride_kb + kv_head * stride_kh
     keys = tl.arange(0, BLOCK_N)
     every_row = tl.full([BLOCK_M], 1, tl.int1)
-    for split in range(first_split, tl.minimum(first_split + split_run, num_splits)):
+    for split in range(tl.program_id(2), num_splits, tl.num_programs(2)):
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -190,6 +191,7 @@ def _tree_tail_kernel(
     slots = slots_ptr + (tl.program_id(1).to(tl.int64) * tl.num_programs(0)
                          + tl.program_id(0)) * BLOCK_T
 
+    tile_end = prefix  # the tile's longest list: splits from cdiv(tile_end, split_keys) are empty
     first_node = tile * BLOCK_M // GROUP
     last_node = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, num_queries - 1)
     for node in range(first_node, last_node + 1):
@@ -200,6 +202,7 @@ def _tree_tail_kernel(
         tl.store(slots + tl.cumsum(node_bits, 0) - 1, nodes, mask=node_bits != 0)
         tl.debug_barrier()  # the scatter above is read by other threads below
         node_end = prefix + tl.sum(node_bits, 0)
+        tile_end = tl.maximum(tile_end, node_end)
         held = tl.full([], -1, tl.int32)  # the split whose state m_i, l_i, acc hold
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -231,16 +234,18 @@ def _tree_tail_kernel(
                          acc)
         tl.debug_barrier()  # states stored, slots free for the next node
 
-    # merge every split in order: sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s (one split
-    # gives acc / l exactly; a split that saw no key has weight 0 and adds exact zeros)
+    # merge the splits in order: sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s (one split
+    # gives acc / l exactly; a split that saw no key has weight 0 and would add exact zeros,
+    # so the empty splits past the tile's lists are left out)
+    used = tl.cdiv(tile_end, split_keys)
     top = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for split in range(num_splits):
+    for split in range(used):
         part = _part_rows(b, split, num_splits, num_queries, q_heads, query, head)
         top = tl.maximum(top, tl.load(part_ml_ptr + part * 2, mask=row_ok, other=float("-inf")))
     top = tl.where(top == float("-inf"), 0.0, top)
     total = tl.zeros([BLOCK_M], tl.float32)
     out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for split in range(num_splits):
+    for split in range(used):
         part = _part_rows(b, split, num_splits, num_queries, q_heads, query, head)
         m_s, l_s, acc_s = _load_state(part_o_ptr, part_ml_ptr, part, row_ok, dims, dim_ok,
                                       HEAD_DIM)
@@ -270,9 +275,11 @@ def _part_rows(b, split, num_splits, num_queries, q_heads, query, head):
 @triton.jit
 def _store_state(part_o_ptr, part_ml_ptr, part, rows, dims, dim_ok, HEAD_DIM: tl.constexpr,
                  m_i, l_i, acc):
-    """A split's state of ``rows``: unnormalised output, max and sum (fp32, exact)."""
+    """A split's state of ``rows``: unnormalised output (only where the row saw a key: else it
+    is 0, and empty splits are many in a big cache), max and sum (fp32, exact)."""
+    seen = rows & (m_i != float("-inf"))
     tl.store(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
-             mask=rows[:, None] & dim_ok[None, :])
+             mask=seen[:, None] & dim_ok[None, :])
     tl.store(part_ml_ptr + part * 2, m_i, mask=rows)
     tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=rows)
 
@@ -282,8 +289,9 @@ def _load_state(part_o_ptr, part_ml_ptr, part, rows, dims, dim_ok, HEAD_DIM: tl.
     """A split's state of ``rows`` (others: the empty state m = -inf, l = 0, acc = 0)."""
     m_i = tl.load(part_ml_ptr + part * 2, mask=rows, other=float("-inf"))
     l_i = tl.load(part_ml_ptr + part * 2 + 1, mask=rows, other=0.0)
+    seen = rows & (m_i != float("-inf"))
     acc = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :],
-                  mask=rows[:, None] & dim_ok[None, :], other=0.0)
+                  mask=seen[:, None] & dim_ok[None, :], other=0.0)
     return m_i, l_i, acc
 
 
@@ -404,7 +412,7 @@ TRITON_MAX_HEAD_DIM = 256  # q, acc and a K / V block of BLOCK_D columns stay in
 
 def _triton_supports(head_dim, **_) -> str | None:
     if head_dim > TRITON_MAX_HEAD_DIM:
-        return (f"q: expected head_dim <= {TRITON_MAX_HEAD_DIM} (attention.TRITON_MAX_HEAD_DIM), "
+        return (f"q: expected head_dim <= {TRITON_MAX_HEAD_DIM} (attention_triton.TRITON_MAX_HEAD_DIM), "
                 f"got {head_dim}")
     return None
 
@@ -480,8 +488,8 @@ def _ordered_launch(q, k_cache, v_cache, cache_lens, tree_mask, tree_keys, num_s
     runs = splits_per_program(tiles * batch, num_splits, q.device)
     shape = (num_queries, q_heads, tree_keys)
     _prefix_splits_kernel[(tiles, batch, triton.cdiv(num_splits, runs))](
-        q, k_cache, v_cache, cache_lens, part_o, part_ml, *shape, num_splits, runs,
-        split_keys, max_len, scale_log2, *_strides(q, k_cache), **meta)
+        q, k_cache, v_cache, cache_lens, part_o, part_ml, *shape, num_splits, split_keys,
+        max_len, scale_log2, *_strides(q, k_cache), **meta)
     block_t = triton.next_power_of_2(tree_keys)
     slots = torch.empty(tiles * batch * block_t, dtype=torch.int32, device=q.device)
     out = torch.empty_like(q)
@@ -517,10 +525,10 @@ PREFIX_PROGRAMS_PER_SM = 4  # ordered pass 1: programs per SM to aim for (to be 
 
 
 def splits_per_program(units: int, num_splits: int, device: torch.device) -> int:
-    """Consecutive splits one program of the ordered pass 1 runs, ``units`` being its
-    (row tile, KV head, sequence) count: about PREFIX_PROGRAMS_PER_SM programs per SM, so that
-    many short splits do not each pay a program's start (each split still starts from a fresh
-    state and is stored alone: the count changes no arithmetic)."""
+    """Most splits one program of the ordered pass 1 runs (every ``cdiv(S, this)``-th split),
+    ``units`` being its (row tile, KV head, sequence) count: about PREFIX_PROGRAMS_PER_SM
+    programs per SM, so that many short splits do not each pay a program's start (each split
+    still starts from a fresh state and is stored alone: the count changes no arithmetic)."""
     wanted = PREFIX_PROGRAMS_PER_SM * _sm_count(device)
     return max(1, min(num_splits, int(units * num_splits // wanted)))
 

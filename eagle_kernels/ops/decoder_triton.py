@@ -32,7 +32,7 @@ from .attention_triton import _cast, _mma, dot_precision, interpreter_upcast
 
 # Rows per tile, whatever M: a row's MMAs are the same in every call. 64 (wgmma tiles on sm_90):
 # on the H200 (bench/results/2026-11-27_nvidia-h200, bench_decoder.csv, Llama-3.1-8B weights)
-# within -1..+3 % of 16 rows at M 1-16 and 1.2-2.4x faster at M 60-240 (lm_head at 60 rows
+# within -5..+3 % of 16 rows at M 1-16 and 1.2-2.4x faster at M 60-240 (lm_head at 60 rows
 # 262 against 507 us; cuBLAS 280).
 LINEAR_BLOCK_M = 64
 LINEAR_BLOCK_N = 64

@@ -231,7 +231,7 @@ class Engine:
         if speculative and self.device.type == "cuda" and bound.total_tokens > \
                 ORDERED_MAX_TREE_KEYS:
             warnings.warn(f"tree: {bound.total_tokens} nodes > {ORDERED_MAX_TREE_KEYS} "
-                          f"(attention.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
+                          f"(attention_triton.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
                           f"row-invariant only up to that size, so greedy output may differ "
                           f"from plain decoding at near-ties", stacklevel=3)
         # A context draft's chain (LOOKUP_MAX_NGRAM + 1 nodes, a draft never longer than the
