@@ -20,7 +20,8 @@ TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 H100_SHARED_BYTES = 232448  # 227 KiB: the most shared memory one block may use on sm_90
 TOO_MUCH_SHARED = []
 # launched with attention_triton.EXACT_ROUNDING (no multiply-add contraction)
-EXACT_ROUNDING_KERNELS = (attention_triton._prefix_splits_kernel, attention_triton._tree_tail_kernel,
+EXACT_ROUNDING_KERNELS = (attention_triton._prefix_splits_kernel,
+                          attention_triton._tree_tail_kernel,
                           attention_triton._tree_attention_kernel,
                           attention_triton._merge_splits_kernel)
 
@@ -129,7 +130,8 @@ variants(attention_triton._prefix_splits_kernel, PREFIX_ARGS, TILES,
          head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32},
          decode_ones={"GROUP": 1, "num_queries": 1, "tree_keys": 1, "num_splits": 1},
          fp32={k: v for k, v in FP32_ATTENTION.items() if k != "out_ptr"})
-variants(attention_triton._tree_tail_kernel, TAIL_ARGS, {**TILES, "BLOCK_T": 64},
+variants(attention_triton._tree_tail_kernel, TAIL_ARGS,
+         {**TILES, "BLOCK_T": 64, "NODE_SLOTS": 5},
          tree_256={"BLOCK_T": 256},
          head_dim_64={"HEAD_DIM": 64, "BLOCK_D": 64, "GROUP": 3},
          head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_N": 32, "BLOCK_T": 256},

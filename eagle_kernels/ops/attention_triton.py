@@ -2,19 +2,19 @@
 
 Kernel design and GQA row stacking: :mod:`eagle_kernels.ops.attention`.
 
-Row invariance. Greedy speculative decoding is lossless by construction only if a
-tree node's output is bit for bit a decode step's at its position. The Triton kernels give that
-for every tree of up to ORDERED_MAX_TREE_KEYS keys: one tile shape for every call, each row's
-keys visited in list order (prefix, then its ancestors) in blocks and splits at fixed list
-positions (splits from the cache capacity only, :func:`split_keys_for`), splits merged in
-order. They run in two passes: the first folds every split's shared blocks (whole blocks of
-prefix keys, the same for every row: no mask, no per-node work) for all row tiles, several
-splits per program where the splits outnumber the SMs' room (:func:`splits_per_program`); the
-second continues each query node's rows from the last, partial prefix
-block through its ancestors (gathered in list order), then merges the splits and writes the
-output. The fp32 state crosses between them through the workspace exactly, so the arithmetic
-is that of one pass. (One pass doing both, the per-node prologue in every split's program,
-ran 3.4-7.2x causal attention on an H200: bench/results/2026-11-27_nvidia-h200.)
+Row invariance. Greedy speculative decoding is lossless by construction only if a tree node's
+output is bit for bit a decode step's at its position. The Triton kernels give that for every
+tree of up to ORDERED_MAX_TREE_KEYS keys: one tile shape for every call, each row's keys visited
+in list order (prefix, then its ancestors) in blocks and splits at fixed list positions (splits
+from the cache capacity only, :func:`split_keys_for`), splits merged in order. They run in two
+passes. The first folds every split's shared blocks (whole blocks of prefix keys, the same for
+every row: no mask, no per-node work) for all row tiles, several splits per program where the
+splits outnumber the SMs' room (:func:`splits_per_program`). The second, one query node per
+program, continues the node's rows from the last, partial prefix block through its ancestors
+(gathered in list order), then merges their splits and writes their output. The fp32 state
+crosses between the passes through the workspace exactly, so the arithmetic is that of one
+pass. (One pass doing both, the per-node prologue in every split's program, ran 3.4-7.2x
+causal attention on an H200: bench/results/2026-11-27_nvidia-h200.)
 
 Calls of more tree keys (prefill chains, big trees) take one slot-order pass instead: the tree
 keys in blocks of their own after the prefix, FA2-like tiles, splits by occupancy.
@@ -160,24 +160,32 @@ def _tree_tail_kernel(
         stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Ordered pass 2, program (row tile x KV head, sequence b), after pass 1: each query node
-    of the tile continues its rows' states from list position ``shared_end`` to its list end
-    (the prefix keys of the last, partial prefix block, then its visible tree keys by increasing
-    index, gathered in list order), loading and storing the state of every split it crosses;
-    then every row's splits are merged in split order and the output written.
+        NODE_SLOTS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Ordered pass 2, program (row tile x KV head x node slot j, sequence b), after pass 1:
+    the tile's j-th query node (none: the program ends) continues its rows' states from list
+    position ``shared_end`` to its list end (the prefix keys of the last, partial prefix block,
+    then its visible tree keys by increasing index, gathered in list order), loading and
+    storing the state of every split it crosses; then its rows' splits are merged in split
+    order and their output written. One node per program: a tile's nodes share no work here
+    (each folds its own blocks with the tile's MMA shape, the other rows masked), so they run
+    side by side instead of one after another.
 
-    A node's slots in list order (the slot of its t-th visible tree key) are scattered once to
-    ``slots_ptr`` (BLOCK_T int32 per program) and gathered per block."""
+    The node's slots in list order (the slot of its t-th visible tree key) are scattered once
+    to ``slots_ptr`` (BLOCK_T int32 per program) and gathered per block."""
     row_tiles = tl.cdiv(num_queries * GROUP, BLOCK_M)
-    kv_head = tl.program_id(0) // row_tiles
-    tile = tl.program_id(0) % row_tiles
+    unit = tl.program_id(0) // NODE_SLOTS
+    kv_head = unit // row_tiles
+    tile = unit % row_tiles
     b = tl.program_id(1)
+    node = tile * BLOCK_M // GROUP + tl.program_id(0) % NODE_SLOTS
+    if node > tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, num_queries - 1):
+        return  # the tile has fewer nodes than slots
 
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < num_queries * GROUP
     query = rows // GROUP
     head = kv_head * GROUP + rows % GROUP
+    mine = row_ok & (query == node)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
@@ -191,63 +199,57 @@ def _tree_tail_kernel(
     slots = slots_ptr + (tl.program_id(1).to(tl.int64) * tl.num_programs(0)
                          + tl.program_id(0)) * BLOCK_T
 
-    tile_end = prefix  # the tile's longest list: splits from cdiv(tile_end, split_keys) are empty
-    first_node = tile * BLOCK_M // GROUP
-    last_node = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, num_queries - 1)
-    for node in range(first_node, last_node + 1):
-        mine = row_ok & (query == node)
-        bits = tl.load(mask_ptr + (b.to(tl.int64) * num_queries + node) * words + nodes // 32,
-                       mask=nodes < tree_keys, other=0)
-        node_bits = (bits >> (nodes % 32)) & 1
-        tl.store(slots + tl.cumsum(node_bits, 0) - 1, nodes, mask=node_bits != 0)
-        tl.debug_barrier()  # the scatter above is read by other threads below
-        node_end = prefix + tl.sum(node_bits, 0)
-        tile_end = tl.maximum(tile_end, node_end)
-        held = tl.full([], -1, tl.int32)  # the split whose state m_i, l_i, acc hold
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for block in range(shared_end, node_end, BLOCK_N):
-            split = block // split_keys
-            if split != held:
-                if held >= 0:
-                    part = _part_rows(b, held, num_splits, num_queries, q_heads, query, head)
-                    _store_state(part_o_ptr, part_ml_ptr, part, mine, dims, dim_ok, HEAD_DIM,
-                                 m_i, l_i, acc)
-                part = _part_rows(b, split, num_splits, num_queries, q_heads, query, head)
-                m_i, l_i, acc = _load_state(part_o_ptr, part_ml_ptr, part, mine, dims, dim_ok,
-                                            HEAD_DIM)
-                held = split
-            pos = block + keys
-            key_ok = pos < node_end
-            tree_key = tl.load(slots + (pos - prefix), mask=key_ok & (pos >= prefix), other=0)
-            rows_of = tl.where(pos < prefix, pos, prefix + tree_key)
-            m_new, l_new, acc_new = _key_block(
-                q, k_seq, v_seq, rows_of, mine[:, None] & key_ok[None, :], key_ok, dims, dim_ok,
-                stride_kn, scale_log2, m_i, l_i, acc, DOT_PRECISION, UPCAST)
-            m_i = tl.where(mine, m_new, m_i)
-            l_i = tl.where(mine, l_new, l_i)
-            acc = tl.where(mine[:, None], acc_new, acc)
-        if held >= 0:
-            part = _part_rows(b, held, num_splits, num_queries, q_heads, query, head)
-            _store_state(part_o_ptr, part_ml_ptr, part, mine, dims, dim_ok, HEAD_DIM, m_i, l_i,
-                         acc)
-        tl.debug_barrier()  # states stored, slots free for the next node
+    bits = tl.load(mask_ptr + (b.to(tl.int64) * num_queries + node) * words + nodes // 32,
+                   mask=nodes < tree_keys, other=0)
+    node_bits = (bits >> (nodes % 32)) & 1
+    tl.store(slots + tl.cumsum(node_bits, 0) - 1, nodes, mask=node_bits != 0)
+    tl.debug_barrier()  # the scatter above is read by other threads below
+    node_end = prefix + tl.sum(node_bits, 0)
+    held = tl.full([], -1, tl.int32)  # the split whose state m_i, l_i, acc hold
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for block in range(shared_end, node_end, BLOCK_N):
+        split = block // split_keys
+        if split != held:
+            if held >= 0:
+                part = _part_rows(b, held, num_splits, num_queries, q_heads, query, head)
+                _store_state(part_o_ptr, part_ml_ptr, part, mine, dims, dim_ok, HEAD_DIM, m_i,
+                             l_i, acc)
+            part = _part_rows(b, split, num_splits, num_queries, q_heads, query, head)
+            m_i, l_i, acc = _load_state(part_o_ptr, part_ml_ptr, part, mine, dims, dim_ok,
+                                        HEAD_DIM)
+            held = split
+        pos = block + keys
+        key_ok = pos < node_end
+        tree_key = tl.load(slots + (pos - prefix), mask=key_ok & (pos >= prefix), other=0)
+        rows_of = tl.where(pos < prefix, pos, prefix + tree_key)
+        m_new, l_new, acc_new = _key_block(
+            q, k_seq, v_seq, rows_of, mine[:, None] & key_ok[None, :], key_ok, dims, dim_ok,
+            stride_kn, scale_log2, m_i, l_i, acc, DOT_PRECISION, UPCAST)
+        m_i = tl.where(mine, m_new, m_i)
+        l_i = tl.where(mine, l_new, l_i)
+        acc = tl.where(mine[:, None], acc_new, acc)
+    if held >= 0:
+        part = _part_rows(b, held, num_splits, num_queries, q_heads, query, head)
+        _store_state(part_o_ptr, part_ml_ptr, part, mine, dims, dim_ok, HEAD_DIM, m_i, l_i,
+                     acc)
+    tl.debug_barrier()  # the states stored above are read by other threads below
 
     # merge the splits in order: sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s (one split
     # gives acc / l exactly; a split that saw no key has weight 0 and would add exact zeros,
-    # so the empty splits past the tile's lists are left out)
-    used = tl.cdiv(tile_end, split_keys)
+    # so the empty splits past the node's list are left out)
+    used = tl.cdiv(node_end, split_keys)
     top = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for split in range(used):
         part = _part_rows(b, split, num_splits, num_queries, q_heads, query, head)
-        top = tl.maximum(top, tl.load(part_ml_ptr + part * 2, mask=row_ok, other=float("-inf")))
+        top = tl.maximum(top, tl.load(part_ml_ptr + part * 2, mask=mine, other=float("-inf")))
     top = tl.where(top == float("-inf"), 0.0, top)
     total = tl.zeros([BLOCK_M], tl.float32)
     out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for split in range(used):
         part = _part_rows(b, split, num_splits, num_queries, q_heads, query, head)
-        m_s, l_s, acc_s = _load_state(part_o_ptr, part_ml_ptr, part, row_ok, dims, dim_ok,
+        m_s, l_s, acc_s = _load_state(part_o_ptr, part_ml_ptr, part, mine, dims, dim_ok,
                                       HEAD_DIM)
         weight = tl.exp2(m_s - top)
         total += l_s * weight
@@ -255,7 +257,7 @@ def _tree_tail_kernel(
     out = out / tl.where(total == 0.0, 1.0, total)[:, None]
     out_rows = out_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
     tl.store(out_rows[:, None] + dims[None, :], _cast(out, out_ptr.dtype.element_ty, UPCAST),
-             mask=row_ok[:, None] & dim_ok[None, :])
+             mask=mine[:, None] & dim_ok[None, :])
 
 
 @triton.jit
@@ -412,7 +414,8 @@ TRITON_MAX_HEAD_DIM = 256  # q, acc and a K / V block of BLOCK_D columns stay in
 
 def _triton_supports(head_dim, **_) -> str | None:
     if head_dim > TRITON_MAX_HEAD_DIM:
-        return (f"q: expected head_dim <= {TRITON_MAX_HEAD_DIM} (attention_triton.TRITON_MAX_HEAD_DIM), "
+        return (f"q: expected head_dim <= {TRITON_MAX_HEAD_DIM} "
+                f"(attention_triton.TRITON_MAX_HEAD_DIM), "
                 f"got {head_dim}")
     return None
 
@@ -491,12 +494,13 @@ def _ordered_launch(q, k_cache, v_cache, cache_lens, tree_mask, tree_keys, num_s
         q, k_cache, v_cache, cache_lens, part_o, part_ml, *shape, num_splits, split_keys,
         max_len, scale_log2, *_strides(q, k_cache), **meta)
     block_t = triton.next_power_of_2(tree_keys)
-    slots = torch.empty(tiles * batch * block_t, dtype=torch.int32, device=q.device)
+    node_slots = (config.block_m - 1) // meta["GROUP"] + 2  # most nodes a row tile can touch
+    slots = torch.empty(tiles * node_slots * batch * block_t, dtype=torch.int32, device=q.device)
     out = torch.empty_like(q)
-    _tree_tail_kernel[(tiles, batch)](
+    _tree_tail_kernel[(tiles * node_slots, batch)](
         q, k_cache, v_cache, cache_lens, tree_mask, out, part_o, part_ml, slots, *shape,
         tree_mask.shape[2], num_splits, split_keys, max_len, scale_log2,
-        *_strides(q, k_cache), BLOCK_T=block_t, **meta)
+        *_strides(q, k_cache), BLOCK_T=block_t, NODE_SLOTS=node_slots, **meta)
     return out
 
 
