@@ -124,14 +124,9 @@ def _prefix_splits_kernel(
     tile = tl.program_id(0) % row_tiles
     b = tl.program_id(1)
 
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < num_queries * GROUP
-    query = rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HEAD_DIM
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
-    q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    row_ok, query, head, dims, dim_ok, q = _tile_rows(
+        q_ptr, b, tile, kv_head, num_queries, stride_qb, stride_qn, stride_qh, GROUP, HEAD_DIM,
+        BLOCK_D, BLOCK_M)
     shared_end = _clamped_prefix(lens_ptr, b, max_len, tree_keys) // BLOCK_N * BLOCK_N
     k_seq = k_ptr + b.to(tl.int64) * stride_kb + kv_head * stride_kh
     v_seq = v_ptr + b.to(tl.int64) * stride_kb + kv_head * stride_kh
@@ -181,15 +176,10 @@ def _tree_tail_kernel(
     if node > tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, num_queries - 1):
         return  # the tile has fewer nodes than slots
 
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < num_queries * GROUP
-    query = rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
+    row_ok, query, head, dims, dim_ok, q = _tile_rows(
+        q_ptr, b, tile, kv_head, num_queries, stride_qb, stride_qn, stride_qh, GROUP, HEAD_DIM,
+        BLOCK_D, BLOCK_M)
     mine = row_ok & (query == node)
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HEAD_DIM
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
-    q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
     prefix = _clamped_prefix(lens_ptr, b, max_len, tree_keys)
     shared_end = prefix // BLOCK_N * BLOCK_N
     k_seq = k_ptr + b.to(tl.int64) * stride_kb + kv_head * stride_kh
@@ -261,6 +251,24 @@ def _tree_tail_kernel(
 
 
 @triton.jit
+def _tile_rows(q_ptr, b, tile, kv_head, num_queries, stride_qb, stride_qn, stride_qh,
+               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """Row tile ``tile`` of KV head ``kv_head`` in sequence b: rows r -> (query r // GROUP, query
+    head kv_head * GROUP + r % GROUP); returns (row_ok, query, head, dims, dim_ok, q), q being
+    the tile's [BLOCK_M, BLOCK_D] query rows (0 past the rows and the head size)."""
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_queries * GROUP
+    query = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
+    q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    return row_ok, query, head, dims, dim_ok, q
+
+
+@triton.jit
 def _clamped_prefix(lens_ptr, b, max_len, tree_keys):
     """cache_lens[b] clamped to [0, max_len - T], so no key read leaves the sequence's cache
     whatever cache_lens holds (the op rejects such lengths only while value checks are on;
@@ -316,14 +324,9 @@ def _tree_attention_kernel(
     b = tl.program_id(1)
     split = tl.program_id(2)
 
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < num_queries * GROUP
-    query = rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HEAD_DIM
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + query * stride_qn + head * stride_qh
-    q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    row_ok, query, head, dims, dim_ok, q = _tile_rows(
+        q_ptr, b, tile, kv_head, num_queries, stride_qb, stride_qn, stride_qh, GROUP, HEAD_DIM,
+        BLOCK_D, BLOCK_M)
 
     prefix = _clamped_prefix(lens_ptr, b, max_len, tree_keys)
     mask_rows = mask_ptr + (b.to(tl.int64) * num_queries + query) * words
