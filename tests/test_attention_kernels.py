@@ -283,7 +283,8 @@ def test_ordered_split_positions_follow_the_capacity_bucket_only():
     capacity's power of two / 32 (a 32-wide key block for 256-wide heads divides them too)."""
     for max_len in (1, 300, 8192):
         assert attention_triton.split_keys_for(max_len, 64) == 256
-    assert attention_triton.split_keys_for(8193, 64) == attention_triton.split_keys_for(16384, 64) == 512
+    split_keys_for = attention_triton.split_keys_for
+    assert split_keys_for(8193, 64) == split_keys_for(16384, 64) == 512
     assert attention_triton.split_keys_for(100_000, 32) == 4096
 
 

@@ -55,7 +55,8 @@ from eagle_kernels.ops._backend import backend_status  # noqa: E402
 
 MODELS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64), "smoke": (4, 2, 16)}
 NUM_NODES = 60
-# Triton variants (module constants of ops.attention_triton set around the call), on these shapes only
+# Triton variants (module constants of ops.attention_triton set around the call), on these
+# shapes only
 TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32}, "triton_m64": {"TRITON_BLOCK_M": 64},
                    "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0},
                    "triton_p1": {"PREFIX_PROGRAMS_PER_SM": 1},

@@ -39,6 +39,7 @@ ORDERED_MAX_TREE_KEYS = 256  # trees up to this many keys reduce in position ord
 # the per-node loop fold the same block for a decode step and a tree node, and ptxas could
 # contract their multiplies and adds differently (fma rounds once, mul + add twice).
 EXACT_ROUNDING = {"enable_fp_fusion": False}
+LOG2_E = math.log2(math.e)  # exp(x) = exp2(x log2 e): the kernels' logits are base 2
 
 
 @triton.jit
@@ -461,18 +462,13 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     ordered = tree_keys <= ORDERED_MAX_TREE_KEYS
     config = triton_config(num_queries * group, head_dim, ordered)
     row_tiles = triton.cdiv(num_queries * group, config.block_m)
+    meta = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n, DOT_PRECISION=dot_precision(q),
+                UPCAST=interpreter_upcast(q), num_warps=config.num_warps, **EXACT_ROUNDING)
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     launch = _ordered_launch if ordered else _slot_order_launch
     return launch(q, k_cache, v_cache, cache_lens, tree_mask, tree_keys, num_splits, config,
-                  row_tiles * kv_heads, dict(
-                      GROUP=group, HEAD_DIM=head_dim,
-                      BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                      BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                      DOT_PRECISION=dot_precision(q), UPCAST=interpreter_upcast(q),
-                      num_warps=config.num_warps, **EXACT_ROUNDING),
-                  head_dim**-0.5 * LOG2_E if sm_scale is None else float(sm_scale) * LOG2_E)
-
-
-LOG2_E = math.log2(math.e)
+                  row_tiles * kv_heads, meta, scale * LOG2_E)
 
 
 def _strides(q, k_cache):
