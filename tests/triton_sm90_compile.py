@@ -53,11 +53,18 @@ def variants(fn, signature, constexprs, **changes):
         build(fn, {**signature, **types}, {**constexprs, **values}, label)
 
 
-variants(topk._topk_log_softmax_kernel,
-         {"logits_ptr": "*bf16", "d2t_ptr": "*i64", "values_ptr": "*fp32", "ids_ptr": "*i64",
-          "vocab": "i32"},
-         {"K": 10, "KP": 16, "BLOCK": 4096, "HAS_D2T": True},
-         no_d2t={"HAS_D2T": False, "logits_ptr": "*fp32"}, k_one={"K": 1, "KP": 1})
+variants(topk._topk_chunk_kernel,
+         {"logits_ptr": "*bf16", "keys_ptr": "*i64", "max_ptr": "*fp32", "sum_ptr": "*fp32",
+          "vocab": "i32", "chunks": "i32"},
+         {"K": 10, "KP": 16, "CHUNK": 2048},
+         fp32={"logits_ptr": "*fp32"}, k_one={"K": 1, "KP": 1})
+variants(topk._topk_merge_kernel,
+         {"logits_ptr": "*bf16", "d2t_ptr": "*i64", "keys_ptr": "*i64", "max_ptr": "*fp32",
+          "sum_ptr": "*fp32", "values_ptr": "*fp32", "ids_ptr": "*i64", "vocab": "i32",
+          "chunks": "i32"},
+         {"K": 10, "KP": 16, "CP": 16, "HAS_D2T": True},
+         no_d2t={"HAS_D2T": False, "logits_ptr": "*fp32"}, k_one={"K": 1, "KP": 1},
+         one_chunk={"chunks": 1, "CP": 1}, vocab_152k={"CP": 128, "K": 32, "KP": 32})
 variants(topk._expand_kernel,
          {"frontier_ptr": "*fp32", "child_ptr": "*fp32", "candidate_ptr": "*fp32",
           "next_index_ptr": "*i64", "next_scores_ptr": "*fp32", "frontier": "i32",
