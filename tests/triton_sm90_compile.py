@@ -103,16 +103,37 @@ variants(sampling._row_stats_kernel,
          {"logits_ptr": "*bf16", **STATS, **SAMPLING_PARAMS, "vocab": "i32",
           "rows_per_param": "i32"}, SAMPLING_FLAGS,
          neither_top_k_nor_top_p={**NO_TOP_K_NOR_P, "rows_per_param": 1})
-ACCEPT_INPUTS = {"logits_ptr": "*bf16", "accept_u_ptr": "*fp32", "bonus_u_ptr": "*fp32",
-                 **STATS, "temp_ptr": "*fp32", "temp": "fp32", **OUTPUTS, "num_nodes": "i32",
-                 "vocab": "i32"}
+variants(sampling._chunk_stats_kernel,
+         {"logits_ptr": "*bf16", "max_ptr": "*fp32", "sum_ptr": "*fp32", "temp_ptr": "*fp32",
+          "temp": "fp32", "vocab": "i32", "chunks": "i32", "rows_per_param": "i32"},
+         {"TEMP_PER_ROW": True, "CHUNK": 2048},
+         scalar_temperature_fp32={"TEMP_PER_ROW": False, "logits_ptr": "*fp32",
+                                  "rows_per_param": 1})
+variants(sampling._merge_stats_kernel,
+         {"max_ptr": "*fp32", "sum_ptr": "*fp32", **STATS, "chunks": "i32"}, {"CP": 16},
+         one_chunk={"chunks": 1, "CP": 1})
+BONUS_INPUTS = {"logits_ptr": "*bf16", "draft_ptr": "*fp32", **STATS, "temp_ptr": "*fp32",
+                "temp": "fp32", "row_ptr": "*i64", "q_row_ptr": "*i64", "removed_ptr": "*i64",
+                "num_removed_ptr": "*i32", "sums_ptr": "*fp32", "lasts_ptr": "*i32",
+                "vocab": "i32", "chunks": "i32", "removed_stride": "i32"}
+BONUS_CHAIN = {"TEMP_PER_ROW": True, "HAS_Q": True, "HAS_REMOVED": False, "CHUNK": 2048}
+BONUS_TREE = {"TEMP_PER_ROW": False, "HAS_Q": False, "HAS_REMOVED": True, "logits_ptr": "*fp32"}
+variants(sampling._bonus_chunk_kernel, BONUS_INPUTS, BONUS_CHAIN, tree=BONUS_TREE)
+variants(sampling._bonus_pick_kernel,
+         {**BONUS_INPUTS, "bonus_u_ptr": "*fp32", "num_acc_ptr": "*i32", "out_tokens_ptr": "*i64",
+          "width": "i32"}, {**BONUS_CHAIN, "CP": 16}, tree=BONUS_TREE,
+         one_chunk={"chunks": 1, "CP": 1})
+ACCEPT_INPUTS = {"logits_ptr": "*bf16", "accept_u_ptr": "*fp32", **STATS, "temp_ptr": "*fp32",
+                 "temp": "fp32", **OUTPUTS, "num_nodes": "i32", "vocab": "i32"}
 variants(acceptance._stochastic_tree_kernel,
-         {"tokens_ptr": "*i64", "parents_ptr": "*i32", **ACCEPT_INPUTS, "width": "i32"},
-         {"TEMP_PER_ROW": True, "BLOCK_N": 64, "BLOCK_W": 8, "BLOCK": 2048},
+         {"tokens_ptr": "*i64", "parents_ptr": "*i32", **ACCEPT_INPUTS, "bonus_row_ptr": "*i64",
+          "removed_ptr": "*i64", "num_removed_ptr": "*i32", "width": "i32"},
+         {"TEMP_PER_ROW": True, "BLOCK_N": 64, "BLOCK_W": 8},
          scalar_temperature_fp32={"TEMP_PER_ROW": False, "logits_ptr": "*fp32", "width": 1})
-build(acceptance._stochastic_chain_kernel,
-      {"tokens_ptr": "*i64", "draft_ptr": "*fp32", **ACCEPT_INPUTS},
-      {"TEMP_PER_ROW": True, "BLOCK_W": 8, "BLOCK": 2048})
+variants(acceptance._stochastic_chain_kernel,
+         {"tokens_ptr": "*i64", "draft_ptr": "*fp32", **ACCEPT_INPUTS, "bonus_row_ptr": "*i64",
+          "q_row_ptr": "*i64"}, {"TEMP_PER_ROW": True, "BLOCK_W": 8},
+         one_node={"num_nodes": 1, "BLOCK_W": 1})
 variants(kv._compact_kv_kernel,
          {"base_ptr": "*bf16", "offsets_ptr": "*i64", "row_words_ptr": "*i64",
           "cache_lens_ptr": "*i32", "nodes_ptr": "*i32", "num_accepted_ptr": "*i32",

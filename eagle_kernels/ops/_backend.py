@@ -215,9 +215,11 @@ ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attent
 # Revision of a GPU kernel's code, raised whenever it is rewritten: a verdict entry proves the
 # revision it records (entries that record none: 1), so a rewritten kernel leaves ``auto`` on
 # every GPU until a run proves it there. Revision 2: the two-pass ordered tree attention and
-# the linear's 64-row tile (2026-11-27); the top-k in two passes, chunks then rows (2026-11-28).
+# the linear's 64-row tile (2026-11-27); the top-k in two passes, chunks then rows, and the
+# stochastic acceptance's statistics and bonus draw over vocabulary chunks (2026-11-28).
 KERNEL_REVISIONS = {("tree_attention", "triton"): 2, ("linear", "triton"): 2,
-                    ("topk_log_softmax", "triton"): 2}
+                    ("topk_log_softmax", "triton"): 2, ("stochastic_accept_tree", "triton"): 2,
+                    ("stochastic_accept_chain", "triton"): 2}
 
 
 def kernel_revision(op: str, backend: str) -> int:

@@ -15,10 +15,11 @@ Triton kernels (no host syncs, one program per row or per sequence):
 * greedy: ``_argmax_kernel`` (one program per node row: blockwise max, lowest index on ties),
   then ``_greedy_paths_kernel`` (one program per sequence: every path row scored at once as a
   [P, W] tile, first mismatch = accepted length, best row by argmax, outputs as vectors).
-* stochastic: ``sampling._row_stats_kernel`` (temperature / top-k / top-p statistics of every
-  node row, sort-free), then one program per sequence walks the tree (or chain) in ascending
-  node order with O(1) token probabilities, and draws the bonus token by a blockwise inverse
-  CDF of the residual (:func:`sampling.sample_row`).
+* stochastic: the temperature / top-k / top-p statistics of every node row, sort-free
+  (:func:`sampling.row_stats_triton`), then one program per sequence decides with O(1) token
+  probabilities (the tree walked in ascending node order; a chain's nodes all at once) and
+  leaves the bonus row, which :func:`sampling.draw_bonus` samples by an inverse CDF over
+  2048-entry chunks (one program per chunk, then one per sequence).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from . import reference
 from .sampling import (LOGIT_DTYPE_CODES, check_sampling, row_stats_cuda, row_stats_triton,
-                       sample_row, temperature_args, token_prob, vocab_block)
+                       draw_bonus, temperature_args, token_prob, vocab_block)
 from ._backend import (cpu_extension, cuda_extension, cuda_limit, cuda_stream, register,
                        resolve)
 from ._triton import tl, triton
@@ -292,12 +293,6 @@ def _greedy_accept_tree_triton(tokens, paths, target_logits) -> AcceptResult:
 
 
 @triton.jit
-def _load_stats(m_ptr, kkey_ptr, tau_ptr, z_ptr, row):
-    return (tl.load(m_ptr + row), tl.load(kkey_ptr + row), tl.load(tau_ptr + row),
-            tl.load(z_ptr + row))
-
-
-@triton.jit
 def _node_probs(tokens, rows, logits_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, t, vocab, valid):
     """p(token of node i) under row rows[i], for all nodes at once: the walk below then runs on
     registers instead of one dependent global load per node."""
@@ -313,11 +308,11 @@ def _node_probs(tokens, rows, logits_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, t, vo
 
 
 @triton.jit
-def _stochastic_tree_kernel(tokens_ptr, parents_ptr, logits_ptr, accept_u_ptr, bonus_u_ptr,
-                            m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp, out_tokens_ptr,
-                            num_acc_ptr, out_nodes_ptr, num_nodes, vocab, width,
-                            TEMP_PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_W: tl.constexpr, BLOCK: tl.constexpr):
+def _stochastic_tree_kernel(tokens_ptr, parents_ptr, logits_ptr, accept_u_ptr, m_ptr, kkey_ptr,
+                            tau_ptr, z_ptr, temp_ptr, temp, out_tokens_ptr, num_acc_ptr,
+                            out_nodes_ptr, bonus_row_ptr, removed_ptr, num_removed_ptr,
+                            num_nodes, vocab, width, TEMP_PER_ROW: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     """One program per sequence. A child is only ever tried under its parent's distribution, so
     every node's p(token) is gathered up front. Children have larger indices than their parent,
     so one ascending scan visits, in order, exactly the children of the current node: child x
@@ -372,25 +367,24 @@ def _stochastic_tree_kernel(tokens_ptr, parents_ptr, logits_ptr, accept_u_ptr, b
         removed = tl.where(accept, -1, removed)
         num_removed = tl.where(accept, 0, num_removed)
         removed_mass = tl.where(accept, 0.0, removed_mass)
-    m, kkey, tau, z = _load_stats(m_ptr, kkey_ptr, tau_ptr, z_ptr, seq + cur)
-    bonus = sample_row(logits_ptr + (seq + cur) * vocab, logits_ptr, vocab, t, m, kkey, tau, z,
-                       0.0, removed, num_removed, tl.load(bonus_u_ptr + b), HAS_Q=False,
-                       HAS_REMOVED=True, BLOCK_N=BLOCK_N, BLOCK=BLOCK)
-    out = tl.where(j == accepted, bonus, out)
     tl.store(out_tokens_ptr + b * width + j, out, mask=j < width)
     tl.store(out_nodes_ptr + b * width + j, nodes, mask=j < width)
     tl.store(num_acc_ptr + b, accepted)
+    # the bonus draw (sampling.draw_bonus): the final node's target minus the removed tokens
+    tl.store(bonus_row_ptr + b, seq + cur)
+    tl.store(removed_ptr + b * BLOCK_N + slot, removed)
+    tl.store(num_removed_ptr + b, num_removed)
 
 
 @triton.jit
-def _stochastic_chain_kernel(tokens_ptr, draft_ptr, logits_ptr, accept_u_ptr, bonus_u_ptr,
-                             m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp, out_tokens_ptr,
-                             num_acc_ptr, out_nodes_ptr, num_nodes, vocab,
-                             TEMP_PER_ROW: tl.constexpr, BLOCK_W: tl.constexpr,
-                             BLOCK: tl.constexpr):
+def _stochastic_chain_kernel(tokens_ptr, draft_ptr, logits_ptr, accept_u_ptr, m_ptr, kkey_ptr,
+                             tau_ptr, z_ptr, temp_ptr, temp, out_tokens_ptr, num_acc_ptr,
+                             out_nodes_ptr, bonus_row_ptr, q_row_ptr, num_nodes, vocab,
+                             TEMP_PER_ROW: tl.constexpr, BLOCK_W: tl.constexpr):
     """One program per sequence: node i accepted iff u * q(x) < p(x) with p the target at node
-    i - 1 (all p(x), q(x) gathered up front); the first rejection fixes the bonus row (residual
-    max(0, p - q)), else the bonus comes from the target at the last node."""
+    i - 1, so the accepted count is the first rejected node - 1, all nodes decided at once.
+    The bonus row (sampling.draw_bonus): that node's parent with residual max(0, p - q) at a
+    rejection, else the last node's target. Outputs but the bonus token are written here."""
     b = tl.program_id(0).to(tl.int64)
     t = temp
     if TEMP_PER_ROW:
@@ -407,33 +401,16 @@ def _stochastic_chain_kernel(tokens_ptr, draft_ptr, logits_ptr, accept_u_ptr, bo
     in_vocab = drafted & (tokens >= 0) & (tokens < vocab)
     draft = tl.load(draft_ptr + q_rows * vocab + tl.where(in_vocab, tokens, 0), mask=in_vocab,
                     other=0.0)
-    out = tl.full([BLOCK_W], -1, tl.int64)
-    nodes = tl.where(j == 0, 0, -1)
-    accepted = tl.full([], 0, tl.int32)
-    done = tl.full([], 0, tl.int1)
-    bonus_row = tl.full([], 0, tl.int32) + num_nodes - 1
-    q_scale = tl.full([], 0.0, tl.float32)
-    for i in range(1, num_nodes):
-        token = tl.sum(tl.where(j == i, tokens, 0), 0)
-        u = tl.sum(tl.where(j == i, uniforms, 0), 0)
-        q = tl.sum(tl.where(j == i, draft, 0), 0)
-        accept = (~done) & (u * q < tl.sum(tl.where(j == i, probs, 0), 0))
-        reject = (~done) & (~accept)
-        out = tl.where((j == accepted) & accept, token, out)
-        nodes = tl.where((j == accepted + 1) & accept, i, nodes)
-        accepted = tl.where(accept, accepted + 1, accepted)
-        bonus_row = tl.where(reject, i - 1, bonus_row)
-        q_scale = tl.where(reject, 1.0, q_scale)
-        done = done | reject
-    m, kkey, tau, z = _load_stats(m_ptr, kkey_ptr, tau_ptr, z_ptr, seq + bonus_row)
-    q_row = draft_ptr + (b * (num_nodes - 1) + tl.minimum(bonus_row, num_nodes - 2)) * vocab
-    bonus = sample_row(logits_ptr + (seq + bonus_row) * vocab, q_row, vocab, t, m, kkey, tau, z,
-                       q_scale, out, 0, tl.load(bonus_u_ptr + b), HAS_Q=True,
-                       HAS_REMOVED=False, BLOCK_N=BLOCK_W, BLOCK=BLOCK)
-    out = tl.where(j == accepted, bonus, out)
+    rejected = drafted & ~(uniforms * draft < probs)
+    first_rejected = tl.min(tl.where(rejected, j, num_nodes), 0)
+    accepted = first_rejected - 1
+    out = tl.load(tokens_ptr + seq + j + 1, mask=j < accepted, other=-1)
     tl.store(out_tokens_ptr + seq + j, out, mask=j < num_nodes)
-    tl.store(out_nodes_ptr + seq + j, nodes, mask=j < num_nodes)
+    tl.store(out_nodes_ptr + seq + j, tl.where(j <= accepted, j, -1), mask=j < num_nodes)
     tl.store(num_acc_ptr + b, accepted)
+    tl.store(bonus_row_ptr + b, seq + accepted)
+    tl.store(q_row_ptr + b, tl.where(first_rejected < num_nodes, b * (num_nodes - 1) + accepted,
+                                     -1))
 
 
 def _stochastic_accept_tree_triton(tokens, parents, target_logits, accept_uniforms,
@@ -444,14 +421,21 @@ def _stochastic_accept_tree_triton(tokens, parents, target_logits, accept_unifor
     result = _empty_outputs(batch, width, tokens.device)
     if batch == 0:
         return result
-    stats = row_stats_triton(target_logits.view(batch * num_nodes, vocab), num_nodes,
-                             temperature, top_k, top_p)
+    logits = target_logits.view(batch * num_nodes, vocab)
+    stats = row_stats_triton(logits, num_nodes, temperature, top_k, top_p)
+    block_n = triton.next_power_of_2(num_nodes)
+    bonus_rows = torch.empty(batch, dtype=torch.int64, device=tokens.device)
+    removed = torch.empty(batch, block_n, dtype=torch.int64, device=tokens.device)
+    num_removed = torch.empty(batch, dtype=torch.int32, device=tokens.device)
     _stochastic_tree_kernel[(batch,)](
-        tokens, parents, target_logits, accept_uniforms, bonus_uniforms, *stats,
+        tokens, parents, target_logits, accept_uniforms, *stats,
         out_tokens_ptr=result.output_tokens, num_acc_ptr=result.num_accepted,
-        out_nodes_ptr=result.accepted_nodes, num_nodes=num_nodes, vocab=vocab, width=width,
-        BLOCK_N=triton.next_power_of_2(num_nodes), BLOCK_W=triton.next_power_of_2(width),
-        BLOCK=vocab_block(vocab), **temperature_args(temperature, target_logits))
+        out_nodes_ptr=result.accepted_nodes, bonus_row_ptr=bonus_rows, removed_ptr=removed,
+        num_removed_ptr=num_removed, num_nodes=num_nodes, vocab=vocab, width=width,
+        BLOCK_N=block_n, BLOCK_W=triton.next_power_of_2(width),
+        **temperature_args(temperature, target_logits))
+    draw_bonus(logits, None, stats, bonus_rows, None, bonus_uniforms, result, temperature,
+               removed, num_removed)
     return result
 
 
@@ -461,14 +445,17 @@ def _stochastic_accept_chain_triton(tokens, draft_probs, target_logits, accept_u
     result = _empty_outputs(batch, num_nodes, tokens.device)
     if batch == 0:
         return result
-    stats = row_stats_triton(target_logits.view(batch * num_nodes, vocab), num_nodes,
-                             temperature, top_k, top_p)
+    logits = target_logits.view(batch * num_nodes, vocab)
+    stats = row_stats_triton(logits, num_nodes, temperature, top_k, top_p)
+    bonus_rows, q_rows = torch.empty(2, batch, dtype=torch.int64, device=tokens.device)
     _stochastic_chain_kernel[(batch,)](
-        tokens, draft_probs, target_logits, accept_uniforms, bonus_uniforms, *stats,
+        tokens, draft_probs, target_logits, accept_uniforms, *stats,
         out_tokens_ptr=result.output_tokens, num_acc_ptr=result.num_accepted,
-        out_nodes_ptr=result.accepted_nodes, num_nodes=num_nodes, vocab=vocab,
-        BLOCK_W=triton.next_power_of_2(num_nodes), BLOCK=vocab_block(vocab),
+        out_nodes_ptr=result.accepted_nodes, bonus_row_ptr=bonus_rows, q_row_ptr=q_rows,
+        num_nodes=num_nodes, vocab=vocab, BLOCK_W=triton.next_power_of_2(num_nodes),
         **temperature_args(temperature, target_logits))
+    draw_bonus(logits, draft_probs, stats, bonus_rows, q_rows, bonus_uniforms, result,
+               temperature)
     return result
 
 
