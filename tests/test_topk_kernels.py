@@ -195,6 +195,20 @@ def test_cpu_select_limit(gen):
             ops.eagle2_expand(torch.zeros(1, 2), torch.zeros(1, 2, most), most + 1, backend="cpu")
 
 
+def test_triton_topk_refuses_k_past_its_limit(gen):
+    """k past TOPK_TRITON_MAX_K is refused by name when triton is asked for, and auto takes
+    another backend; k at the limit runs and matches."""
+    from eagle_kernels.ops import _backend, topk
+
+    most = topk.TOPK_TRITON_MAX_K
+    logits = random_logits(2, 3000, torch.float32, gen)
+    values, ids = ops.topk_log_softmax(logits, most, backend="triton")
+    assert_topk_matches(values, ids, logits, most, note=seed_note(gen))
+    with pytest.raises(ValueError, match="TOPK_TRITON_MAX_K"):
+        ops.topk_log_softmax(logits, most + 1, backend="triton")
+    assert _backend.resolve("topk_log_softmax", "auto", logits.device, k=most + 1)[0] != "triton"
+
+
 def test_cuda_topk_rejects_large_k(ext):
     with pytest.raises(ValueError, match="k must be in"):
         host_topk(ext, torch.randn(1, 100), 33)

@@ -10,7 +10,7 @@ ops are safe under CUDA-graph capture. Backends: ``torch`` (reference) everywher
 (``csrc/cpu/acceptance.h``) for the greedy ops, what ``auto`` runs on CPU. GPU kernels are
 explicit only (``auto=False``) until proven against the reference on a GPU.
 
-Triton kernels (no host syncs, one program per row or per sequence):
+Triton kernels (no host syncs, one program per row, per sequence or per vocabulary chunk):
 
 * greedy: ``_argmax_kernel`` (one program per node row: blockwise max, lowest index on ties),
   then ``_greedy_paths_kernel`` (one program per sequence: every path row scored at once as a

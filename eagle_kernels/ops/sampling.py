@@ -6,7 +6,8 @@ and the per-row helpers the
 stochastic acceptance kernels (:mod:`eagle_kernels.ops.acceptance`) share. The contract is
 :func:`eagle_kernels.ops.reference.target_probs` / :func:`~.reference.sample_from_probs`.
 
-Row statistics (one program per row of logits, no full-vocabulary sort):
+Row statistics (no full-vocabulary sort; one program per row with top-k / top-p, else one per
+2048-entry chunk, see below):
 
 * ``m``    the row maximum of ``s = logits / temperature`` (IEEE division, like the reference);
 * ``kkey`` the order key of the k-th largest ``s``: a 32-step binary search over the 32-bit
@@ -145,7 +146,8 @@ def _top_p_tau(row_ptr, vocab, temperature, m, kkey, top_p, BLOCK: tl.constexpr)
 @triton.jit
 def _online_max_sum(row_ptr, vocab, temperature, BLOCK: tl.constexpr):
     """Row max of s and sum of exp(s - max) in ONE pass (running per-lane max and rescaled
-    sums, as in online softmax): plain temperature sampling reads each logit once here."""
+    sums, as in online softmax): target_probs without top-k / top-p reads each logit once
+    here (the acceptance ops take the chunked statistics instead)."""
     lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
     lane_sum = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab, BLOCK):
@@ -481,8 +483,9 @@ def draw_bonus(logits, draft_probs, stats, rows, q_rows, bonus_uniforms, result,
     """Bonus tokens of an acceptance kernel's sequences into ``result.output_tokens[b,
     num_accepted[b]]``: for sequence b, from logits row ``rows[b]`` (of the [B * N, V] rows,
     ``stats`` its row statistics), minus draft row ``q_rows[b]`` of ``draft_probs`` when given
-    and >= 0, with ``removed[b, :num_removed[b]]`` zeroed when given. One program per 2048-entry chunk
-    and sequence sums the residual, then one per sequence draws from the chosen chunk."""
+    and >= 0, with ``removed[b, :num_removed[b]]`` zeroed when given. One program per
+    2048-entry chunk and sequence sums the residual, then one per sequence draws from the
+    chosen chunk."""
     batch, width = result.output_tokens.shape
     vocab = logits.shape[-1]
     chunk = min(SAMPLING_CHUNK, triton.next_power_of_2(vocab))
@@ -497,7 +500,8 @@ def draw_bonus(logits, draft_probs, stats, rows, q_rows, bonus_uniforms, result,
                   num_removed_ptr=num_removed if has_removed else rows, sums_ptr=sums,
                   lasts_ptr=lasts, vocab=vocab, chunks=chunks,
                   removed_stride=removed.shape[1] if has_removed else 0,
-                  HAS_Q=q_rows is not None, HAS_REMOVED=has_removed, CHUNK=chunk, **temperature_args(temperature, logits))
+                  HAS_Q=q_rows is not None, HAS_REMOVED=has_removed, CHUNK=chunk,
+                  **temperature_args(temperature, logits))
     _bonus_chunk_kernel[(batch, chunks)](**common)
     _bonus_pick_kernel[(batch,)](**common, bonus_u_ptr=bonus_uniforms,
                                  num_acc_ptr=result.num_accepted,

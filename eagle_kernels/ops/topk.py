@@ -42,7 +42,8 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     logits : [R, V] float16 / bfloat16 / float32, contiguous (-inf allowed, not NaN).
     k : int, 1 <= k <= V.
     d2t : [V] int64, optional; draft id i maps to target id ``i + d2t[i]`` (EAGLE-3).
-    backend : "auto", "cuda" (k <= ``_C.TOPK_MAX_K``, 32), "triton", "cpu" or "torch".
+    backend : "auto", "cuda" (k <= ``_C.TOPK_MAX_K``, 32), "triton" (k <= 64), "cpu" or
+        "torch".
 
     Returns
     -------
@@ -99,6 +100,9 @@ NO_KEY = tl.constexpr(-9223372036854775807)  # below every real key (constexpr: 
 # row: a single program walking a 32k row chunk by chunk spent ~60 us on the H200 (2026-11-27),
 # almost all of it in the serial K-round merges of each chunk into the running best.
 TOPK_CHUNK = 2048
+# Largest k of the Triton top-k: its merge holds [chunks, k] int64 keys in one program (at a
+# 152k vocabulary and k = 64, 8192 keys) and takes k serial reductions over them.
+TOPK_TRITON_MAX_K = 64
 
 
 @triton.jit
@@ -165,7 +169,7 @@ def _topk_merge_kernel(logits_ptr, d2t_ptr, keys_ptr, max_ptr, sum_ptr, values_p
     row_max = tl.max(chunk_max, 0)
     shift = tl.where(row_max == float("-inf"), 0.0, row_max)
     chunk_sum = tl.load(sum_ptr + part, mask=present, other=0.0)
-    # a chunk of only -inf adds nothing (its sum is 0; 0 * exp(-inf - -inf) would be NaN)
+    # a chunk of only -inf adds nothing (its sum is 0: said outright, not left to exp(-inf))
     row_sum = tl.sum(tl.where(chunk_max == float("-inf"), 0.0,
                               chunk_sum * tl.exp(chunk_max - shift)), 0)
     taken = slots < K
@@ -327,7 +331,14 @@ register("topk_log_softmax", "cpu", _topk_log_softmax_cpu,
          supports=lambda k=1, **_: cpu_select_supports(k, "k"))
 register("eagle2_expand", "cpu", _eagle2_expand_cpu,
          supports=lambda top_k=1, **_: cpu_select_supports(top_k, "top_k"))
-register("topk_log_softmax", "triton", _topk_log_softmax_triton, auto=False)
+def _topk_triton_supports(k, **_) -> str | None:
+    if k > TOPK_TRITON_MAX_K:
+        return f"k: expected k <= {TOPK_TRITON_MAX_K} (topk.TOPK_TRITON_MAX_K), got {k}"
+    return None
+
+
+register("topk_log_softmax", "triton", _topk_log_softmax_triton, auto=False,
+         supports=_topk_triton_supports)
 register("eagle2_expand", "triton", _eagle2_expand_triton, auto=False)
 register("topk_log_softmax", "cuda", _topk_log_softmax_cuda, auto=False,
          supports=_topk_cuda_supports)
