@@ -153,17 +153,25 @@ def attention_cases(device, gen, dtype=torch.bfloat16) -> dict[str, Case]:
 
 def decoder_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """The decoder's linear (q / k / v of 130 rows: three of its 64-row tiles; K = 576 in K
-    splits, a bias) and rms_norm (with a residual), scaled so outputs are O(1)."""
+    splits, a bias), rms_norm (with a residual), apply_rope (9 heads of 80: a padded head
+    block) and silu_mul, scaled so outputs are O(1)."""
     x = torch.randn(130, 576, generator=gen)
     weights = [torch.randn(n, 576, generator=gen) / 24 for n in (576, 192, 200)]
     bias = torch.randn(200, generator=gen)
     h, residual, norm = (torch.randn(5, 3, 576, generator=gen) for _ in range(3))
-    move = [t.to(dtype).to(device) for t in (x, *weights, bias, h, residual, norm[0, 0])]
-    x, w_q, w_k, w_v, bias, h, residual, norm = move
+    heads, cos, sin = (torch.randn(shape, generator=gen) for shape in ((2, 7, 9, 80), (50, 80),
+                                                                       (50, 80)))
+    positions = torch.randint(0, 50, (2, 7), generator=gen).to(device)
+    move = [t.to(dtype).to(device) for t in (x, *weights, bias, h, residual, norm[0, 0], heads,
+                                             cos, sin)]
+    x, w_q, w_k, w_v, bias, h, residual, norm, heads, cos, sin = move
     tolerance = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
     return {"linear": _simple("linear_group", (x, [w_q, w_k, w_v], [None, None, bias]),
                               tolerance=tolerance),
-            "rms_norm": _simple("rms_norm", (h, norm, 1e-5, residual), tolerance=tolerance)}
+            "rms_norm": _simple("rms_norm", (h, norm, 1e-5, residual), tolerance=tolerance),
+            "apply_rope": _simple("apply_rope", (heads, positions, cos, sin),
+                                  tolerance=tolerance),
+            "silu_mul": _simple("silu_mul", (h * 4, residual), tolerance=tolerance)}
 
 
 def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:

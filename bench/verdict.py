@@ -58,7 +58,7 @@ RULE = ("proven: the kernel check matched the torch reference at this dtype on t
 # Which ops a test file's failures count against, by a word in its name.
 FAMILY_WORDS = {
     "attention": ("tree_attention",),
-    "decoder": ("linear", "rms_norm"),
+    "decoder": ("linear", "rms_norm", "apply_rope", "silu_mul"),
     "topk": ("topk_log_softmax", "eagle2_expand", "eagle2_rerank"),
     "tree": ("build_tree",),
     "acceptance": ("greedy_accept_tree", "greedy_accept_chain", "stochastic_accept_tree",

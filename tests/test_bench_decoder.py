@@ -15,7 +15,8 @@ def test_bench_decoder_smoke(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = list(csv.DictReader((tmp_path / "bench_decoder.csv").open()))
     assert {(r["op"], r["backend"]) for r in rows} == {
-        (op, backend) for op in ("linear", "rms_norm") for backend in ("torch", "triton")} | {
+        (op, backend) for op in ("linear", "rms_norm", "apply_rope", "silu_mul")
+        for backend in ("torch", "triton")} | {
         ("linear", "triton_m16"), ("linear", "triton_m32")}
     assert all(float(r["median_us"]) > 0 and r["speedup_vs_torch"] for r in rows)
     assert (tmp_path / "bench_decoder.png").stat().st_size > 0

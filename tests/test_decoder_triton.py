@@ -139,3 +139,41 @@ def test_rms_norm_triton_refuses_rows_wider_than_its_block(gen):
     with pytest.raises(ValueError, match="RMS_NORM_MAX_WIDTH"):
         ops.rms_norm(x, _draw(gen, width), 1e-5, backend="triton")
     assert ops.rms_norm(x, _draw(gen, width), 1e-5).shape == (1, width)  # auto: another backend
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("heads, dim", [(9, 64), (2, 80), (1, 2), (32, 128), (3, 256)])
+def test_apply_rope_triton_is_the_reference_bit_for_bit(gen, dtype, heads, dim):
+    """Each product and the sum rounded to the dtype as torch rounds them, no multiply-add:
+    the reference's bits for every dtype (an fma, or a product kept in fp32, changes some of
+    them; 9 and 3 heads leave part of a head block empty, 80 pads the head dimension)."""
+    x = _draw(gen, 2, 5, heads, dim, dtype=dtype)
+    positions = torch.randint(0, 50, (2, 5), generator=gen).to(DEVICE)
+    cos, sin = _draw(gen, 50, dim, dtype=dtype), _draw(gen, 50, dim, dtype=dtype)
+    got = ops.apply_rope(x, positions, cos, sin, backend="triton")
+    assert torch.equal(got, reference.apply_rope(x, positions, cos, sin)), \
+        f"{dtype} {seed_note(gen)}"
+
+
+def test_apply_rope_triton_stays_in_bounds_for_out_of_range_positions(gen):
+    """With value checks off, a position outside the tables reads row 0 (no OOB read)."""
+    from eagle_kernels.ops._validate import no_value_checks
+
+    x = _draw(gen, 1, 3, 2, 8)
+    cos, sin = _draw(gen, 4, 8), _draw(gen, 4, 8)
+    positions = torch.tensor([[-5, 2, 1000]], device=DEVICE)
+    with no_value_checks():
+        out = ops.apply_rope(x, positions, cos, sin, backend="triton")
+    expected = reference.apply_rope(x, torch.tensor([[0, 2, 0]], device=DEVICE), cos, sin)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("rows, width", [(1, 1536), (5, 1537), (2, 3)])
+def test_silu_mul_triton_matches_reference(gen, dtype, rows, width):
+    gate = _draw(gen, rows, width, dtype=dtype, scale=8.0)
+    gate[0, :3] = torch.tensor([-100.0, 100.0, 0.0])[: min(3, width)].to(dtype)  # saturated
+    up = _draw(gen, rows, width, dtype=dtype)
+    got = ops.silu_mul(gate, up, backend="triton")
+    assert_within_flash_rule(got, reference.silu_mul(gate.double(), up.double()),
+                             reference.silu_mul(gate, up), f"{dtype} {seed_note(gen)}")

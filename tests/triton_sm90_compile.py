@@ -20,7 +20,7 @@ TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 H100_SHARED_BYTES = 232448  # 227 KiB: the most shared memory one block may use on sm_90
 TOO_MUCH_SHARED = []
 # launched with attention_triton.EXACT_ROUNDING (no multiply-add contraction)
-EXACT_ROUNDING_KERNELS = (attention_triton._prefix_splits_kernel,
+EXACT_ROUNDING_KERNELS = (decoder_triton._rope_kernel, attention_triton._prefix_splits_kernel,
                           attention_triton._tree_tail_kernel,
                           attention_triton._tree_attention_kernel,
                           attention_triton._merge_splits_kernel)
@@ -64,7 +64,7 @@ variants(topk._topk_merge_kernel,
           "chunks": "i32"},
          {"K": 10, "KP": 16, "CP": 16, "HAS_D2T": True},
          no_d2t={"HAS_D2T": False, "logits_ptr": "*fp32"}, k_one={"K": 1, "KP": 1},
-         one_chunk={"chunks": 1, "CP": 1}, vocab_152k={"CP": 128, "K": 32, "KP": 32})
+         one_chunk={"chunks": 1, "CP": 1}, vocab_152k_k64={"CP": 128, "K": 64, "KP": 64})
 variants(topk._expand_kernel,
          {"frontier_ptr": "*fp32", "child_ptr": "*fp32", "candidate_ptr": "*fp32",
           "next_index_ptr": "*i64", "next_scores_ptr": "*fp32", "frontier": "i32",
@@ -102,7 +102,7 @@ variants(sampling._target_probs_kernel,
 variants(sampling._row_stats_kernel,
          {"logits_ptr": "*bf16", **STATS, **SAMPLING_PARAMS, "vocab": "i32",
           "rows_per_param": "i32"}, SAMPLING_FLAGS,
-         neither_top_k_nor_top_p={**NO_TOP_K_NOR_P, "rows_per_param": 1})
+         top_k_only_fp32={**NO_TOP_K_NOR_P, "HAS_TOP_K": True, "rows_per_param": 1})
 variants(sampling._chunk_stats_kernel,
          {"logits_ptr": "*bf16", "max_ptr": "*fp32", "sum_ptr": "*fp32", "temp_ptr": "*fp32",
           "temp": "fp32", "vocab": "i32", "chunks": "i32", "rows_per_param": "i32"},
@@ -201,6 +201,16 @@ variants(decoder_triton._rms_norm_kernel,
          fp32_no_residual={"HAS_RESIDUAL": False, "x_ptr": "*fp32", "residual_ptr": "*fp32",
                            "weight_ptr": "*fp32", "out_ptr": "*fp32", "total_ptr": "*fp32",
                            "BLOCK": 1024})
+variants(decoder_triton._rope_kernel,
+         {"x_ptr": "*bf16", "positions_ptr": "*i64", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+          "out_ptr": "*bf16", "heads": "i32", "table_rows": "i32"},
+         {"DIM": 128, "BLOCK_H": 32, "BLOCK_D": 128, "UPCAST": False},
+         fp32_padded={"x_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                      "out_ptr": "*fp32", "DIM": 80, "BLOCK_H": 16, "heads": 1})
+variants(decoder_triton._silu_mul_kernel,
+         {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", "count": "i32"},
+         {"BLOCK": 1024, "UPCAST": False},
+         fp32={"gate_ptr": "*fp32", "up_ptr": "*fp32", "out_ptr": "*fp32"})
 build(loss._soft_ce_forward_kernel,
       {"x_ptr": "*bf16", "y_ptr": "*bf16", "loss_ptr": "*fp32", "stats_ptr": "*fp32",
        "rows": "i32", "vocab": "i32"}, {"NEG_BIG": -1.0e30, "BLOCK": 4096})

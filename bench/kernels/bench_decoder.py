@@ -1,10 +1,11 @@
-"""linear / rms_norm: the row-invariant Triton kernels vs torch (cuBLAS), with the memory floor.
+"""linear / rms_norm / apply_rope / silu_mul: the Triton kernels vs torch, with the memory floor.
 
     python bench/kernels/bench_decoder.py [--out DIR] [--smoke]
 
 Llama-3.1-8B projections in bf16 (o_proj 4096 -> 4096, gate 4096 -> 14336, down 14336 -> 4096,
 lm_head 4096 -> 128256) at M = 1 (decode), 16, 60 (a verify tree) and 240 (batch 4 x 60) rows,
-and its RMSNorm (4096 wide). What row invariance costs on the GPU: greedy speculative decoding
+its RMSNorm (4096 wide), its RoPE over 32 heads of 128 and its SiLU-gated product (14336
+wide): one Triton launch each, where torch takes seven and two. What row invariance costs on the GPU: greedy speculative decoding
 is lossless by construction only with these kernels (ops/decoder_triton.py), so they run
 whatever their speed. ``triton_m16`` / ``triton_m32``: the linear with its fixed row tile
 (LINEAR_BLOCK_M, 64) at 16 / 32 rows, still row-invariant (one tile for every M): fewer weight
@@ -92,6 +93,29 @@ def rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats) -> list[di
     return rows
 
 
+def elementwise_rows(device, gen, hidden, heads, head_dim, row_counts, bandwidth,
+                     repeats) -> list[dict]:
+    """apply_rope over one layer's q heads and silu_mul over its MLP width: the Triton kernel
+    (one launch) against the reference's torch ops (seven / two launches)."""
+    rows = []
+    table = torch.randn(8192, head_dim, generator=gen).to(torch.bfloat16).to(device)
+    for m in row_counts:
+        x = torch.randn(1, m, heads, head_dim, generator=gen).to(torch.bfloat16).to(device)
+        positions = torch.randint(0, 8192, (1, m), generator=gen).to(device)
+        floor_us = 2 * (2 * x.numel() + 2 * m * head_dim) / bandwidth * 1e6
+        timings = {backend: _time(lambda b=backend: ops.apply_rope(x, positions, table, table,
+                                                                   backend=b), device, repeats)
+                   for backend in _backends(device)}
+        rows += _rows("apply_rope", f"{heads} x {head_dim}", m, timings, floor_us)
+        gate, up = (torch.randn(m, hidden, generator=gen).to(torch.bfloat16).to(device)
+                    for _ in range(2))
+        floor_us = 2 * 3 * m * hidden / bandwidth * 1e6
+        timings = {backend: _time(lambda b=backend: ops.silu_mul(gate, up, backend=b), device,
+                                  repeats) for backend in _backends(device)}
+        rows += _rows("silu_mul", f"width {hidden}", m, timings, floor_us)
+    return rows
+
+
 def main():
     args, device = bench_arguments(__doc__.split("\n")[0])
     gen = torch.Generator().manual_seed(0)
@@ -102,10 +126,14 @@ def main():
     bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
     rows = linear_rows(device, gen, shapes, row_counts, bandwidth, repeats)
     rows += rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats)
+    if args.smoke:
+        rows += elementwise_rows(device, gen, 40, 3, 16, row_counts, bandwidth, repeats)
+    else:
+        rows += elementwise_rows(device, gen, 14336, 32, 128, row_counts, bandwidth, repeats)
     out = Path(args.out)
     append_rows(out / "bench_decoder.csv", rows)
     plot_rows([dict(r, series=f"{r['backend']} {r['op']} {r['weight']}") for r in rows],
-              "rows", "median_us", "series", out / "bench_decoder.png", "linear / rms_norm")
+              "rows", "median_us", "series", out / "bench_decoder.png", "decoder ops")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import torch
 from ._backend import register
 from ._triton import tl, triton
 from .attention import _sm_count
-from .attention_triton import _cast, _mma, dot_precision, interpreter_upcast
+from .attention_triton import EXACT_ROUNDING, _cast, _mma, dot_precision, interpreter_upcast
 
 # Rows per tile, whatever M: a row's MMAs are the same in every call. 64 (wgmma tiles on sm_90):
 # on the H200 (bench/results/2026-11-27_nvidia-h200, bench_decoder.csv, Llama-3.1-8B weights)
@@ -186,5 +186,79 @@ def _rms_norm_supports(width=None, **_) -> str | None:
     return None
 
 
+@triton.jit
+def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, out_ptr, heads, table_rows,
+                 DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """Program (token, head block): ``x * cos[p] + rotate_half(x) * sin[p]`` for BLOCK_H heads
+    of one token, each product and the sum rounded to x's dtype as the reference's three torch
+    ops round them (launched without multiply-add contraction): its bits exactly. A position
+    outside the tables (value checks off) reads row 0 instead."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    half = DIM // 2
+    position = tl.load(positions_ptr + token)
+    position = tl.where((position >= 0) & (position < table_rows), position, 0)
+    d_ok = d < DIM
+    cos = tl.load(cos_ptr + position * DIM + d, mask=d_ok, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + position * DIM + d, mask=d_ok, other=0.0).to(tl.float32)
+    ok = (head < heads)[:, None] & d_ok[None, :]
+    rows = x_ptr + (token * heads + head)[:, None] * DIM
+    x = tl.load(rows + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    partner = tl.where(d < half, d + half, d - half)  # rotate_half: (-x2, x1)
+    rotated = tl.load(rows + partner[None, :], mask=ok, other=0.0).to(tl.float32)
+    rotated = tl.where((d < half)[None, :], -rotated, rotated)
+    dtype = out_ptr.dtype.element_ty
+    first = _cast(x * cos[None, :], dtype, UPCAST).to(tl.float32)
+    second = _cast(rotated * sin[None, :], dtype, UPCAST).to(tl.float32)
+    tl.store(out_ptr + (token * heads + head)[:, None] * DIM + d[None, :],
+             _cast(first + second, dtype, UPCAST), mask=ok)
+
+
+def _apply_rope_triton(x, positions, cos, sin):
+    """Triton backend of apply_rope (checked arguments): one launch for every token and head,
+    where the reference takes seven (two gathers, the half rotation, products, sum)."""
+    batch, count, heads, dim = x.shape
+    out = torch.empty_like(x)
+    if out.numel():
+        block_d = triton.next_power_of_2(dim)
+        block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_d))
+        _rope_kernel[(batch * count, triton.cdiv(heads, block_h))](
+            x, positions, cos, sin, out, heads, cos.shape[0], DIM=dim, BLOCK_H=block_h,
+            BLOCK_D=block_d, UPCAST=interpreter_upcast(x), num_warps=4, **EXACT_ROUNDING)
+    return out
+
+
+SILU_MUL_BLOCK = 1024  # elements per program
+
+
+@triton.jit
+def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, count, BLOCK: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    """``silu(gate) * up`` on BLOCK elements: silu in fp32 rounded to the dtype, then the
+    product rounded, as the reference's two torch ops (silu's exp may differ in the last bit
+    of fp32 from torch's)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < count
+    gate = tl.load(gate_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    silu = _cast(gate / (1.0 + tl.exp(-gate)), dtype, UPCAST).to(tl.float32)
+    tl.store(out_ptr + offs, _cast(silu * up, dtype, UPCAST), mask=ok)
+
+
+def _silu_mul_triton(gate, up):
+    """Triton backend of silu_mul (checked arguments, contiguous): one launch, not two."""
+    out = torch.empty_like(gate)
+    if out.numel():
+        _silu_mul_kernel[(triton.cdiv(out.numel(), SILU_MUL_BLOCK),)](
+            gate, up, out, out.numel(), BLOCK=SILU_MUL_BLOCK, UPCAST=interpreter_upcast(gate),
+            num_warps=4)
+    return out
+
+
 register("linear", "triton", _linear_group_triton, auto=False)
+register("apply_rope", "triton", _apply_rope_triton, auto=False)
+register("silu_mul", "triton", _silu_mul_triton, auto=False)
 register("rms_norm", "triton", _rms_norm_triton, auto=False, supports=_rms_norm_supports)
