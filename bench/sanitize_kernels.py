@@ -175,7 +175,8 @@ def decoder_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
 
 
 def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
-    """compact_kv in place over three caches of different dtypes and odd row sizes."""
+    """compact_kv in place over three caches of different dtypes and odd row sizes; write_kv
+    of 5 rows past an offset of 2 (one sequence's last row at the cache's end)."""
     batch, max_len, width = 3, 40, 6
     caches = [torch.randn(batch, max_len, 2, 24, generator=gen).to(torch.bfloat16),
               torch.randn(batch, max_len, 3, 5, generator=gen),
@@ -195,7 +196,15 @@ def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
         ops.compact_kv(copies, lens, nodes, accepted, backend=backend)
         return copies
 
-    return {"compact_kv": Case(call, None)}
+    new_k, new_v = (torch.randn(batch, 5, 3, 5, generator=gen).to(device) for _ in range(2))
+    write_lens = torch.tensor([0, 11, max_len - 7], dtype=torch.int32, device=device)
+
+    def write(backend):
+        copies = [caches[1].clone(), caches[1].clone()]
+        ops.write_kv(new_k, new_v, *copies, write_lens, 2, backend=backend)
+        return copies
+
+    return {"compact_kv": Case(call, None), "write_kv": Case(write, None)}
 
 
 def loss_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:

@@ -129,3 +129,53 @@ def test_gpu_in_cuda_graph(gen, backend):
     torch.cuda.synchronize()
     for got, exp in zip(caches, want):
         assert torch.equal(got, exp), seed_note(gen)
+
+
+# ---- write_kv: a pass's new rows --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads, dim", [(3, 8), (8, 128), (1, 3)])
+def test_write_kv_equals_the_reference(gen, backend, dtype, heads, dim):
+    """Exact (a copy); rows of 24 / 1024 / 3 elements (one block, exactly one, a padded one),
+    lengths that put the last row at the end of the cache."""
+    batch, count, max_len, offset = 3, 5, 40, 2
+    k, v = (torch.randn(batch, count, heads, dim, generator=gen).to(dtype) for _ in range(2))
+    lens = torch.tensor([0, 17, max_len - offset - count], dtype=torch.int32)
+    caches = [torch.randn(batch, max_len, heads, dim, generator=gen).to(dtype) for _ in range(2)]
+    want = [cache.clone() for cache in caches]
+    reference.write_kv(k, v, *want, lens, offset)
+    ops.write_kv(k, v, *caches, lens, offset, backend=backend)
+    assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1]), seed_note(gen)
+
+
+def test_write_kv_refuses_rows_past_the_cache_and_stays_inside_without_checks(gen):
+    """A row past max_len is refused with value checks on; with them off the Triton kernel
+    skips it (and a negative length's rows) instead of writing outside the sequence."""
+    from eagle_kernels.ops._validate import no_value_checks
+
+    k, v = (torch.randn(2, 3, 1, 4, generator=gen) for _ in range(2))
+    lens = torch.tensor([8, -2], dtype=torch.int32)
+    caches = [torch.zeros(2, 10, 1, 4) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"cache_lens: expected values in \[0, 8\)"):
+        ops.write_kv(k, v, *caches, lens, 0, backend="triton")
+    with no_value_checks():
+        ops.write_kv(k, v, *caches, lens, 0, backend="triton")
+    assert torch.equal(caches[0][0, 8:], k[0, :2]) and torch.equal(caches[1][1, :1], v[1, 2:])
+    assert int((caches[0] != 0).sum()) == 4 * 3  # rows 8, 9 of sequence 0, row 0 of sequence 1
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c, l: ops.write_kv(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1, 4).half(), c, c, l),
+     "v: expected dtype"),
+    (lambda c, l: ops.write_kv(torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4), c, c, l),
+     "k_cache: expected shape"),
+    (lambda c, l: ops.write_kv(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1, 4), c, c,
+                               l.long()), "cache_lens: expected dtype"),
+    (lambda c, l: ops.write_kv(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1, 4), c, c, l, -1),
+     "offset"),
+])
+def test_write_kv_bad_arguments_name_themselves(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(torch.zeros(2, 10, 1, 4), torch.zeros(2, dtype=torch.int32))

@@ -104,6 +104,9 @@ def cases():
         ("compact_kv", (caches, torch.tensor([3, 5], dtype=torch.int32),
                         torch.tensor([[0, 2, 5, -1], [0, -1, -1, -1]], dtype=torch.int32),
                         torch.tensor([2, 0], dtype=torch.int32)), torch_backend),
+        ("write_kv", (torch.randn(2, 3, 2, 4, generator=gen), torch.randn(2, 3, 2, 4, generator=gen),
+                      torch.randn(2, 16, 2, 4, generator=gen), torch.randn(2, 16, 2, 4, generator=gen),
+                      torch.tensor([3, 9], dtype=torch.int32)), dict(offset=2, backend="torch")),
         ("soft_cross_entropy", (torch.randn(4, 30, generator=gen).requires_grad_(),
                                 torch.randn(4, 30, generator=gen)), torch_backend),
         ("linear", (x, weights[0], bias), torch_backend),
@@ -150,7 +153,7 @@ def _plain(name, args, kwargs):
                            ("top_p", "top_ps")):
         if tensor in kwargs:
             kwargs[scalar] = kwargs.pop(tensor)
-    if name == "compact_kv":
+    if name in ("compact_kv", "write_kv"):
         return None
     result = getattr(ops, name)(*args, **kwargs)
     if name == "eagle2_rerank":
@@ -167,6 +170,13 @@ def test_custom_op_equals_plain_function(index):
         expected = [c.clone() for c in args[0]]
         ops.compact_kv(expected, *args[1:], **kwargs)
         assert lib.compact_kv(caches, *args[1:], **kwargs) is None
+        for got, want in zip(caches, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        return
+    if name == "write_kv":
+        caches, expected = [c.clone() for c in args[2:4]], [c.clone() for c in args[2:4]]
+        ops.write_kv(*args[:2], *expected, *args[4:], **kwargs)
+        assert lib.write_kv(*args[:2], *caches, *args[4:], **kwargs) is None
         for got, want in zip(caches, expected):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
         return

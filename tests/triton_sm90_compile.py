@@ -140,6 +140,12 @@ variants(kv._compact_kv_kernel,
           "max_len": "i32", "width": "i32"}, {"WORD_BYTES": 8, "BLOCK": 1024},
          words_4={"WORD_BYTES": 4}, words_2={"WORD_BYTES": 2},
          words_1={"WORD_BYTES": 1, "width": 1})
+variants(kv._write_kv_kernel,
+         {"k_ptr": "*bf16", "v_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
+          "lens_ptr": "*i32", "count": "i32", "max_len": "i32", "offset": "i32",
+          "row_size": "i32"}, {"BLOCK": 1024},
+         decode_fp32={"k_ptr": "*fp32", "v_ptr": "*fp32", "k_cache_ptr": "*fp32",
+                      "v_cache_ptr": "*fp32", "count": 1, "BLOCK": 128})
 ATTENTION_ARGS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
     "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "num_queries": "i32",

@@ -1,4 +1,4 @@
-"""compact_kv: Triton / CUDA kernels vs the torch reference, with the memory floor.
+"""compact_kv and write_kv: Triton / CUDA kernels vs the torch reference, with the memory floor.
 
     python bench/kernels/bench_kv.py [--out DIR] [--smoke]
 
@@ -6,7 +6,10 @@ Caches shaped like Llama-3.1-8B (32 layers x K and V, 8 KV heads x 128, bf16) an
 (32 x 2, 32 x 128); accepted paths of n = 1..N nodes. Floor: the accepted rows read and written
 once (2 x B x (n - 1) x row bytes x caches) over the measured copy bandwidth. Kernels are timed
 as CUDA-graph replays; the torch reference (a Python loop over sequences and caches) eagerly,
-only for batch <= 16. ``--smoke``: tiny caches, torch + Triton interpreter on CPU.
+only for batch <= 16. write_kv: one layer's new K and V rows of a decode step (T = 1) and a
+verify pass (T = 60), floor the rows read and written once; torch (index arithmetic and two
+indexed stores) and Triton (one launch) both as CUDA-graph replays, as a decode loop runs them.
+``--smoke``: tiny caches, torch + Triton interpreter on CPU.
 """
 
 from __future__ import annotations
@@ -39,6 +42,38 @@ def make_case(model, batch, accepted, max_len, device, gen):
     nodes = torch.arange(0, 2 * accepted, 2, dtype=torch.int32).expand(batch, -1).contiguous()
     count = torch.full((batch,), accepted - 1, dtype=torch.int32)
     return caches, lens, nodes.to(device), count.to(device)
+
+
+def write_kv_rows(device, gen, smoke, max_len, bandwidth, repeats) -> list[dict]:
+    rows = []
+    grid = [("smoke", 2, 3)] if smoke else [(m, b, t) for m in ("llama3-8b",) for b in (1, 16)
+                                            for t in (1, 60)]
+    for model, batch, count in grid:
+        _, heads, dim = MODELS[model]
+        k, v = (torch.randn(batch, count, heads, dim, generator=gen).to(torch.bfloat16)
+                .to(device) for _ in range(2))
+        caches = [torch.zeros(batch, max_len, heads, dim, dtype=torch.bfloat16, device=device)
+                  for _ in range(2)]
+        lens = torch.randint(0, max_len - count, (batch,), generator=gen,
+                             dtype=torch.int32).to(device)
+        floor_us = 2 * 2 * k.numel() * 2 / bandwidth * 1e6
+        timings = {}
+        for backend in ("torch", "triton"):
+            if not backend_status(backend).available:
+                continue
+
+            def call(backend=backend):
+                ops.write_kv(k, v, *caches, lens, 0, backend=backend)
+
+            timings[backend] = time_fn(graphed(call) if device.type == "cuda" else call,
+                                       repeats=repeats, warmup=1 if device.type == "cpu" else 3)
+        for backend, timing in timings.items():
+            row = dict(op="write_kv", model=model, backend=backend, dtype="bfloat16", batch=batch,
+                       accepted=count, caches=2,
+                       **timing_columns(timing, timings.get("torch"), floor_us))
+            rows.append(row)
+            print(" ".join(f"{k}={v}" for k, v in row.items()))
+    return rows
 
 
 def main():
@@ -78,6 +113,7 @@ def main():
                        **timing_columns(timing, base, floor_us))
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()))
+    rows += write_kv_rows(device, gen, args.smoke, max_len, bandwidth, repeats)
     out = Path(args.out)
     append_rows(out / "bench_kv.csv", rows)
     plot_rows([dict(r, series=f"{r['backend']} {r['model']} n={r['accepted']}") for r in rows],

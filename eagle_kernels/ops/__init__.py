@@ -18,7 +18,7 @@ from .decoder import (apply_rope, cpu_activations, linear, linear_group, rms_nor
 from . import decoder_triton  # noqa: F401,E402  registers the triton linear / rms_norm
 from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend,
                     weights_unchanged)
-from .kv import compact_kv
+from .kv import compact_kv, write_kv
 from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree
 from .sampling import target_probs
@@ -33,6 +33,6 @@ __all__ = [
     "op_backends", "pack_tree_mask", "reference", "rms_norm", "set_cpu_activations", "silu_mul",
     "soft_cross_entropy", "stochastic_accept_chain", "stochastic_accept_tree", "target_probs",
     "topk_log_softmax", "tree_attention", "unpack_tree_mask", "value_checks_enabled",
-    "weights_unchanged",
+    "weights_unchanged", "write_kv",
 ]
 from . import library  # noqa: E402,F401  registers torch.ops.eagle_kernels.* (torch.library)

@@ -1,7 +1,10 @@
-"""KV compaction: move the accepted path's K/V entries next to the committed prefix.
+"""KV cache writes: a pass's new K/V rows, and the accepted path moved next to the prefix.
 
-Public op :func:`compact_kv` with the contract of :func:`eagle_kernels.ops.reference.compact_kv`
-(in place, every layer's K and V cache in one call). Backends: ``cpu`` (``csrc/cpu/kv.h``, one
+Public ops :func:`write_kv` and :func:`compact_kv` with the contracts of the same-named
+functions in :mod:`eagle_kernels.ops.reference` (both in place). ``write_kv``: ``torch``
+(reference: index arithmetic and two indexed stores, ~7 launches on a GPU, every layer of every
+pass) and ``triton`` (one launch for K and V), explicit only until proven on a GPU.
+``compact_kv`` (every layer's K and V cache in one call): Backends: ``cpu`` (``csrc/cpu/kv.h``, one
 C++ call for every cache), ``torch`` (reference), and ``triton`` / ``cuda`` (``csrc/kv.cu``),
 explicit only until proven on a GPU.
 
@@ -25,7 +28,34 @@ import torch
 from . import reference
 from ._backend import cpu_extension, cuda_extension, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._validate import check_range, check_tensor, value_checks_enabled
+from ._validate import FLOAT_DTYPES, check_int, check_range, check_tensor, value_checks_enabled
+
+
+def write_kv(k, v, k_cache, v_cache, cache_lens, offset: int = 0, backend: str = "auto") -> None:
+    """Store ``k`` / ``v`` at rows ``cache_lens[b] + offset + t`` of the caches, in place.
+
+    Parameters
+    ----------
+    k, v : [B, T, H, D] float, contiguous, the caches' dtype.
+    k_cache, v_cache : [B, max_len, H, D], contiguous.
+    cache_lens : [B] int32; ``0 <= cache_lens[b]`` and ``cache_lens[b] + offset + T <= max_len``
+        (checked with value checks on; with them off a row outside the cache is not written).
+    offset : int >= 0.
+    backend : "auto", "triton" or "torch".
+    """
+    first = check_tensor("k", k, FLOAT_DTYPES, (None, None, None, None))
+    batch, count, heads, dim = first.shape
+    check_tensor("v", v, (k.dtype,), tuple(k.shape), k.device)
+    check_tensor("k_cache", k_cache, (k.dtype,), (batch, None, heads, dim), k.device)
+    check_tensor("v_cache", v_cache, (k.dtype,), tuple(k_cache.shape), k.device)
+    check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), k.device)
+    check_int("offset", offset, 0, None)
+    max_len = k_cache.shape[1]
+    if value_checks_enabled() and batch:
+        check_range("cache_lens", cache_lens, 0, max_len - offset - count + 1,
+                    f" (max_len {max_len} minus offset {offset} and {count} new rows)")
+    _, implementation = resolve("write_kv", backend, k.device)
+    implementation(k, v, k_cache, v_cache, cache_lens, offset)
 
 
 def compact_kv(caches: Sequence[torch.Tensor], cache_lens, accepted_nodes, num_accepted,
@@ -187,6 +217,39 @@ def _compact_kv_cpu(caches, cache_lens, accepted_nodes, num_accepted) -> None:
                                num_accepted.data_ptr(), batch, max_len, accepted_nodes.shape[1])
 
 
+WRITE_KV_BLOCK = 1024  # row elements per program
+
+
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, lens_ptr, count, max_len, offset,
+                     row_size, BLOCK: tl.constexpr):
+    """Program (token b * T + t, column block): row t of k / v to row lens[b] + offset + t of
+    the caches; a row outside [0, max_len) (out-of-contract lengths, value checks off) is not
+    written."""
+    token = tl.program_id(0).to(tl.int64)
+    b = token // count
+    row = tl.load(lens_ptr + b).to(tl.int64) + offset + token % count
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    # the row test folded into the bound (the interpreter rejects a block mask and'ed with a
+    # scalar one)
+    ok = cols < tl.where((row >= 0) & (row < max_len), row_size, 0)
+    target = (b * max_len + row) * row_size + cols
+    tl.store(k_cache_ptr + target, tl.load(k_ptr + token * row_size + cols, mask=ok), mask=ok)
+    tl.store(v_cache_ptr + target, tl.load(v_ptr + token * row_size + cols, mask=ok), mask=ok)
+
+
+def _write_kv_triton(k, v, k_cache, v_cache, cache_lens, offset) -> None:
+    batch, count, heads, dim = k.shape
+    row_size = heads * dim
+    if batch and count and row_size:
+        block = min(WRITE_KV_BLOCK, triton.next_power_of_2(row_size))
+        _write_kv_kernel[(batch * count, triton.cdiv(row_size, block))](
+            k, v, k_cache, v_cache, cache_lens, count, k_cache.shape[1], offset, row_size,
+            BLOCK=block)
+
+
+register("write_kv", "torch", reference.write_kv)
+register("write_kv", "triton", _write_kv_triton, auto=False)
 register("compact_kv", "cpu", _compact_kv_cpu)
 register("compact_kv", "torch", reference.compact_kv)
 register("compact_kv", "triton", _compact_kv_triton, auto=False)

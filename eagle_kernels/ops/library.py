@@ -43,7 +43,7 @@ NAMESPACE = "eagle_kernels"
 OPS = ("tree_attention", "topk_log_softmax", "eagle2_expand", "eagle2_rerank", "build_tree",
        "greedy_accept_tree", "greedy_accept_chain", "stochastic_accept_tree",
        "stochastic_accept_chain", "target_probs", "compact_kv", "soft_cross_entropy", "linear",
-       "linear_group", "rms_norm", "rms_norm_residual", "silu_mul", "apply_rope")
+       "linear_group", "rms_norm", "rms_norm_residual", "silu_mul", "apply_rope", "write_kv")
 
 
 def _op(name: str, mutates_args=()):
@@ -252,6 +252,17 @@ def _compact_kv(caches: List[Tensor], cache_lens: Tensor, accepted_nodes: Tensor
 
 @_compact_kv.register_fake
 def _(caches, cache_lens, accepted_nodes, num_accepted, backend="auto"):
+    return None
+
+
+@_op("write_kv", mutates_args=("k_cache", "v_cache"))
+def _write_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
+              offset: int = 0, backend: str = "auto") -> None:
+    kv.write_kv(k, v, k_cache, v_cache, cache_lens, offset, backend)
+
+
+@_write_kv.register_fake
+def _(k, v, k_cache, v_cache, cache_lens, offset=0, backend="auto"):
     return None
 
 

@@ -718,6 +718,30 @@ def _node_probs(target_logits, temperature, top_k, top_p) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             cache_lens: torch.Tensor, offset: int = 0) -> None:
+    """Store new keys and values in the cache, in place: row ``cache_lens[b] + offset + t`` of
+    sequence b gets ``k[b, t]`` / ``v[b, t]``.
+
+    Parameters
+    ----------
+    k, v : torch.Tensor
+        [B, T, H, D], the caches' dtype.
+    k_cache, v_cache : torch.Tensor
+        [B, max_len, H, D]; ``cache_lens[b] + offset + T <= max_len``.
+    cache_lens : torch.Tensor
+        [B] int32 committed lengths.
+    offset : int
+        Rows already written past the committed length (tree keys drafted earlier).
+    """
+    batch, count = k.shape[:2]
+    rows = torch.arange(batch, device=k.device).unsqueeze(1)
+    steps = torch.arange(count, device=k.device).unsqueeze(0)
+    positions = cache_lens.to(torch.int64).unsqueeze(1) + offset + steps
+    k_cache[rows, positions] = k
+    v_cache[rows, positions] = v
+
+
 def compact_kv(
     caches: Sequence[torch.Tensor],
     cache_lens: torch.Tensor,

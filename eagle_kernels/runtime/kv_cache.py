@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import ops
+
 
 @dataclass
 class KVCache:
@@ -49,15 +51,15 @@ class KVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, offset: int = 0) -> None:
         """Store ``k``/``v`` [B, T, Hkv, D] at positions ``[lens + offset, lens + offset + T)``.
 
-        Index arithmetic stays on the device (no host sync, graph-capturable). The caller makes
-        sure the positions fit ``max_len``.
+        :func:`eagle_kernels.ops.write_kv` (index arithmetic on the device: no host sync with
+        value checks off, as in the decode loop, so graph-capturable); the positions must fit
+        ``max_len`` (checked with value checks on).
         """
-        batch, count = k.shape[:2]
-        rows = torch.arange(batch, device=k.device).unsqueeze(1)
-        steps = torch.arange(count, device=k.device).unsqueeze(0)
-        positions = self.lens.to(torch.int64).unsqueeze(1) + offset + steps
-        self.keys[layer][rows, positions] = k
-        self.values[layer][rows, positions] = v
+        if k.requires_grad or v.requires_grad:  # the reference's indexed stores keep autograd
+            ops.reference.write_kv(k, v, self.keys[layer], self.values[layer], self.lens, offset)
+            return
+        ops.write_kv(k.contiguous(), v.contiguous(), self.keys[layer], self.values[layer],
+                     self.lens, offset)
 
     def reset(self) -> None:
         """Forget every sequence (lengths to zero); the buffers are reused as they are."""
