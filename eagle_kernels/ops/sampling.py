@@ -238,14 +238,11 @@ def _bonus_residual(logits_ptr, draft_ptr, offs, vocab, temperature, m, kkey, ta
 
 
 @triton.jit
-def _bonus_chunk_kernel(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp,
-                        row_ptr, q_row_ptr, removed_ptr, num_removed_ptr, sums_ptr, lasts_ptr,
-                        vocab, chunks, removed_stride, TEMP_PER_ROW: tl.constexpr,
-                        HAS_Q: tl.constexpr, HAS_REMOVED: tl.constexpr, CHUNK: tl.constexpr):
-    """Program (b, c): chunk c of sequence b's bonus row: the sums of its residual and of p,
-    and the last index where each is positive (-1: none), into [b, c, 0 / 1]."""
-    b = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+def _bonus_block(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp, row_ptr,
+                 q_row_ptr, removed_ptr, num_removed_ptr, b, offs, vocab, removed_stride,
+                 TEMP_PER_ROW: tl.constexpr, HAS_Q: tl.constexpr, HAS_REMOVED: tl.constexpr):
+    """(residual, p) of sequence b's bonus row on the block ``offs``: its temperature, row,
+    row statistics, q row and removed tokens loaded from the per-sequence arrays."""
     t = temp
     if TEMP_PER_ROW:
         t = tl.load(temp_ptr + b)
@@ -256,11 +253,25 @@ def _bonus_chunk_kernel(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, 
     num_removed = 0
     if HAS_REMOVED:
         num_removed = tl.load(num_removed_ptr + b)
-    offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    r, p = _bonus_residual(logits_ptr, draft_ptr, offs, vocab, t, tl.load(m_ptr + row),
+    return _bonus_residual(logits_ptr, draft_ptr, offs, vocab, t, tl.load(m_ptr + row),
                            tl.load(kkey_ptr + row), tl.load(tau_ptr + row), tl.load(z_ptr + row),
                            row, q_row, removed_ptr + b * removed_stride, num_removed, HAS_Q,
                            HAS_REMOVED)
+
+
+@triton.jit
+def _bonus_chunk_kernel(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp,
+                        row_ptr, q_row_ptr, removed_ptr, num_removed_ptr, sums_ptr, lasts_ptr,
+                        vocab, chunks, removed_stride, TEMP_PER_ROW: tl.constexpr,
+                        HAS_Q: tl.constexpr, HAS_REMOVED: tl.constexpr, CHUNK: tl.constexpr):
+    """Program (b, c): chunk c of sequence b's bonus row: the sums of its residual and of p,
+    and the last index where each is positive (-1: none), into [b, c, 0 / 1]."""
+    b = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    r, p = _bonus_block(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp,
+                        row_ptr, q_row_ptr, removed_ptr, num_removed_ptr, b, offs, vocab,
+                        removed_stride, TEMP_PER_ROW, HAS_Q, HAS_REMOVED)
     part = (b * chunks + chunk) * 2
     tl.store(sums_ptr + part, tl.sum(r, 0))
     tl.store(sums_ptr + part + 1, tl.sum(p, 0))
@@ -280,9 +291,6 @@ def _bonus_pick_kernel(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, t
     draws from p; past-the-end round-off takes the last positive token of the chunk, or of the
     row when no chunk's running sum exceeds the threshold. Writes out_tokens[b, num_acc[b]]."""
     b = tl.program_id(0).to(tl.int64)
-    t = temp
-    if TEMP_PER_ROW:
-        t = tl.load(temp_ptr + b)
     c = tl.arange(0, CP)
     present = c < chunks
     part = (b * chunks + c) * 2
@@ -294,18 +302,10 @@ def _bonus_pick_kernel(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, t
     chosen = tl.min(tl.where(crossing, c, CP), 0)
     row_last = tl.max(tl.load(lasts_ptr + part + tl.where(use_r, 0, 1), mask=present, other=-1),
                       0)
-    row = tl.load(row_ptr + b)
-    q_row = tl.full([], -1, tl.int64)
-    if HAS_Q:
-        q_row = tl.load(q_row_ptr + b)
-    num_removed = 0
-    if HAS_REMOVED:
-        num_removed = tl.load(num_removed_ptr + b)
     offs = chosen * CHUNK + tl.arange(0, CHUNK)  # past the row when no chunk crosses: masked
-    r, p = _bonus_residual(logits_ptr, draft_ptr, offs, vocab, t, tl.load(m_ptr + row),
-                           tl.load(kkey_ptr + row), tl.load(tau_ptr + row), tl.load(z_ptr + row),
-                           row, q_row, removed_ptr + b * removed_stride, num_removed, HAS_Q,
-                           HAS_REMOVED)
+    r, p = _bonus_block(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, temp_ptr, temp,
+                        row_ptr, q_row_ptr, removed_ptr, num_removed_ptr, b, offs, vocab,
+                        removed_stride, TEMP_PER_ROW, HAS_Q, HAS_REMOVED)
     r = tl.where(use_r, r, p)
     cdf = tl.sum(tl.where(c < chosen, sums, 0.0), 0) + tl.cumsum(r, 0)
     first = tl.min(tl.where((cdf > threshold) & (r > 0.0), offs, 2147483647), 0)
@@ -313,7 +313,6 @@ def _bonus_pick_kernel(logits_ptr, draft_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, t
     token = tl.where(chosen < chunks, tl.where(first < 2147483647, first, chunk_last), row_last)
     tl.store(out_tokens_ptr + b * width + tl.load(num_acc_ptr + b),
              tl.maximum(token, 0).to(tl.int64))
-
 
 
 @triton.jit
