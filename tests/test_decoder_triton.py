@@ -177,3 +177,15 @@ def test_silu_mul_triton_matches_reference(gen, dtype, rows, width):
     got = ops.silu_mul(gate, up, backend="triton")
     assert_within_flash_rule(got, reference.silu_mul(gate.double(), up.double()),
                              reference.silu_mul(gate, up), f"{dtype} {seed_note(gen)}")
+
+
+def test_apply_rope_triton_keeps_the_sign_of_zero(gen):
+    """rotate_half negates x's second half: -(+0.0) is -0.0 in torch, and the kernel's sign
+    factor keeps it (a 0 - x negation, Triton 3.6's lowering of -x, gives +0.0)."""
+    x = torch.zeros(1, 1, 1, 4, device=DEVICE)
+    cos = torch.full((1, 4), -1.0, device=DEVICE)
+    sin = torch.ones(1, 4, device=DEVICE)
+    positions = torch.zeros(1, 1, dtype=torch.int64, device=DEVICE)
+    got = ops.apply_rope(x, positions, cos, sin, backend="triton")
+    want = reference.apply_rope(x, positions, cos, sin)
+    assert torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)

@@ -4,14 +4,15 @@
 
 Llama-3.1-8B projections in bf16 (o_proj 4096 -> 4096, gate 4096 -> 14336, down 14336 -> 4096,
 lm_head 4096 -> 128256) at M = 1 (decode), 16, 60 (a verify tree) and 240 (batch 4 x 60) rows,
-its RMSNorm (4096 wide), its RoPE over 32 heads of 128 and its SiLU-gated product (14336
-wide): one Triton launch each, where torch takes seven and two. What row invariance costs on the GPU: greedy speculative decoding
-is lossless by construction only with these kernels (ops/decoder_triton.py), so they run
-whatever their speed. ``triton_m16`` / ``triton_m32``: the linear with its fixed row tile
-(LINEAR_BLOCK_M, 64) at 16 / 32 rows, still row-invariant (one tile for every M): fewer weight
-reads at 60-240 rows against padded rows at 1; which fixed tile to ship, measured. Floor: the
-weight (and the rows in and out) read once over the measured copy bandwidth. Timed as CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the
-Triton interpreter on CPU.
+its RMSNorm (4096 wide), its RoPE over 32 heads of 128 and its SiLU-gated product (14336 wide):
+one Triton launch each, where torch takes seven and two. What row invariance costs on the GPU:
+greedy speculative decoding is lossless by construction only with these kernels
+(ops/decoder_triton.py), so they run whatever their speed. ``triton_m16`` / ``triton_m32``: the
+linear with its fixed row tile (LINEAR_BLOCK_M, 64) at 16 / 32 rows, still row-invariant (one
+tile for every M): fewer weight reads at 60-240 rows against padded rows at 1; which fixed tile
+to ship, measured. Floor: the weight (and the rows in and out) read once over the measured copy
+bandwidth. Timed as CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the Triton
+interpreter on CPU.
 """
 
 from __future__ import annotations

@@ -116,8 +116,10 @@ def main():
     rows += write_kv_rows(device, gen, args.smoke, max_len, bandwidth, repeats)
     out = Path(args.out)
     append_rows(out / "bench_kv.csv", rows)
-    plot_rows([dict(r, series=f"{r['backend']} {r['model']} n={r['accepted']}") for r in rows],
-              "batch", "median_us", "series", out / "bench_kv.png", "compact_kv")
+    plot_rows([dict(r, series=f"{r['op']} {r['backend']} {r['model']} "
+                              f"{'n' if r['op'] == 'compact_kv' else 'T'}={r['accepted']}")
+               for r in rows], "batch", "median_us", "series", out / "bench_kv.png",
+              "compact_kv (n accepted) / write_kv (T new rows)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from .attention import tree_attention
 from . import attention_triton  # noqa: F401,E402  registers the triton tree_attention
 from .decoder import (apply_rope, cpu_activations, linear, linear_group, rms_norm,
                       set_cpu_activations, silu_mul)
-from . import decoder_triton  # noqa: F401,E402  registers the triton linear / rms_norm
+from . import decoder_triton  # noqa: F401,E402  registers the triton decoder ops
 from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend,
                     weights_unchanged)
 from .kv import compact_kv, write_kv

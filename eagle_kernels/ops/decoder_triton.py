@@ -1,4 +1,5 @@
-"""Triton backends of the decoder's ``linear`` and ``rms_norm``: row-invariant on the GPU.
+"""Triton backends of the decoder's ``linear`` and ``rms_norm`` (row-invariant on the GPU), and
+of ``apply_rope`` and ``silu_mul`` (one launch each; elementwise, so row-invariant anyway).
 
 Contracts: :func:`eagle_kernels.ops.linear_group` and :func:`eagle_kernels.ops.rms_norm` (the
 torch reference ops). Why they exist: cuBLAS and torch's reductions choose their kernels, tiles
@@ -208,7 +209,8 @@ def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, out_ptr, heads, table_r
     x = tl.load(rows + d[None, :], mask=ok, other=0.0).to(tl.float32)
     partner = tl.where(d < half, d + half, d - half)  # rotate_half: (-x2, x1)
     rotated = tl.load(rows + partner[None, :], mask=ok, other=0.0).to(tl.float32)
-    rotated = tl.where((d < half)[None, :], -rotated, rotated)
+    # times -1, not a negation: Triton 3.6 lowers -x to 0 - x, which turns torch's -0.0 into +0.0
+    rotated = rotated * tl.where(d < half, -1.0, 1.0)[None, :]
     dtype = out_ptr.dtype.element_ty
     first = _cast(x * cos[None, :], dtype, UPCAST).to(tl.float32)
     second = _cast(rotated * sin[None, :], dtype, UPCAST).to(tl.float32)
@@ -237,8 +239,8 @@ SILU_MUL_BLOCK = 1024  # elements per program
 def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, count, BLOCK: tl.constexpr,
                      UPCAST: tl.constexpr):
     """``silu(gate) * up`` on BLOCK elements: silu in fp32 rounded to the dtype, then the
-    product rounded, as the reference's two torch ops (silu's exp may differ in the last bit
-    of fp32 from torch's)."""
+    product rounded, as the reference's two torch ops (on a GPU tl.exp is an approximate
+    exp2 and the division not IEEE: fp32 results a few ulps from torch's)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < count
     gate = tl.load(gate_ptr + offs, mask=ok, other=0.0).to(tl.float32)

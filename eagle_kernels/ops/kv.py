@@ -39,7 +39,9 @@ def write_kv(k, v, k_cache, v_cache, cache_lens, offset: int = 0, backend: str =
     k, v : [B, T, H, D] float, contiguous, the caches' dtype.
     k_cache, v_cache : [B, max_len, H, D], contiguous.
     cache_lens : [B] int32; ``0 <= cache_lens[b]`` and ``cache_lens[b] + offset + T <= max_len``
-        (checked with value checks on; with them off a row outside the cache is not written).
+        (checked with value checks on; with them off the triton kernel writes no row outside
+        the cache, the torch reference raises an IndexError past the end and wraps a negative
+        row into the sequence's own, as torch indexing does).
     offset : int >= 0.
     backend : "auto", "triton" or "torch".
     """
@@ -51,7 +53,10 @@ def write_kv(k, v, k_cache, v_cache, cache_lens, offset: int = 0, backend: str =
     check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), k.device)
     check_int("offset", offset, 0, None)
     max_len = k_cache.shape[1]
-    if value_checks_enabled() and batch:
+    if count and offset + count > max_len:
+        raise ValueError(f"k: {count} new rows past offset {offset} do not fit the caches' "
+                         f"max_len {max_len}")
+    if value_checks_enabled() and batch and count:
         check_range("cache_lens", cache_lens, 0, max_len - offset - count + 1,
                     f" (max_len {max_len} minus offset {offset} and {count} new rows)")
     _, implementation = resolve("write_kv", backend, k.device)
@@ -220,7 +225,7 @@ def _compact_kv_cpu(caches, cache_lens, accepted_nodes, num_accepted) -> None:
 WRITE_KV_BLOCK = 1024  # row elements per program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["count", "offset"])  # both vary while a tree is drafted
 def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, lens_ptr, count, max_len, offset,
                      row_size, BLOCK: tl.constexpr):
     """Program (token b * T + t, column block): row t of k / v to row lens[b] + offset + t of

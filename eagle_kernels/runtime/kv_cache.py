@@ -55,7 +55,9 @@ class KVCache:
         value checks off, as in the decode loop, so graph-capturable); the positions must fit
         ``max_len`` (checked with value checks on).
         """
-        if k.requires_grad or v.requires_grad:  # the reference's indexed stores keep autograd
+        # The reference directly: its indexed stores keep autograd, and on CPU it is the op's
+        # only backend (the op's checks would cost ~25 us per layer for nothing).
+        if k.requires_grad or v.requires_grad or k.device.type == "cpu":
             ops.reference.write_kv(k, v, self.keys[layer], self.values[layer], self.lens, offset)
             return
         ops.write_kv(k.contiguous(), v.contiguous(), self.keys[layer], self.values[layer],
