@@ -10,7 +10,10 @@ Cases (bf16; the shapes of the missed bars, bench/results/2026-11-26_nvidia-h100
   kernels' row-invariant two passes at their 16-row tile (the default), at a 64-row tile, their
   unordered walk (not row-invariant), and the CUDA kernel;
 * ``linear_*``: gate_proj (14336 x 4096) over 60 rows: the row-invariant Triton GEMM (its
-  64-row tile, the default, and the 16-row one it had) and cuBLAS.
+  64-row tile, the default, and the 16-row one it had) and cuBLAS;
+* ``chain_*``: stochastic chain acceptance at batch 16, chain of 5, vocabulary 32000 (the
+  27 us bar; bench/results/2026-11-27_nvidia-h200), Triton (chunked since) and CUDA;
+* ``topk_triton``: topk_log_softmax of 10 rows of 32000, k 10 (a drafting step's).
 
 Each case warms up (Triton compiles, cuBLAS picks), then calls the op once between
 cudaProfilerStart / Stop; ncu (``--profile-from-start off``) profiles every kernel of that call
@@ -42,6 +45,7 @@ SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats"
             "WarpStateStats")
 ATTENTION_SHAPE = ("llama3-8b", 1, 4096)  # model, batch, context (bench_attention's grid)
 LINEAR_SHAPE = (60, 14336, 4096)  # rows, out features, in features (gate_proj)
+CHAIN_SHAPE = (16, 6, 32000)  # batch, nodes (root + 5 drafted), vocabulary: FlashInfer's point
 CASE_TIMEOUT_S = 90
 # profile.csv columns: ncu's metric names (SpeedOfLight, Occupancy, LaunchStats, WarpStateStats)
 COLUMNS = {
@@ -101,6 +105,25 @@ def _linear_call(backend: str, variant: str | None = None):
     return lambda: with_constants(bd.decoder_triton, bd.LINEAR_VARIANTS[variant], call)
 
 
+def _drafting_call(op: str, backend: str):
+    """The acceptance / top-k bars' shapes (``op``: "chain" or "topk"), bf16 logits."""
+    import torch
+
+    from eagle_kernels import ops
+
+    gen = torch.Generator().manual_seed(0)
+    if op == "topk":
+        logits = torch.randn(10, 32000, generator=gen).to("cuda", torch.bfloat16)
+        return lambda: ops.topk_log_softmax(logits, 10, backend=backend)
+    batch, nodes, vocab = CHAIN_SHAPE
+    logits = torch.randn(batch, nodes, vocab, generator=gen).to("cuda", torch.bfloat16)
+    draft = torch.softmax(torch.randn(batch, nodes - 1, vocab, generator=gen), -1).cuda()
+    tokens = torch.randint(0, vocab, (batch, nodes), generator=gen).cuda()
+    uniforms, bonus = torch.rand(batch, nodes, generator=gen).cuda(), torch.rand(batch).cuda()
+    return lambda: ops.stochastic_accept_chain(tokens, draft, logits, uniforms, bonus,
+                                               backend=backend)
+
+
 # name -> a no-argument callable building the case's call (the tile variants' constants live in
 # the benchmarks that time them: bench_attention.TRITON_VARIANTS, bench_decoder.LINEAR_VARIANTS)
 CASES = {
@@ -111,6 +134,9 @@ CASES = {
     "linear_triton": lambda: _linear_call("triton"),
     "linear_triton_m16": lambda: _linear_call("triton", "triton_m16"),
     "linear_cublas": lambda: _linear_call("cublas"),
+    "chain_triton": lambda: _drafting_call("chain", "triton"),
+    "chain_cuda": lambda: _drafting_call("chain", "cuda"),
+    "topk_triton": lambda: _drafting_call("topk", "triton"),
 }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stage "profile": Nsight Compute on the kernels whose bars the last GPU run missed (tree
-# attention at 4k context, the row-invariant Triton GEMM at 60 rows; bench/profile_kernels.py):
+# attention at 4k context, the row-invariant Triton GEMM at 60 rows, chain acceptance, top-k;
+# bench/profile_kernels.py):
 # which unit or memory level limits each, the evidence the issue asks for beside a missed bar.
 #   run(command="bash bench/gpu_suite.sh profile", carry=[".carry/build"])    (~2 minutes)
 STAGE=profile
