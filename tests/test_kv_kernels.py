@@ -175,6 +175,8 @@ def test_write_kv_refuses_rows_past_the_cache_and_stays_inside_without_checks(ge
                                l.long()), "cache_lens: expected dtype"),
     (lambda c, l: ops.write_kv(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1, 4), c, c, l, -1),
      "offset"),
+    (lambda c, l: ops.write_kv(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4), c, c, l, 8),
+     r"k: 3 new rows past offset 8 do not fit the caches' max_len 10"),
 ])
 def test_write_kv_bad_arguments_name_themselves(call, message):
     with pytest.raises((ValueError, TypeError), match=message):

@@ -153,32 +153,32 @@ def _plain(name, args, kwargs):
                            ("top_p", "top_ps")):
         if tensor in kwargs:
             kwargs[scalar] = kwargs.pop(tensor)
-    if name in ("compact_kv", "write_kv"):
-        return None
     result = getattr(ops, name)(*args, **kwargs)
     if name == "eagle2_rerank":
         return (*result[0], result[1])
     return result
 
 
+def _with_fresh_caches(name, args):
+    """An in-place op's arguments with the caches it writes cloned, and those clones."""
+    if name == "compact_kv":  # one list of caches
+        caches = [c.clone() for c in args[0]]
+        return (caches, *args[1:]), caches
+    caches = [c.clone() for c in args[2:4]]  # write_kv: k_cache, v_cache
+    return (*args[:2], *caches, *args[4:]), caches
+
+
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)])
 def test_custom_op_equals_plain_function(index):
     name, args, kwargs = CASES[index]
-    if name == "compact_kv":
-        caches = [c.clone() for c in args[0]]
-        expected = [c.clone() for c in args[0]]
-        ops.compact_kv(expected, *args[1:], **kwargs)
-        assert lib.compact_kv(caches, *args[1:], **kwargs) is None
-        for got, want in zip(caches, expected):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-        return
-    if name == "write_kv":
-        caches, expected = [c.clone() for c in args[2:4]], [c.clone() for c in args[2:4]]
-        ops.write_kv(*args[:2], *expected, *args[4:], **kwargs)
-        assert lib.write_kv(*args[:2], *caches, *args[4:], **kwargs) is None
-        for got, want in zip(caches, expected):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if name in ("compact_kv", "write_kv"):  # in place: compare the caches each leaves
+        got_args, got = _with_fresh_caches(name, args)
+        want_args, want = _with_fresh_caches(name, args)
+        getattr(ops, name)(*want_args, **kwargs)
+        assert getattr(lib, name)(*got_args, **kwargs) is None
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
         return
     got = getattr(lib, name)(*args, **kwargs)
     want = _plain(name, args, kwargs)

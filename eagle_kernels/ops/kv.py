@@ -4,8 +4,8 @@ Public ops :func:`write_kv` and :func:`compact_kv` with the contracts of the sam
 functions in :mod:`eagle_kernels.ops.reference` (both in place). ``write_kv``: ``torch``
 (reference: index arithmetic and two indexed stores, ~7 launches on a GPU, every layer of every
 pass) and ``triton`` (one launch for K and V), explicit only until proven on a GPU.
-``compact_kv`` (every layer's K and V cache in one call): Backends: ``cpu`` (``csrc/cpu/kv.h``, one
-C++ call for every cache), ``torch`` (reference), and ``triton`` / ``cuda`` (``csrc/kv.cu``),
+``compact_kv`` (every layer's K and V cache in one call): ``cpu`` (``csrc/cpu/kv.h``, one C++
+call for every cache), ``torch`` (reference), and ``triton`` / ``cuda`` (``csrc/kv.cu``),
 explicit only until proven on a GPU.
 
 Both kernels copy raw words, so caches may differ in head count, head size and dtype: one

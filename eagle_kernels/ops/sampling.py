@@ -360,6 +360,32 @@ def vocab_block(vocab: int) -> int:
     return min(2048, triton.next_power_of_2(vocab))
 
 
+def vocab_chunks(vocab: int, most: int = SAMPLING_CHUNK) -> tuple[int, int]:
+    """(entries per chunk, chunks) of a vocabulary split into per-program chunks of at most
+    ``most`` entries (a power of two)."""
+    chunk = min(most, triton.next_power_of_2(vocab))
+    return chunk, triton.cdiv(vocab, chunk)
+
+
+@triton.jit
+def chunk_max_sum(x):
+    """(max, sum(exp(x - max))) of one chunk of a row; a chunk of only -inf: (-inf, 0)."""
+    chunk_max = tl.max(x, 0)
+    pivot = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    return chunk_max, tl.sum(tl.exp(x - pivot), 0)
+
+
+@triton.jit
+def merged_max_sum(chunk_max, chunk_sum):
+    """(max, sum(exp(x - max))) of a row from its chunks' :func:`chunk_max_sum` (padding
+    chunks: -inf, 0); a chunk of only -inf adds nothing, said outright rather than left to
+    exp(-inf), and a row of only -inf gives (-inf, 0)."""
+    row_max = tl.max(chunk_max, 0)
+    pivot = tl.where(row_max == float("-inf"), 0.0, row_max)
+    return row_max, tl.sum(tl.where(chunk_max == float("-inf"), 0.0,
+                                    chunk_sum * tl.exp(chunk_max - pivot)), 0)
+
+
 def _split(value, cast, dummy: torch.Tensor):
     """(pointer, scalar, per_row) of one parameter: a per-sequence tensor, or a scalar (the
     pointer argument then gets ``dummy``, which the kernel never reads)."""
@@ -424,10 +450,9 @@ def _chunk_stats_kernel(logits_ptr, max_ptr, sum_ptr, temp_ptr, temp, vocab, chu
     if TEMP_PER_ROW:
         t = tl.load(temp_ptr + row // rows_per_param)
     s = scaled_logits(logits_ptr + row * vocab, chunk * CHUNK + tl.arange(0, CHUNK), vocab, t)
-    chunk_max = tl.max(s, 0)
-    pivot = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    chunk_max, chunk_sum = chunk_max_sum(s)
     tl.store(max_ptr + row * chunks + chunk, chunk_max)
-    tl.store(sum_ptr + row * chunks + chunk, tl.sum(tl.exp(s - pivot), 0))
+    tl.store(sum_ptr + row * chunks + chunk, chunk_sum)
 
 
 @triton.jit
@@ -440,9 +465,7 @@ def _merge_stats_kernel(max_ptr, sum_ptr, m_ptr, kkey_ptr, tau_ptr, z_ptr, chunk
     present = c < chunks
     chunk_max = tl.load(max_ptr + row * chunks + c, mask=present, other=float("-inf"))
     chunk_sum = tl.load(sum_ptr + row * chunks + c, mask=present, other=0.0)
-    m = tl.max(chunk_max, 0)  # finite: every row has a finite logit (checked by the op)
-    # a chunk of only -inf adds nothing (0 * exp(-inf - m) is 0, but keep NaN out regardless)
-    z = tl.sum(tl.where(chunk_max == float("-inf"), 0.0, chunk_sum * tl.exp(chunk_max - m)), 0)
+    m, z = merged_max_sum(chunk_max, chunk_sum)  # m finite: the op refuses rows of only -inf
     tl.store(m_ptr + row, m)
     tl.store(kkey_ptr + row, -2147483648)
     tl.store(tau_ptr + row, 0.0)
@@ -465,8 +488,7 @@ def row_stats_triton(logits: torch.Tensor, rows_per_param: int, temperature, top
         _row_stats_kernel[(rows,)](logits, *stats, vocab=vocab, rows_per_param=rows_per_param,
                                    BLOCK=vocab_block(vocab), **args)
         return stats
-    chunk = min(SAMPLING_CHUNK, triton.next_power_of_2(vocab))
-    chunks = triton.cdiv(vocab, chunk)
+    chunk, chunks = vocab_chunks(vocab)
     chunk_max = torch.empty(rows, chunks, dtype=torch.float32, device=device)
     chunk_sum = torch.empty(rows, chunks, dtype=torch.float32, device=device)
     _chunk_stats_kernel[(rows, chunks)](logits, chunk_max, chunk_sum, vocab=vocab, chunks=chunks,
@@ -487,8 +509,7 @@ def draw_bonus(logits, draft_probs, stats, rows, q_rows, bonus_uniforms, result,
     chosen chunk."""
     batch, width = result.output_tokens.shape
     vocab = logits.shape[-1]
-    chunk = min(SAMPLING_CHUNK, triton.next_power_of_2(vocab))
-    chunks = triton.cdiv(vocab, chunk)
+    chunk, chunks = vocab_chunks(vocab)
     sums = torch.empty(batch, chunks, 2, dtype=torch.float32, device=logits.device)
     lasts = torch.empty(batch, chunks, 2, dtype=torch.int32, device=logits.device)
     has_removed = removed is not None

@@ -31,7 +31,8 @@ from . import reference
 from ._backend import cpu_extension, cuda_extension, cuda_limit, cuda_stream, register, resolve
 from ._triton import tl, triton
 from ._validate import FLOAT_DTYPES, check_int, check_logits, check_tensor, value_checks_enabled
-from .sampling import LOGIT_DTYPE_CODES, ordered_bits
+from .sampling import (LOGIT_DTYPE_CODES, chunk_max_sum, merged_max_sum, ordered_bits,
+                       vocab_chunks)
 
 
 def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
@@ -140,11 +141,10 @@ def _topk_chunk_kernel(logits_ptr, keys_ptr, max_ptr, sum_ptr, vocab, chunks,
     inside = index < vocab
     x = tl.load(logits_ptr + row * vocab + index, mask=inside,
                 other=float("-inf")).to(tl.float32)
-    chunk_max = tl.max(x, 0)
-    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    chunk_max, chunk_sum = chunk_max_sum(x)
     part = row * chunks + chunk
     tl.store(max_ptr + part, chunk_max)
-    tl.store(sum_ptr + part, tl.sum(tl.exp(x - shift), 0))
+    tl.store(sum_ptr + part, chunk_sum)
     slots = tl.arange(0, KP)
     top = _take_top(tl.where(inside, order_key(x, index), NO_KEY), K, KP)
     tl.store(keys_ptr + part * K + slots, top, mask=slots < K)
@@ -165,13 +165,9 @@ def _topk_merge_kernel(logits_ptr, d2t_ptr, keys_ptr, max_ptr, sum_ptr, values_p
     keys = tl.load(keys_ptr + part[:, None] * K + slots[None, :],
                    mask=present[:, None] & (slots < K)[None, :], other=NO_KEY)
     top = _take_top(tl.reshape(keys, [CP * KP]), K, KP)
-    chunk_max = tl.load(max_ptr + part, mask=present, other=float("-inf"))
-    row_max = tl.max(chunk_max, 0)
-    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-    chunk_sum = tl.load(sum_ptr + part, mask=present, other=0.0)
-    # a chunk of only -inf adds nothing (its sum is 0: said outright, not left to exp(-inf))
-    row_sum = tl.sum(tl.where(chunk_max == float("-inf"), 0.0,
-                              chunk_sum * tl.exp(chunk_max - shift)), 0)
+    row_max, row_sum = merged_max_sum(tl.load(max_ptr + part, mask=present,
+                                              other=float("-inf")),
+                                      tl.load(sum_ptr + part, mask=present, other=0.0))
     taken = slots < K
     ids = tl.where(taken, key_index(top), 0)
     x = tl.load(logits_ptr + row * vocab + ids, mask=taken, other=0.0).to(tl.float32)
@@ -191,8 +187,7 @@ def _topk_log_softmax_triton(logits, k, d2t):
     ids = torch.empty(rows, k, dtype=torch.int64, device=device)
     if rows == 0:
         return values, ids
-    chunk = min(TOPK_CHUNK, triton.next_power_of_2(vocab))
-    chunks = triton.cdiv(vocab, chunk)
+    chunk, chunks = vocab_chunks(vocab, TOPK_CHUNK)
     keys = torch.empty(rows, chunks, k, dtype=torch.int64, device=device)
     chunk_max = torch.empty(rows, chunks, dtype=torch.float32, device=device)
     chunk_sum = torch.empty(rows, chunks, dtype=torch.float32, device=device)

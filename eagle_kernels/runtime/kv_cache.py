@@ -51,9 +51,10 @@ class KVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, offset: int = 0) -> None:
         """Store ``k``/``v`` [B, T, Hkv, D] at positions ``[lens + offset, lens + offset + T)``.
 
-        :func:`eagle_kernels.ops.write_kv` (index arithmetic on the device: no host sync with
-        value checks off, as in the decode loop, so graph-capturable); the positions must fit
-        ``max_len`` (checked with value checks on).
+        :func:`eagle_kernels.ops.write_kv` on a GPU (index arithmetic on the device: no host
+        sync with value checks off, as in the decode loop, so graph-capturable; the positions
+        checked against ``max_len`` with value checks on); its reference on CPU, unchecked:
+        there the caller makes sure the positions fit.
         """
         # The reference directly: its indexed stores keep autograd, and on CPU it is the op's
         # only backend (the op's checks would cost ~25 us per layer for nothing).
