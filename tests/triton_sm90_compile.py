@@ -186,20 +186,30 @@ variants(attention_triton._merge_splits_kernel,
          {"HEAD_DIM": 128, "BLOCK_D": 128, "UPCAST": False},
          head_dim_64_fp32={"HEAD_DIM": 64, "BLOCK_D": 64, "out_ptr": "*fp32"},
          head_dim_256={"HEAD_DIM": 256, "BLOCK_D": 256})
-LINEAR_ARGS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
-               "part_ptr": "*fp32", "rows": "i32", "cols": "i32", "width": "i32",
-               "split_blocks": "i32"}
-variants(decoder_triton._linear_kernel, LINEAR_ARGS,
-         {"HAS_BIAS": False, "SPLIT": True, "BLOCK_M": decoder_triton.LINEAR_BLOCK_M,
+LINEAR_ARGS = {"x_ptr": "*bf16", "rows": "i32", "width": "i32",
+               **{f"{name}{i}{ptr}": kind for i in range(decoder_triton.LINEAR_GROUP_MAX)
+                  for name, ptr, kind in (("w", "_ptr", "*bf16"), ("bias", "_ptr", "*bf16"),
+                                          ("out", "_ptr", "*bf16"), ("part", "_ptr", "*fp32"),
+                                          ("cols", "", "i32"), ("split_blocks", "", "i32"),
+                                          ("splits", "", "i32"))}}
+FP32_LINEAR = {f"{name}{i}_ptr": "*fp32" for i in range(decoder_triton.LINEAR_GROUP_MAX)
+               for name in ("w", "bias", "out")}
+variants(decoder_triton._linear_kernel, LINEAR_ARGS,  # q / k / v: q and v split, k biased
+         {"WEIGHTS": 3, "HAS_BIAS0": False, "SPLIT0": True, "HAS_BIAS1": True, "SPLIT1": False,
+          "HAS_BIAS2": False, "SPLIT2": True, "BLOCK_M": decoder_triton.LINEAR_BLOCK_M,
           "BLOCK_N": 64, "BLOCK_K": 64, "DOT_PRECISION": "tf32", "UPCAST": False},
-         one_pass_bias={"SPLIT": False, "HAS_BIAS": True, "part_ptr": "*bf16", "rows": 1},
-         rows_16={"BLOCK_M": 16},
-         fp32={"x_ptr": "*fp32", "w_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
-               "DOT_PRECISION": "ieee"})
+         one_weight_one_row={"WEIGHTS": 1, "SPLIT0": False, "HAS_BIAS0": True, "rows": 1},
+         rows_16={"BLOCK_M": 16, "WEIGHTS": 2},
+         fp32={"x_ptr": "*fp32", **FP32_LINEAR, "DOT_PRECISION": "ieee"})
 variants(decoder_triton._sum_splits_kernel,
-         {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "count": "i32",
-          "cols": "i32", "num_splits": "i32"}, {"HAS_BIAS": True, "BLOCK": 1024, "UPCAST": False},
-         no_bias_fp16={"HAS_BIAS": False, "bias_ptr": "*fp16", "out_ptr": "*fp16"})
+         {**{f"{name}{i}{ptr}": kind for i in range(decoder_triton.LINEAR_GROUP_MAX)
+             for name, ptr, kind in (("part", "_ptr", "*fp32"), ("bias", "_ptr", "*bf16"),
+                                     ("out", "_ptr", "*bf16"), ("count", "", "i32"),
+                                     ("cols", "", "i32"), ("splits", "", "i32"))}},
+         {"WEIGHTS": 3, "HAS_BIAS0": True, "HAS_BIAS1": False, "HAS_BIAS2": True,
+          "BLOCK": decoder_triton.LINEAR_SUM_BLOCK, "UPCAST": False},
+         one_weight_fp16={"WEIGHTS": 1, "HAS_BIAS0": False, "bias0_ptr": "*fp16",
+                          "out0_ptr": "*fp16"})
 variants(decoder_triton._rms_norm_kernel,
          {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
           "total_ptr": "*bf16", "width": "i32", "eps": "fp32"},

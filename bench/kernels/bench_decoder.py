@@ -4,7 +4,8 @@
 
 Llama-3.1-8B projections in bf16 (o_proj 4096 -> 4096, gate 4096 -> 14336, down 14336 -> 4096,
 lm_head 4096 -> 128256) at M = 1 (decode), 16, 60 (a verify tree) and 240 (batch 4 x 60) rows,
-its RMSNorm (4096 wide), its RoPE over 32 heads of 128 and its SiLU-gated product (14336 wide):
+its q / k / v and SmolLM2-135M's as one linear_group (one Triton launch against one per
+weight: what a grouped launch saves), its RMSNorm (4096 wide), its RoPE over 32 heads of 128 and its SiLU-gated product (14336 wide):
 one Triton launch each, where torch takes seven and two. What row invariance costs on the GPU:
 greedy speculative decoding is lossless by construction only with these kernels
 (ops/decoder_triton.py), so they run whatever their speed. ``triton_m16`` / ``triton_m32``: the
@@ -38,6 +39,9 @@ from eagle_kernels.ops._backend import backend_status  # noqa: E402
 LLAMA_8B = {"o_proj": (4096, 4096), "gate_proj": (14336, 4096), "down_proj": (4096, 14336),
             "lm_head": (128256, 4096)}
 SMOKE = {"o_proj": (64, 48)}
+# q / k / v over one input: (output widths, input width)
+GROUPS = {"llama q/k/v": ((4096, 1024, 1024), 4096), "smollm2 q/k/v": ((576, 192, 192), 576)}
+SMOKE_GROUPS = {"q/k/v": ((48, 16, 16), 48)}
 LINEAR_VARIANTS = {"triton_m16": {"LINEAR_BLOCK_M": 16}, "triton_m32": {"LINEAR_BLOCK_M": 32}}
 
 
@@ -77,6 +81,26 @@ def linear_rows(device, gen, shapes, row_counts, bandwidth, repeats) -> list[dic
                         device, repeats)
             rows += _rows("linear", name, m, timings, floor_us)
         del weight
+    return rows
+
+
+def group_rows(device, gen, groups, row_counts, bandwidth, repeats) -> list[dict]:
+    """q / k / v: the Triton group in one launch (and one of its split sums) against the same
+    kernel launched per weight (``triton_per_weight``, same bits) and torch's three GEMMs."""
+    rows = []
+    for name, (outs, width) in groups.items():
+        weights = [(torch.randn(out, width, generator=gen) * width**-0.5).to(torch.bfloat16)
+                   .to(device) for out in outs]
+        for m in row_counts:
+            x = torch.randn(m, width, generator=gen).to(torch.bfloat16).to(device)
+            floor_us = 2 * sum(out * width + m * out for out in outs) / bandwidth * 1e6
+            timings = {backend: _time(lambda b=backend: ops.linear_group(x, weights, backend=b),
+                                      device, repeats) for backend in _backends(device)}
+            if "triton" in timings:
+                timings["triton_per_weight"] = _time(
+                    lambda: [ops.linear(x, w, backend="triton") for w in weights], device,
+                    repeats)
+            rows += _rows("linear_group", name, m, timings, floor_us)
     return rows
 
 
@@ -121,11 +145,12 @@ def main():
     args, device = bench_arguments(__doc__.split("\n")[0])
     gen = torch.Generator().manual_seed(0)
     if args.smoke:
-        shapes, row_counts, width, repeats = SMOKE, (1, 5), 48, 3
+        shapes, groups, row_counts, width, repeats = SMOKE, SMOKE_GROUPS, (1, 5), 48, 3
     else:
-        shapes, row_counts, width, repeats = LLAMA_8B, (1, 16, 60, 240), 4096, 20
+        shapes, groups, row_counts, width, repeats = LLAMA_8B, GROUPS, (1, 16, 60, 240), 4096, 20
     bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
     rows = linear_rows(device, gen, shapes, row_counts, bandwidth, repeats)
+    rows += group_rows(device, gen, groups, row_counts, bandwidth, repeats)
     rows += rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats)
     if args.smoke:
         rows += elementwise_rows(device, gen, 40, 3, 16, row_counts, bandwidth, repeats)

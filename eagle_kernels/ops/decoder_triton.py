@@ -14,7 +14,9 @@ linear: ``y = x @ W.T + b`` in tiles of LINEAR_BLOCK_M x LINEAR_BLOCK_N outputs 
 accumulation over K in LINEAR_BLOCK_K steps, one tile shape for every M. When the column tiles
 cannot fill the GPU (decode: M = 1), K is cut into a split count chosen from (N, K, SM count)
 only; the splits' fp32 partial sums are added in split order by a second kernel, which adds
-the bias and rounds. Weights are read in nn.Linear's [N, K] layout, no repacking.
+the bias and rounds. Weights are read in nn.Linear's [N, K] layout, no repacking. A group
+(q / k / v, gate / up) runs as one launch of both kernels, each weight's tiles computed as a
+launch of that weight alone would (its own split count), so grouping never changes a bit.
 
 rms_norm: one program per row, the whole row in one block of BLOCK >= H lanes: the sum of
 squares is one fixed reduction per row. fp32 math as transformers' LlamaRMSNorm.
@@ -39,19 +41,22 @@ LINEAR_BLOCK_M = 64
 LINEAR_BLOCK_N = 64
 LINEAR_BLOCK_K = 64
 LINEAR_MIN_SPLIT_BLOCKS = 4  # K blocks per split at least: a split's partial costs a round trip
+LINEAR_SUM_BLOCK = 1024  # outputs per program of the K-split sum
+# Weights in one launch (q / k / v; gate / up). Launches look like most of a GPU decode step:
+# the H200's AR steps cost ~97 us per layer at both model shapes against ~40 launches per layer
+# counted on the CPU (bench/results/2026-11-27_nvidia-h200; an inference, not a measurement).
+LINEAR_GROUP_MAX = 3
 RMS_NORM_MAX_WIDTH = 16384  # one row in registers
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, rows, cols, width, split_blocks,
-                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
-    """Program (row tile, column tile, K split): x [M, K] and w [N, K] contiguous; writes out
-    [M, N] (bias added, rounded) or, when SPLIT, the split's fp32 partial [S, M, N]."""
-    tile_m = tl.program_id(0)
-    tile_n = tl.program_id(1)
-    split = tl.program_id(2)
+def _linear_tile(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, rows, cols, width, split_blocks,
+                 tile_m, tile_n, split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One output tile (row tile, column tile, K split) of one weight: x [M, K] and w [N, K]
+    contiguous; writes out [M, N] (bias added, rounded) or, when SPLIT, the split's fp32
+    partial [S, M, N]."""
     rm = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rm < rows
@@ -79,10 +84,48 @@ def _linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, rows, cols, width,
 
 
 @triton.jit
-def _sum_splits_kernel(part_ptr, bias_ptr, out_ptr, count, cols, num_splits,
-                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
-    """out[i] = sum over splits s in order of part[s, i] (+ bias[i % cols]), i < count = M * N."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _linear_kernel(x_ptr, rows, width,
+                   w0_ptr, bias0_ptr, out0_ptr, part0_ptr, cols0, split_blocks0, splits0,
+                   w1_ptr, bias1_ptr, out1_ptr, part1_ptr, cols1, split_blocks1, splits1,
+                   w2_ptr, bias2_ptr, out2_ptr, part2_ptr, cols2, split_blocks2, splits2,
+                   WEIGHTS: tl.constexpr, HAS_BIAS0: tl.constexpr, SPLIT0: tl.constexpr,
+                   HAS_BIAS1: tl.constexpr, SPLIT1: tl.constexpr, HAS_BIAS2: tl.constexpr,
+                   SPLIT2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Program (row tile, column tile over the group's weights in order, K split): one launch
+    for up to LINEAR_GROUP_MAX weights over the same x (q / k / v, gate / up). Weight i's
+    arguments end in i; weights past WEIGHTS are never read. A tile computes exactly what a
+    launch of its weight alone computes (its own split count; programs past it do nothing)."""
+    tile_m = tl.program_id(0)
+    tile_n = tl.program_id(1)
+    split = tl.program_id(2)
+    tiles0 = tl.cdiv(cols0, BLOCK_N)
+    if tile_n < tiles0:
+        if split < splits0:
+            _linear_tile(x_ptr, w0_ptr, bias0_ptr, out0_ptr, part0_ptr, rows, cols0, width,
+                         split_blocks0, tile_m, tile_n, split, HAS_BIAS0, SPLIT0, BLOCK_M,
+                         BLOCK_N, BLOCK_K, DOT_PRECISION, UPCAST)
+    elif WEIGHTS > 1:
+        tile_n1 = tile_n - tiles0
+        tiles1 = tl.cdiv(cols1, BLOCK_N)
+        if tile_n1 < tiles1:
+            if split < splits1:
+                _linear_tile(x_ptr, w1_ptr, bias1_ptr, out1_ptr, part1_ptr, rows, cols1, width,
+                             split_blocks1, tile_m, tile_n1, split, HAS_BIAS1, SPLIT1, BLOCK_M,
+                             BLOCK_N, BLOCK_K, DOT_PRECISION, UPCAST)
+        elif WEIGHTS > 2:
+            if split < splits2:
+                _linear_tile(x_ptr, w2_ptr, bias2_ptr, out2_ptr, part2_ptr, rows, cols2, width,
+                             split_blocks2, tile_m, tile_n1 - tiles1, split, HAS_BIAS2, SPLIT2,
+                             BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, UPCAST)
+
+
+@triton.jit
+def _sum_splits_block(part_ptr, bias_ptr, out_ptr, count, cols, num_splits, block_index,
+                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+    """out[i] = sum over splits s in order of part[s, i] (+ bias[i % cols]) for block
+    ``block_index`` of i < count = M * N."""
+    i = block_index.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < count
     parts = part_ptr + i  # 64-bit pointers: split * count can pass 2^31
     total = tl.load(parts, mask=ok, other=0.0)
@@ -92,6 +135,30 @@ def _sum_splits_kernel(part_ptr, bias_ptr, out_ptr, count, cols, num_splits,
     if HAS_BIAS:
         total += tl.load(bias_ptr + i % cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + i, _cast(total, out_ptr.dtype.element_ty, UPCAST), mask=ok)
+
+
+@triton.jit
+def _sum_splits_kernel(part0_ptr, bias0_ptr, out0_ptr, count0, cols0, splits0,
+                       part1_ptr, bias1_ptr, out1_ptr, count1, cols1, splits1,
+                       part2_ptr, bias2_ptr, out2_ptr, count2, cols2, splits2,
+                       WEIGHTS: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr,
+                       HAS_BIAS2: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+    """The split sums of up to LINEAR_GROUP_MAX split weights in one launch, their blocks in
+    weight order (arguments ending in i: weight i, as in _linear_kernel)."""
+    block = tl.program_id(0)
+    blocks0 = tl.cdiv(count0, BLOCK)
+    if block < blocks0:
+        _sum_splits_block(part0_ptr, bias0_ptr, out0_ptr, count0, cols0, splits0, block,
+                          HAS_BIAS0, BLOCK, UPCAST)
+    elif WEIGHTS > 1:
+        block1 = block - blocks0
+        blocks1 = tl.cdiv(count1, BLOCK)
+        if block1 < blocks1:
+            _sum_splits_block(part1_ptr, bias1_ptr, out1_ptr, count1, cols1, splits1, block1,
+                              HAS_BIAS1, BLOCK, UPCAST)
+        elif WEIGHTS > 2:
+            _sum_splits_block(part2_ptr, bias2_ptr, out2_ptr, count2, cols2, splits2,
+                              block1 - blocks1, HAS_BIAS2, BLOCK, UPCAST)
 
 
 def linear_splits(cols: int, width: int, device: torch.device) -> int:
@@ -104,42 +171,72 @@ def linear_splits(cols: int, width: int, device: torch.device) -> int:
     return max(1, min(wanted, k_blocks // LINEAR_MIN_SPLIT_BLOCKS))
 
 
-def _linear_one(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                out: torch.Tensor) -> None:
-    rows, width = x2d.shape  # width >= 1: linear_group answers K = 0 itself
+def _weight_launch(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   out: torch.Tensor):
+    """One weight's part of a grouped launch: (_linear_kernel's arguments for it, its
+    constexpr flags, its split-sum arguments or None). From the weight's shape and the device
+    only, as for a launch of the weight alone: same split count, same bits."""
+    rows, width = x2d.shape
     cols = weight.shape[0]
-    if rows == 0 or cols == 0:
-        return
     k_blocks = triton.cdiv(width, LINEAR_BLOCK_K)
     split_blocks = triton.cdiv(k_blocks, linear_splits(cols, width, x2d.device))
     splits = triton.cdiv(k_blocks, split_blocks)  # none left empty
     part = (torch.empty(splits, rows, cols, dtype=torch.float32, device=x2d.device)
             if splits > 1 else out)
+    bias_arg = bias if bias is not None else out  # never read without HAS_BIAS
+    tile_args = (weight, bias_arg, out, part, cols, split_blocks, splits)
+    sum_args = (part, bias_arg, out, rows * cols, cols, splits) if splits > 1 else None
+    return tile_args, (bias is not None, splits > 1), sum_args
+
+
+def _padded(parts: list, fill) -> list:
+    """``parts`` filled up to LINEAR_GROUP_MAX entries with ``fill`` (arguments of slots a
+    launch never reads)."""
+    return parts + [fill] * (LINEAR_GROUP_MAX - len(parts))
+
+
+def _linear_launch(x2d: torch.Tensor, group: list) -> None:
+    """One _linear_kernel launch (and at most one split-sum launch) for ``group``: 1 to
+    LINEAR_GROUP_MAX (weight, bias or None, out [M, N_i]) of nonzero size over x2d [M, K]."""
+    rows = x2d.shape[0]
+    launches = [_weight_launch(x2d, *member) for member in group]
+    tile_args = [arg for tiles, _, _ in _padded(launches, launches[0]) for arg in tiles]
+    flags = {}
+    for i, (_, (has_bias, split), _) in enumerate(launches):
+        flags[f"HAS_BIAS{i}"], flags[f"SPLIT{i}"] = has_bias, split
+    for i in range(len(launches), LINEAR_GROUP_MAX):
+        flags[f"HAS_BIAS{i}"], flags[f"SPLIT{i}"] = False, False
     upcast = interpreter_upcast(x2d)
-    grid = (triton.cdiv(rows, LINEAR_BLOCK_M), triton.cdiv(cols, LINEAR_BLOCK_N), splits)
+    col_tiles = sum(triton.cdiv(w.shape[0], LINEAR_BLOCK_N) for w, _, _ in group)
+    splits = max(tiles[-1] for tiles, _, _ in launches)
+    grid = (triton.cdiv(rows, LINEAR_BLOCK_M), col_tiles, splits)
     _linear_kernel[grid](
-        x2d, weight, bias if bias is not None else out, out, part, rows, cols, width,
-        split_blocks, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_M=LINEAR_BLOCK_M,
-        BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
-        DOT_PRECISION=dot_precision(x2d), UPCAST=upcast,
-        num_warps=4)
-    if splits > 1:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(rows * cols, block),)](
-            part, bias if bias is not None else out, out, rows * cols, cols, splits,
-            HAS_BIAS=bias is not None, BLOCK=block, UPCAST=upcast)
+        x2d, rows, x2d.shape[1], *tile_args, WEIGHTS=len(group), **flags,
+        BLOCK_M=LINEAR_BLOCK_M, BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
+        DOT_PRECISION=dot_precision(x2d), UPCAST=upcast, num_warps=4)
+    sums = [(args, flag[0]) for _, flag, args in launches if args is not None]
+    if sums:
+        sum_args = [arg for args, _ in _padded(sums, sums[0]) for arg in args]
+        biased = {f"HAS_BIAS{i}": i < len(sums) and sums[i][1] for i in range(LINEAR_GROUP_MAX)}
+        blocks = sum(triton.cdiv(args[3], LINEAR_SUM_BLOCK) for args, _ in sums)
+        _sum_splits_kernel[(blocks,)](*sum_args, WEIGHTS=len(sums), **biased,
+                                      BLOCK=LINEAR_SUM_BLOCK, UPCAST=upcast)
 
 
 def _linear_group_triton(x, weights, biases):
     """Triton backend of linear_group (checked arguments: x [..., K] contiguous, weights [N_i,
-    K] of x's dtype and device)."""
+    K] of x's dtype and device): one launch per LINEAR_GROUP_MAX weights (plus one for their
+    K-split sums), the same bits as one launch per weight."""
     rows = math.prod(x.shape[:-1])
     x2d = x.reshape(rows, x.shape[-1])
-    outputs = []
+    outputs, group = [], []
     for w, b in zip(weights, biases):
         out = torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype, device=x.device)
-        _linear_one(x2d, w.contiguous(), b, out.view(rows, w.shape[0]))
         outputs.append(out)
+        if rows and w.shape[0]:
+            group.append((w.contiguous(), b, out.view(rows, w.shape[0])))
+    for start in range(0, len(group), LINEAR_GROUP_MAX):
+        _linear_launch(x2d, group[start:start + LINEAR_GROUP_MAX])
     return tuple(outputs)
 
 
