@@ -102,17 +102,20 @@ GROUP_SPLITS = {130: 3, 64: 1, 70: 4, 33: 2, 7: 1}
 def test_linear_triton_group_is_single_linears_bit_for_bit(gen, dtype, rows, monkeypatch):
     """A group runs LINEAR_GROUP_MAX weights per launch (and one launch of their split sums);
     each weight's outputs equal, bit for bit, those of a launch of that weight alone: groups of
-    1-6 weights (two launches past three), biases on some, an empty weight between others.
+    1-6 weights (two launches from five: the empty weight is skipped), biases on some, split
+    and unsplit weights with and without one.
     Power: with every weight of a launch given the first weight's split count, the fp32 cases
     failed for seeds 0-9 every time (at fp16 / bf16 the output rounding hides the last-bit
     differences from some draws: the fp32 cases carry this check); with the third weight's
-    tiles offset by the second's tile count instead of its own, every case failed (seeds 0-2)."""
+    tiles offset by the second's tile count instead of its own, every case failed (seeds 0-2);
+    with the split sums' bias flags taken from the uncompacted weight list, every case failed."""
     monkeypatch.setattr(decoder_triton, "linear_splits",
                         lambda cols, width, device: GROUP_SPLITS.get(cols, 1))
     x = _draw(gen, rows, 1000, dtype=dtype)
     widths = [130, 64, 0, 70, 33, 7]
     weights = [_draw(gen, n, 1000, dtype=dtype, scale=0.03) for n in widths]
-    biases = [_draw(gen, n, dtype=dtype) if i % 2 else None for i, n in enumerate(widths)]
+    biased = [True, False, False, True, False, True]  # split and not, with and without
+    biases = [_draw(gen, n, dtype=dtype) if b else None for n, b in zip(widths, biased)]
     for count in range(1, len(widths) + 1):
         group = ops.linear_group(x, weights[:count], biases[:count], backend="triton")
         for i in range(count):

@@ -198,7 +198,8 @@ variants(decoder_triton._linear_kernel, LINEAR_ARGS,  # q / k / v: q and v split
          {"WEIGHTS": 3, "HAS_BIAS0": False, "SPLIT0": True, "HAS_BIAS1": True, "SPLIT1": False,
           "HAS_BIAS2": False, "SPLIT2": True, "BLOCK_M": decoder_triton.LINEAR_BLOCK_M,
           "BLOCK_N": 64, "BLOCK_K": 64, "DOT_PRECISION": "tf32", "UPCAST": False},
-         one_weight_one_row={"WEIGHTS": 1, "SPLIT0": False, "HAS_BIAS0": True, "rows": 1},
+         one_weight_one_row={"WEIGHTS": 1, "SPLIT0": False, "HAS_BIAS0": True, "rows": 1,
+                            "part0_ptr": "*bf16"},
          rows_16={"BLOCK_M": 16, "WEIGHTS": 2},
          fp32={"x_ptr": "*fp32", **FP32_LINEAR, "DOT_PRECISION": "ieee"})
 variants(decoder_triton._sum_splits_kernel,

@@ -1,12 +1,14 @@
-"""linear / rms_norm / apply_rope / silu_mul: the Triton kernels vs torch, with the memory floor.
+"""linear / linear_group / rms_norm / apply_rope / silu_mul: the Triton kernels vs torch, with
+the memory floor.
 
     python bench/kernels/bench_decoder.py [--out DIR] [--smoke]
 
 Llama-3.1-8B projections in bf16 (o_proj 4096 -> 4096, gate 4096 -> 14336, down 14336 -> 4096,
 lm_head 4096 -> 128256) at M = 1 (decode), 16, 60 (a verify tree) and 240 (batch 4 x 60) rows,
-its q / k / v and SmolLM2-135M's as one linear_group (one Triton launch against one per
-weight: what a grouped launch saves), its RMSNorm (4096 wide), its RoPE over 32 heads of 128 and its SiLU-gated product (14336 wide):
-one Triton launch each, where torch takes seven and two. What row invariance costs on the GPU:
+its RMSNorm (4096 wide), its RoPE over 32 heads of 128 and its SiLU-gated product (14336 wide):
+one Triton launch each, where torch takes seven and two. Its q / k / v and SmolLM2-135M's as
+one linear_group: two Triton launches (the tiles, the K-split sums) against six launched per
+weight (``triton_per_weight``, the same bits). What row invariance costs on the GPU:
 greedy speculative decoding is lossless by construction only with these kernels
 (ops/decoder_triton.py), so they run whatever their speed. ``triton_m16`` / ``triton_m32``: the
 linear with its fixed row tile (LINEAR_BLOCK_M, 64) at 16 / 32 rows, still row-invariant (one
@@ -93,7 +95,8 @@ def group_rows(device, gen, groups, row_counts, bandwidth, repeats) -> list[dict
                    .to(device) for out in outs]
         for m in row_counts:
             x = torch.randn(m, width, generator=gen).to(torch.bfloat16).to(device)
-            floor_us = 2 * sum(out * width + m * out for out in outs) / bandwidth * 1e6
+            read_write = m * width + sum(out * width + m * out for out in outs)
+            floor_us = 2 * read_write / bandwidth * 1e6
             timings = {backend: _time(lambda b=backend: ops.linear_group(x, weights, backend=b),
                                       device, repeats) for backend in _backends(device)}
             if "triton" in timings:

@@ -42,9 +42,10 @@ LINEAR_BLOCK_N = 64
 LINEAR_BLOCK_K = 64
 LINEAR_MIN_SPLIT_BLOCKS = 4  # K blocks per split at least: a split's partial costs a round trip
 LINEAR_SUM_BLOCK = 1024  # outputs per program of the K-split sum
-# Weights in one launch (q / k / v; gate / up). Launches look like most of a GPU decode step:
-# the H200's AR steps cost ~97 us per layer at both model shapes against ~40 launches per layer
-# counted on the CPU (bench/results/2026-11-27_nvidia-h200; an inference, not a measurement).
+# Weights in one launch (q / k / v; gate / up): the kernels' argument slots, not a tuning knob.
+# Launches look like most of a GPU decode step: the H200's AR steps cost ~97 us per layer at
+# both model shapes against ~40 launches per layer then, counted on the CPU
+# (bench/results/2026-11-27_nvidia-h200; an inference, not a measurement).
 LINEAR_GROUP_MAX = 3
 RMS_NORM_MAX_WIDTH = 16384  # one row in registers
 
@@ -99,7 +100,7 @@ def _linear_kernel(x_ptr, rows, width,
     tile_m = tl.program_id(0)
     tile_n = tl.program_id(1)
     split = tl.program_id(2)
-    tiles0 = tl.cdiv(cols0, BLOCK_N)
+    tiles0 = (cols0 - 1) // BLOCK_N + 1  # not tl.cdiv: cols + BLOCK_N - 1 can pass 2^31
     if tile_n < tiles0:
         if split < splits0:
             _linear_tile(x_ptr, w0_ptr, bias0_ptr, out0_ptr, part0_ptr, rows, cols0, width,
@@ -107,7 +108,7 @@ def _linear_kernel(x_ptr, rows, width,
                          BLOCK_N, BLOCK_K, DOT_PRECISION, UPCAST)
     elif WEIGHTS > 1:
         tile_n1 = tile_n - tiles0
-        tiles1 = tl.cdiv(cols1, BLOCK_N)
+        tiles1 = (cols1 - 1) // BLOCK_N + 1
         if tile_n1 < tiles1:
             if split < splits1:
                 _linear_tile(x_ptr, w1_ptr, bias1_ptr, out1_ptr, part1_ptr, rows, cols1, width,
@@ -146,13 +147,13 @@ def _sum_splits_kernel(part0_ptr, bias0_ptr, out0_ptr, count0, cols0, splits0,
     """The split sums of up to LINEAR_GROUP_MAX split weights in one launch, their blocks in
     weight order (arguments ending in i: weight i, as in _linear_kernel)."""
     block = tl.program_id(0)
-    blocks0 = tl.cdiv(count0, BLOCK)
+    blocks0 = (count0 - 1) // BLOCK + 1  # not tl.cdiv: count + BLOCK - 1 can pass 2^31
     if block < blocks0:
         _sum_splits_block(part0_ptr, bias0_ptr, out0_ptr, count0, cols0, splits0, block,
                           HAS_BIAS0, BLOCK, UPCAST)
     elif WEIGHTS > 1:
         block1 = block - blocks0
-        blocks1 = tl.cdiv(count1, BLOCK)
+        blocks1 = (count1 - 1) // BLOCK + 1
         if block1 < blocks1:
             _sum_splits_block(part1_ptr, bias1_ptr, out1_ptr, count1, cols1, splits1, block1,
                               HAS_BIAS1, BLOCK, UPCAST)
@@ -176,7 +177,7 @@ def _weight_launch(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """One weight's part of a grouped launch: (_linear_kernel's arguments for it, its
     constexpr flags, its split-sum arguments or None). From the weight's shape and the device
     only, as for a launch of the weight alone: same split count, same bits."""
-    rows, width = x2d.shape
+    rows, width = x2d.shape  # rows, width >= 1: linear_group answers K = 0 itself
     cols = weight.shape[0]
     k_blocks = triton.cdiv(width, LINEAR_BLOCK_K)
     split_blocks = triton.cdiv(k_blocks, linear_splits(cols, width, x2d.device))
@@ -197,7 +198,9 @@ def _padded(parts: list, fill) -> list:
 
 def _linear_launch(x2d: torch.Tensor, group: list) -> None:
     """One _linear_kernel launch (and at most one split-sum launch) for ``group``: 1 to
-    LINEAR_GROUP_MAX (weight, bias or None, out [M, N_i]) of nonzero size over x2d [M, K]."""
+    LINEAR_GROUP_MAX (weight, bias or None, out [M, N_i]) of nonzero size over x2d [M, K].
+    The grid's second dimension holds the group's column tiles together (CUDA allows 65535:
+    4.19 M columns, far above any model's q / k / v)."""
     rows = x2d.shape[0]
     launches = [_weight_launch(x2d, *member) for member in group]
     tile_args = [arg for tiles, _, _ in _padded(launches, launches[0]) for arg in tiles]
