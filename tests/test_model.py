@@ -381,3 +381,36 @@ def test_default_model_matches_transformers(gen):
         theirs += squared_error(hf_logits(reference, ids)) / ROUNDING_SAMPLES
     ratio = (ours / theirs).sqrt()
     assert ratio.max() <= ROUNDING_BOUND, (ratio, seed_note(gen))
+
+
+@pytest.mark.parametrize("backend, dtype", [("torch", torch.float32), ("torch", torch.bfloat16),
+                                            ("triton", torch.bfloat16)])
+def test_layers_with_the_residual_apart_give_the_layers_bits(gen, monkeypatch, backend, dtype):
+    """Op by op (GPU backends, autograd) the target runs its layers with the residual stream
+    apart, each layer's add done by the next input norm (TargetModel._layers_apart): hidden
+    states and EAGLE-3 features equal, bit for bit, those of the layers run one call each (a
+    forward hook on the final norm forces that path). Power: the norm adding the residual
+    without rounding the sum to bf16 first, or capturing a layer's stream after attention
+    instead of its input, failed every bf16 case (seeds 0-4)."""
+    from eagle_kernels.ops._backend import BACKEND_ENV, backend_status
+    from runtime_helpers import tiny_target
+
+    if not backend_status(backend).available:
+        pytest.skip(backend_status(backend).reason)
+    monkeypatch.setenv(BACKEND_ENV, backend)
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen))).to(dtype)
+    tokens = torch.randint(0, 300, (1, 4), generator=gen)
+    mask = causal_tree_mask(1, 4, torch.device("cpu"))
+
+    def forward():
+        cache = target.allocate_cache(1, 8)
+        with torch.inference_mode():
+            return target(tokens, torch.arange(4).view(1, 4), cache, mask,
+                          feature_layers=(0, 3, 6))
+
+    assert target._runs_apart()
+    apart = forward()
+    target.model.norm.register_forward_hook(lambda *args: None)
+    assert not target._runs_apart()
+    whole = forward()
+    assert all(torch.equal(a, w) for a, w in zip(apart, whole)), seed_note(gen)

@@ -324,10 +324,27 @@ class DecoderLayer(nn.Module):
                             step, cache)
         if fused is not None:
             return fused
-        attended = self.self_attn(norm(x) if norm is not None else x, rope, cache, tree_mask,
-                                  tree_offset)
-        normed, h = self.post_attention_layernorm(attended, residual=x)  # h = x + attended
-        return h + self.mlp(normed)
+        delta, stream, _ = self.apart(x, None, rope, cache, tree_mask, tree_offset)
+        return stream + delta
+
+    def apart(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, cache: KVCache,
+              tree_mask: torch.Tensor, tree_offset: int = 0):
+        """The layer op by op with its residual stream kept apart: the layer's input is ``x +
+        residual`` (``x`` where ``residual`` is None), added by the input norm. Returns (the
+        MLP's output, the stream after attention, the layer's input), the first two summing to
+        :meth:`forward`'s output. A stack hands them to the next layer's input norm, which adds
+        them in its own launch (one launch fewer per layer on a GPU), rounding the sum as
+        torch's add does: the same bits as :meth:`forward`'s layers."""
+        norm = getattr(self, "input_layernorm", None)
+        if residual is None:
+            stream, normed = x, (norm(x) if norm is not None else x)
+        elif norm is not None:
+            normed, stream = norm(x, residual=residual)
+        else:
+            stream = normed = x + residual
+        attended = self.self_attn(normed, rope, cache, tree_mask, tree_offset)
+        normed, after = self.post_attention_layernorm(attended, residual=stream)
+        return self.mlp(normed), after, stream
 
     def fused_weights(self) -> ops.LayerWeights | None:
         """This layer's weights for the fused cpu kernel (see :func:`layer_weights`)."""

@@ -130,19 +130,43 @@ class TargetModel(nn.Module):
             x, features = result if capture else (result, None)
             return (norm(x) if norm_apart else x), features
         captured = []
-        for index, layer in enumerate(self.model.layers):
-            if index in feature_layers:
-                captured.append(x)
-            x = layer(x, rope, cache, tree_mask, step=step)
+        if step is None and self._runs_apart():
+            x, residual = self._layers_apart(x, rope, cache, tree_mask, feature_layers, captured)
+            normed = norm(x) if residual is None else norm(x, residual=residual)[0]
+        else:
+            for index, layer in enumerate(self.model.layers):
+                if index in feature_layers:
+                    captured.append(x)
+                x = layer(x, rope, cache, tree_mask, step=step)
+            normed = norm(x)
         features = torch.cat(captured, dim=-1) if captured else None
-        return norm(x), features
+        return normed, features
+
+    def _layers_apart(self, x, rope, cache, tree_mask, feature_layers, captured):
+        """The layers op by op with the residual stream kept apart (DecoderLayer.apart): each
+        layer's residual add done by the next norm. Returns the last (MLP output, stream),
+        whose sum is the last layer's output (residual None: no layers); appends the inputs of
+        ``feature_layers`` to ``captured``."""
+        residual = None
+        for index, layer in enumerate(self.model.layers):
+            x, residual, layer_input = layer.apart(x, residual, rope, cache, tree_mask)
+            if index in feature_layers:
+                captured.append(layer_input)
+        return x, residual
+
+    def _runs_apart(self) -> bool:
+        """Whether the layers may run with their residual stream apart: every layer a
+        DecoderLayer, the final norm an RMSNorm, and no forward hook watching them (a hook sees
+        each layer's whole output, so hooked layers run one call each)."""
+        layers, norm = self.model.layers, self.model.norm
+        return (all(isinstance(layer, DecoderLayer) for layer in layers)
+                and isinstance(norm, RMSNorm) and not _hooked((*layers, norm)))
 
     def _fused_weights(self) -> list | None:
         """Every layer's :class:`eagle_kernels.ops.LayerWeights` when all run fused, else None
         (also when forward hooks are registered: the stacked call would skip them)."""
         layers = self.model.layers
-        if (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
-                or any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)):
+        if _hooked(layers):
             return None
         # Without grad mode the list depends only on the modules' structure: kept until it
         # changes (asking 30 layers again took ~0.3 ms of a 15 ms decode step, every step).
@@ -163,6 +187,13 @@ class TargetModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., V] logits of final-normed hidden states, in fp32."""
         return self.lm_head(hidden).float()
+
+
+def _hooked(modules) -> bool:
+    """Whether a forward hook (global, or on one of ``modules``) would see these modules run."""
+    return bool(nn.modules.module._global_forward_hooks
+                or nn.modules.module._global_forward_pre_hooks
+                or any(m._forward_hooks or m._forward_pre_hooks for m in modules))
 
 
 # ------------------------------------------------------------------------------- loading
