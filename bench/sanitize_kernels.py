@@ -176,7 +176,8 @@ def decoder_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
 
 def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """compact_kv in place over three caches of different dtypes and odd row sizes; write_kv
-    of 5 rows past an offset of 2 (one sequence's last row at the cache's end)."""
+    of 5 rows past an offset of 2 (one sequence's last row at the cache's end); rope_write_kv
+    of the same rows with 7 q heads and 3 k / v heads of 6 (padded head blocks)."""
     batch, max_len, width = 3, 40, 6
     caches = [torch.randn(batch, max_len, 2, 24, generator=gen).to(torch.bfloat16),
               torch.randn(batch, max_len, 3, 5, generator=gen),
@@ -204,7 +205,19 @@ def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
         ops.write_kv(new_k, new_v, *copies, write_lens, 2, backend=backend)
         return copies
 
-    return {"compact_kv": Case(call, None), "write_kv": Case(write, None)}
+    q = torch.randn(batch, 5, 7, 5 + 1, generator=gen).to(device)  # 7 q heads of 6, 3 of k / v
+    rope_k, rope_v = (torch.randn(batch, 5, 3, 6, generator=gen).to(device) for _ in range(2))
+    positions = torch.randint(0, 50, (batch, 5), generator=gen).to(device)
+    angles = torch.randn(50, 3, generator=gen).repeat(1, 2).to(device)
+
+    def rope_write(backend):
+        copies = [torch.zeros(batch, max_len, 3, 6, device=device) for _ in range(2)]
+        q_out = ops.rope_write_kv(q, rope_k, rope_v, positions, angles.cos(), angles.sin(),
+                                  *copies, write_lens, 2, backend=backend)
+        return [q_out, *copies]
+
+    return {"compact_kv": Case(call, None), "write_kv": Case(write, None),
+            "rope_write_kv": Case(rope_write, None)}
 
 
 def loss_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:

@@ -64,7 +64,7 @@ FAMILY_WORDS = {
     "acceptance": ("greedy_accept_tree", "greedy_accept_chain", "stochastic_accept_tree",
                    "stochastic_accept_chain", "target_probs"),
     "sampling": ("target_probs", "stochastic_accept_tree", "stochastic_accept_chain"),
-    "kv": ("compact_kv", "write_kv"),
+    "kv": ("compact_kv", "write_kv", "rope_write_kv"),
     "loss": ("soft_cross_entropy",),
 }
 GPU_BACKENDS = ("cuda", "triton")

@@ -181,3 +181,78 @@ def test_write_kv_refuses_rows_past_the_cache_and_stays_inside_without_checks(ge
 def test_write_kv_bad_arguments_name_themselves(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call(torch.zeros(2, 10, 1, 4), torch.zeros(2, dtype=torch.int32))
+
+
+# ---- rope_write_kv: RoPE of q and k, then write_kv ----------------------------------------------
+
+
+def _rope_write_arguments(gen, dtype, q_heads, kv_heads, dim, batch=3, count=5, max_len=40):
+    q = torch.randn(batch, count, q_heads, dim, generator=gen).to(dtype)
+    k, v = (torch.randn(batch, count, kv_heads, dim, generator=gen).to(dtype) for _ in range(2))
+    positions = torch.randint(0, 60, (batch, count), generator=gen)
+    angles = torch.randn(60, dim // 2, generator=gen).repeat(1, 2) * 3
+    caches = [torch.randn(batch, max_len, kv_heads, dim, generator=gen).to(dtype)
+              for _ in range(2)]
+    return q, k, v, positions, angles.cos().to(dtype), angles.sin().to(dtype), caches
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("q_heads, kv_heads, dim", [(4, 2, 16), (9, 3, 80), (1, 1, 2), (0, 2, 8)])
+def test_rope_write_kv_is_the_reference_bit_for_bit(gen, backend, dtype, q_heads, kv_heads, dim):
+    """The rotated q and both caches equal apply_rope + write_kv's bit for bit: GQA, a padded
+    head (80 in a block of 128), the smallest head, no q heads; lengths that put the last row at
+    the end of the cache. Power: the Triton kernel writing k unrotated, or rotating v too, or
+    offsetting the v blocks by q's block count only, failed every case here."""
+    q, k, v, positions, cos, sin, caches = _rope_write_arguments(gen, dtype, q_heads, kv_heads,
+                                                                 dim)
+    lens = torch.tensor([0, 17, 40 - 2 - 5], dtype=torch.int32)
+    want = [cache.clone() for cache in caches]
+    want_q = reference.rope_write_kv(q, k, v, positions, cos, sin, *want, lens, 2)
+    got_q = ops.rope_write_kv(q, k, v, positions, cos, sin, *caches, lens, 2, backend=backend)
+    assert torch.equal(got_q, want_q), seed_note(gen)
+    assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1]), seed_note(gen)
+
+
+def test_rope_write_kv_stays_inside_the_caches_and_tables_without_checks(gen):
+    """With value checks off, rows past the cache (or before it) are skipped and a position past
+    the tables reads row 0 (as apply_rope's kernel): the caches hold exactly the rows inside."""
+    from eagle_kernels.ops._validate import no_value_checks
+
+    q, k, v, positions, cos, sin, caches = _rope_write_arguments(gen, torch.float32, 2, 1, 4,
+                                                                 batch=2, count=3, max_len=10)
+    caches = [torch.zeros_like(c) for c in caches]
+    lens = torch.tensor([8, -2], dtype=torch.int32)  # rows 8, 9, (10); (-2, -1), 0
+    with pytest.raises(ValueError, match=r"cache_lens: expected values in \[0, 8\)"):
+        ops.rope_write_kv(q, k, v, positions, cos, sin, *caches, lens, 0, backend="triton")
+    read = positions.clone()
+    positions[1, 2] = read[1, 2] = 1000
+    read[1, 2] = 0
+    with no_value_checks():
+        got_q = ops.rope_write_kv(q, k, v, positions, cos, sin, *caches, lens, 0,
+                                  backend="triton")
+    assert torch.equal(got_q, reference.apply_rope(q, read, cos, sin)), seed_note(gen)
+    want = [torch.zeros_like(c) for c in caches]
+    for cache, rows in zip(want, (reference.apply_rope(k, read, cos, sin), v)):
+        cache[0, 8:], cache[1, :1] = rows[0, :2], rows[1, 2:]
+    assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1]), seed_note(gen)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(q=torch.randn(2, 1, 2, 3)), "q: expected shape"),
+    (dict(k=torch.randn(2, 1, 1, 4).half()), "k: expected dtype"),
+    (dict(k=torch.randn(2, 2, 1, 4)), "k: expected shape"),
+    (dict(positions=torch.zeros(2, 1, dtype=torch.int32)), "positions: expected dtype"),
+    (dict(positions=torch.full((2, 1), 9)), r"positions: expected values in \[0, 5\)"),
+    (dict(cos=torch.randn(5, 6)), "cos: expected shape"),
+    (dict(k_cache=torch.zeros(2, 10, 2, 4)), "k_cache: expected shape"),
+    (dict(offset=10), r"k: 1 new rows past offset 10 do not fit the caches' max_len 10"),
+])
+def test_rope_write_kv_bad_arguments_name_themselves(change, message):
+    arguments = dict(q=torch.randn(2, 1, 2, 4), k=torch.randn(2, 1, 1, 4),
+                     v=torch.randn(2, 1, 1, 4), positions=torch.zeros(2, 1, dtype=torch.int64),
+                     cos=torch.randn(5, 4), sin=torch.randn(5, 4), k_cache=torch.zeros(2, 10, 1, 4),
+                     v_cache=torch.zeros(2, 10, 1, 4), cache_lens=torch.zeros(2, dtype=torch.int32),
+                     offset=0)
+    with pytest.raises((ValueError, TypeError), match=message):
+        ops.rope_write_kv(**{**arguments, **change})

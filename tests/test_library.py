@@ -118,6 +118,11 @@ def cases():
         ("silu_mul", (x, torch.randn(2, 3, 16, generator=gen)), torch_backend),
         ("apply_rope", (torch.randn(1, 3, 2, 8, generator=gen), positions, angles.cos(),
                         angles.sin()), torch_backend),
+        ("rope_write_kv", (torch.randn(1, 3, 4, 8, generator=gen),
+                           *(torch.randn(1, 3, 2, 8, generator=gen) for _ in range(2)), positions,
+                           angles.cos(), angles.sin(),
+                           *(torch.randn(1, 12, 2, 8, generator=gen) for _ in range(2)),
+                           torch.tensor([5], dtype=torch.int32)), dict(offset=1, backend="torch")),
         # backend="auto": the fastest backend here (the C++ CPU kernels where built)
         ("tree_attention", attention_inputs(gen), {}),
         ("linear_group", (x, weights, [bias, None]), {}),
@@ -164,20 +169,23 @@ def _with_fresh_caches(name, args):
     if name == "compact_kv":  # one list of caches
         caches = [c.clone() for c in args[0]]
         return (caches, *args[1:]), caches
-    caches = [c.clone() for c in args[2:4]]  # write_kv: k_cache, v_cache
-    return (*args[:2], *caches, *args[4:]), caches
+    first = 6 if name == "rope_write_kv" else 2  # (q, k, v, positions, cos, sin) or (k, v)
+    caches = [c.clone() for c in args[first:first + 2]]  # k_cache, v_cache
+    return (*args[:first], *caches, *args[first + 2:]), caches
 
 
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)])
 def test_custom_op_equals_plain_function(index):
     name, args, kwargs = CASES[index]
-    if name in ("compact_kv", "write_kv"):  # in place: compare the caches each leaves
+    if name in ("compact_kv", "write_kv", "rope_write_kv"):  # in place: compare the caches
         got_args, got = _with_fresh_caches(name, args)
         want_args, want = _with_fresh_caches(name, args)
-        getattr(ops, name)(*want_args, **kwargs)
-        assert getattr(lib, name)(*got_args, **kwargs) is None
-        for g, w in zip(got, want):
+        want_out = getattr(ops, name)(*want_args, **kwargs)
+        got_out = getattr(lib, name)(*got_args, **kwargs)
+        assert (got_out is None) == (want_out is None)  # rope_write_kv returns the rotated q
+        returned = [(got_out, want_out)] if want_out is not None else []
+        for g, w in returned + list(zip(got, want)):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
         return
     got = getattr(lib, name)(*args, **kwargs)

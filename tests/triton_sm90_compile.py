@@ -20,7 +20,8 @@ TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 H100_SHARED_BYTES = 232448  # 227 KiB: the most shared memory one block may use on sm_90
 TOO_MUCH_SHARED = []
 # launched with attention_triton.EXACT_ROUNDING (no multiply-add contraction)
-EXACT_ROUNDING_KERNELS = (decoder_triton._rope_kernel, attention_triton._prefix_splits_kernel,
+EXACT_ROUNDING_KERNELS = (decoder_triton._rope_kernel, kv._rope_write_kv_kernel,
+                          attention_triton._prefix_splits_kernel,
                           attention_triton._tree_tail_kernel,
                           attention_triton._tree_attention_kernel,
                           attention_triton._merge_splits_kernel)
@@ -146,6 +147,15 @@ variants(kv._write_kv_kernel,
           "row_size": "i32"}, {"BLOCK": 1024},
          decode_fp32={"k_ptr": "*fp32", "v_ptr": "*fp32", "k_cache_ptr": "*fp32",
                       "v_cache_ptr": "*fp32", "count": 1, "BLOCK": 128})
+variants(kv._rope_write_kv_kernel,
+         {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "positions_ptr": "*i64",
+          "cos_ptr": "*bf16", "sin_ptr": "*bf16", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
+          "v_cache_ptr": "*bf16", "lens_ptr": "*i32", "count": "i32", "q_heads": "i32",
+          "kv_heads": "i32", "table_rows": "i32", "max_len": "i32", "offset": "i32"},
+         {"DIM": 128, "BLOCK_H": 32, "BLOCK_D": 128, "UPCAST": False},
+         fp32_padded={"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "cos_ptr": "*fp32",
+                      "sin_ptr": "*fp32", "q_out_ptr": "*fp32", "k_cache_ptr": "*fp32",
+                      "v_cache_ptr": "*fp32", "DIM": 80, "BLOCK_H": 16, "kv_heads": 1})
 ATTENTION_ARGS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
     "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "num_queries": "i32",

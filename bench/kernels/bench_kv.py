@@ -1,4 +1,5 @@
-"""compact_kv and write_kv: Triton / CUDA kernels vs the torch reference, with the memory floor.
+"""compact_kv, write_kv and rope_write_kv: Triton / CUDA kernels vs the torch reference, with
+the memory floor.
 
     python bench/kernels/bench_kv.py [--out DIR] [--smoke]
 
@@ -9,6 +10,8 @@ as CUDA-graph replays; the torch reference (a Python loop over sequences and cac
 only for batch <= 16. write_kv: one layer's new K and V rows of a decode step (T = 1) and a
 verify pass (T = 60), floor the rows read and written once; torch (index arithmetic and two
 indexed stores) and Triton (one launch) both as CUDA-graph replays, as a decode loop runs them.
+rope_write_kv: the same rows with 32 q heads, RoPE of q and k in the same launch (Triton)
+against the reference (seven launches per rotation) and the Triton kernels launched apart.
 ``--smoke``: tiny caches, torch + Triton interpreter on CPU.
 """
 
@@ -45,34 +48,47 @@ def make_case(model, batch, accepted, max_len, device, gen):
 
 
 def write_kv_rows(device, gen, smoke, max_len, bandwidth, repeats) -> list[dict]:
+    """write_kv, and rope_write_kv with q's heads (four per KV head, as Llama-3.1-8B) against
+    the same kernels launched apart (``triton_apart``: apply_rope twice, then write_kv)."""
     rows = []
     grid = [("smoke", 2, 3)] if smoke else [(m, b, t) for m in ("llama3-8b",) for b in (1, 16)
                                             for t in (1, 60)]
+    available = [b for b in ("torch", "triton") if backend_status(b).available]
     for model, batch, count in grid:
         _, heads, dim = MODELS[model]
+        q = torch.randn(batch, count, 4 * heads, dim, generator=gen).to(torch.bfloat16).to(device)
         k, v = (torch.randn(batch, count, heads, dim, generator=gen).to(torch.bfloat16)
                 .to(device) for _ in range(2))
         caches = [torch.zeros(batch, max_len, heads, dim, dtype=torch.bfloat16, device=device)
                   for _ in range(2)]
         lens = torch.randint(0, max_len - count, (batch,), generator=gen,
                              dtype=torch.int32).to(device)
-        floor_us = 2 * 2 * k.numel() * 2 / bandwidth * 1e6
-        timings = {}
-        for backend in ("torch", "triton"):
-            if not backend_status(backend).available:
-                continue
-
-            def call(backend=backend):
-                ops.write_kv(k, v, *caches, lens, 0, backend=backend)
-
-            timings[backend] = time_fn(graphed(call) if device.type == "cuda" else call,
-                                       repeats=repeats, warmup=1 if device.type == "cpu" else 3)
-        for backend, timing in timings.items():
-            row = dict(op="write_kv", model=model, backend=backend, dtype="bfloat16", batch=batch,
-                       accepted=count, caches=2,
-                       **timing_columns(timing, timings.get("torch"), floor_us))
-            rows.append(row)
-            print(" ".join(f"{k}={v}" for k, v in row.items()))
+        positions = (lens.long().unsqueeze(1) + torch.arange(count, device=device)).contiguous()
+        angles = torch.randn(max_len, dim // 2, generator=gen).repeat(1, 2).to(device)
+        cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+        calls = {"write_kv": {b: lambda b=b: ops.write_kv(k, v, *caches, lens, 0, backend=b)
+                              for b in available},
+                 "rope_write_kv": {b: lambda b=b: ops.rope_write_kv(
+                     q, k, v, positions, cos, sin, *caches, lens, 0, backend=b)
+                     for b in available}}
+        if "triton" in available:
+            calls["rope_write_kv"]["triton_apart"] = lambda: (
+                ops.apply_rope(q, positions, cos, sin, backend="triton"),
+                ops.write_kv(ops.apply_rope(k, positions, cos, sin, backend="triton"), v,
+                             *caches, lens, 0, backend="triton"))
+        # rows read and written once: k and v (and q, rotated) in, cache rows (and q) out
+        floors = {"write_kv": 2 * 2 * k.numel() * 2 / bandwidth * 1e6,
+                  "rope_write_kv": 2 * (2 * k.numel() + q.numel()) * 2 / bandwidth * 1e6}
+        for op, by_backend in calls.items():
+            timings = {backend: time_fn(graphed(call) if device.type == "cuda" else call,
+                                        repeats=repeats, warmup=1 if device.type == "cpu" else 3)
+                       for backend, call in by_backend.items()}
+            for backend, timing in timings.items():
+                row = dict(op=op, model=model, backend=backend, dtype="bfloat16", batch=batch,
+                           accepted=count, caches=2,
+                           **timing_columns(timing, timings.get("torch"), floors[op]))
+                rows.append(row)
+                print(" ".join(f"{k}={v}" for k, v in row.items()))
     return rows
 
 
@@ -119,7 +135,7 @@ def main():
     plot_rows([dict(r, series=f"{r['op']} {r['backend']} {r['model']} "
                               f"{'n' if r['op'] == 'compact_kv' else 'T'}={r['accepted']}")
                for r in rows], "batch", "median_us", "series", out / "bench_kv.png",
-              "compact_kv (n accepted) / write_kv (T new rows)")
+              "compact_kv (n accepted) / write_kv, rope_write_kv (T new rows)")
 
 
 if __name__ == "__main__":

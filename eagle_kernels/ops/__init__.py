@@ -18,7 +18,7 @@ from .decoder import (apply_rope, cpu_activations, linear, linear_group, rms_nor
 from . import decoder_triton  # noqa: F401,E402  registers the triton decoder ops
 from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend,
                     weights_unchanged)
-from .kv import compact_kv, write_kv
+from .kv import compact_kv, rope_write_kv, write_kv
 from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree
 from .sampling import target_probs
@@ -30,7 +30,8 @@ __all__ = [
     "LayerWeights", "apply_rope", "available_backends", "backend_report", "build_tree",
     "compact_kv", "cpu_activations", "decoder_layer", "decoder_layer_backend", "eagle2_expand",
     "eagle2_rerank", "greedy_accept_chain", "greedy_accept_tree", "linear", "linear_group",
-    "op_backends", "pack_tree_mask", "reference", "rms_norm", "set_cpu_activations", "silu_mul",
+    "op_backends", "pack_tree_mask", "reference", "rms_norm", "rope_write_kv",
+    "set_cpu_activations", "silu_mul",
     "soft_cross_entropy", "stochastic_accept_chain", "stochastic_accept_tree", "target_probs",
     "topk_log_softmax", "tree_attention", "unpack_tree_mask", "value_checks_enabled",
     "weights_unchanged", "write_kv",

@@ -194,6 +194,21 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "auto") -> tor
     return implementation(gate, up)
 
 
+def check_rope(name: str, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> None:
+    """apply_rope's argument checks, ``x`` called ``name`` in the messages."""
+    _check_input(name, x)
+    if x.dim() != 4 or x.shape[-1] % 2:
+        raise ValueError(f"{name}: expected shape [B, T, H, D] with D even, got {list(x.shape)}")
+    batch, count, _, dim = x.shape
+    check_tensor("positions", positions, (torch.int64,), (batch, count), x.device)
+    check_tensor("cos", cos, (x.dtype,), (None, dim), x.device)
+    check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
+    if cos.shape[0] == 0 and x.numel():
+        raise ValueError("cos: expected at least one row (the tables positions index)")
+    check_range("positions", positions, 0, cos.shape[0], " (rows of the cos/sin tables)")
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                backend: str = "auto") -> torch.Tensor:
     """Rotary embedding of ``x`` at integer ``positions``, from precomputed tables.
@@ -209,16 +224,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
     ``x * cos[p] + rotate_half(x) * sin[p]`` [B, T, H, D]: the products are rounded one by one
     (no fused multiply-add) in every backend, so the result is the reference's bit for bit.
     """
-    _check_input("x", x)
-    if x.dim() != 4 or x.shape[-1] % 2:
-        raise ValueError(f"x: expected shape [B, T, H, D] with D even, got {list(x.shape)}")
-    batch, count, _, dim = x.shape
-    check_tensor("positions", positions, (torch.int64,), (batch, count), x.device)
-    check_tensor("cos", cos, (x.dtype,), (None, dim), x.device)
-    check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
-    if cos.shape[0] == 0 and x.numel():
-        raise ValueError("cos: expected at least one row (the tables positions index)")
-    check_range("positions", positions, 0, cos.shape[0], " (rows of the cos/sin tables)")
+    check_rope("x", x, positions, cos, sin)
     _, implementation = resolve("apply_rope", backend, x.device, dtype=x.dtype)
     return implementation(x, positions, cos, sin)
 

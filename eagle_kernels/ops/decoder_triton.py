@@ -48,6 +48,7 @@ LINEAR_SUM_BLOCK = 1024  # outputs per program of the K-split sum
 # (bench/results/2026-11-27_nvidia-h200; an inference, not a measurement).
 LINEAR_GROUP_MAX = 3
 RMS_NORM_MAX_WIDTH = 16384  # one row in registers
+ROPE_BLOCK_ELEMENTS = 4096  # head elements per RoPE program at most
 
 
 @triton.jit
@@ -288,15 +289,14 @@ def _rms_norm_supports(width=None, **_) -> str | None:
 
 
 @triton.jit
-def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, out_ptr, heads, table_rows,
-                 DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    """Program (token, head block): ``x * cos[p] + rotate_half(x) * sin[p]`` for BLOCK_H heads
-    of one token, each product and the sum rounded to x's dtype as the reference's three torch
-    ops round them (launched without multiply-add contraction): its bits exactly. A position
-    outside the tables (value checks off) reads row 0 instead."""
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+def _rope_heads(x_rows, out_rows, head, heads, positions_ptr, cos_ptr, sin_ptr, token,
+                table_rows, DIM: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """``x * cos[p] + rotate_half(x) * sin[p]`` for heads ``head`` (those < ``heads``) of one
+    token at position p = positions[token]: ``x_rows`` / ``out_rows`` point at the token's
+    first head ([heads, DIM] contiguous). Each product and the sum rounded to the output's
+    dtype as the reference's three torch ops round them (launched without multiply-add
+    contraction): its bits exactly. A position outside the tables (value checks off) reads row
+    0 instead."""
     d = tl.arange(0, BLOCK_D)
     half = DIM // 2
     position = tl.load(positions_ptr + token)
@@ -305,17 +305,36 @@ def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, out_ptr, heads, table_r
     cos = tl.load(cos_ptr + position * DIM + d, mask=d_ok, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + position * DIM + d, mask=d_ok, other=0.0).to(tl.float32)
     ok = (head < heads)[:, None] & d_ok[None, :]
-    rows = x_ptr + (token * heads + head)[:, None] * DIM
+    rows = x_rows + head[:, None] * DIM
     x = tl.load(rows + d[None, :], mask=ok, other=0.0).to(tl.float32)
     partner = tl.where(d < half, d + half, d - half)  # rotate_half: (-x2, x1)
     rotated = tl.load(rows + partner[None, :], mask=ok, other=0.0).to(tl.float32)
     # times -1, not a negation: Triton 3.6 lowers -x to 0 - x, which turns torch's -0.0 into +0.0
     rotated = rotated * tl.where(d < half, -1.0, 1.0)[None, :]
-    dtype = out_ptr.dtype.element_ty
+    dtype = out_rows.dtype.element_ty
     first = _cast(x * cos[None, :], dtype, UPCAST).to(tl.float32)
     second = _cast(rotated * sin[None, :], dtype, UPCAST).to(tl.float32)
-    tl.store(out_ptr + (token * heads + head)[:, None] * DIM + d[None, :],
-             _cast(first + second, dtype, UPCAST), mask=ok)
+    tl.store(out_rows + head[:, None] * DIM + d[None, :], _cast(first + second, dtype, UPCAST),
+             mask=ok)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, out_ptr, heads, table_rows,
+                 DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """Program (token, head block): RoPE of BLOCK_H heads of one token (_rope_heads)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    first_head = token * heads * DIM
+    _rope_heads(x_ptr + first_head, out_ptr + first_head, head, heads, positions_ptr, cos_ptr,
+                sin_ptr, token, table_rows, DIM, BLOCK_D, UPCAST)
+
+
+def rope_blocks(heads: int, dim: int) -> tuple[int, int]:
+    """(BLOCK_H, BLOCK_D) of a RoPE launch over ``heads`` heads of ``dim``: whole heads, at
+    most ROPE_BLOCK_ELEMENTS per program."""
+    block_d = triton.next_power_of_2(dim)
+    return max(1, min(triton.next_power_of_2(heads), ROPE_BLOCK_ELEMENTS // block_d)), block_d
 
 
 def _apply_rope_triton(x, positions, cos, sin):
@@ -324,8 +343,7 @@ def _apply_rope_triton(x, positions, cos, sin):
     batch, count, heads, dim = x.shape
     out = torch.empty_like(x)
     if out.numel():
-        block_d = triton.next_power_of_2(dim)
-        block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_d))
+        block_h, block_d = rope_blocks(heads, dim)
         _rope_kernel[(batch * count, triton.cdiv(heads, block_h))](
             x, positions, cos, sin, out, heads, cos.shape[0], DIM=dim, BLOCK_H=block_h,
             BLOCK_D=block_d, UPCAST=interpreter_upcast(x), num_warps=4, **EXACT_ROUNDING)

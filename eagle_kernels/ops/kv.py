@@ -1,9 +1,12 @@
 """KV cache writes: a pass's new K/V rows, and the accepted path moved next to the prefix.
 
-Public ops :func:`write_kv` and :func:`compact_kv` with the contracts of the same-named
-functions in :mod:`eagle_kernels.ops.reference` (both in place). ``write_kv``: ``torch``
-(reference: index arithmetic and two indexed stores, ~7 launches on a GPU, every layer of every
-pass) and ``triton`` (one launch for K and V), explicit only until proven on a GPU.
+Public ops :func:`write_kv`, :func:`rope_write_kv` and :func:`compact_kv` with the contracts of
+the same-named functions in :mod:`eagle_kernels.ops.reference` (caches written in place).
+``write_kv``: ``torch`` (reference: index arithmetic and two indexed stores, ~7 launches on a
+GPU, every layer of every pass) and ``triton`` (one launch for K and V). ``rope_write_kv`` (the
+attention's prologue: RoPE of q and k, then write_kv): ``torch`` (those ops) and ``triton`` (one
+launch where apply_rope, apply_rope and write_kv take three). Both Tritons explicit only until
+proven on a GPU.
 ``compact_kv`` (every layer's K and V cache in one call): ``cpu`` (``csrc/cpu/kv.h``, one C++
 call for every cache), ``torch`` (reference), and ``triton`` / ``cuda`` (``csrc/kv.cu``),
 explicit only until proven on a GPU.
@@ -29,6 +32,9 @@ from . import reference
 from ._backend import cpu_extension, cuda_extension, cuda_stream, register, resolve
 from ._triton import tl, triton
 from ._validate import FLOAT_DTYPES, check_int, check_range, check_tensor, value_checks_enabled
+from .attention_triton import EXACT_ROUNDING, interpreter_upcast
+from .decoder import check_rope
+from .decoder_triton import _rope_heads, rope_blocks
 
 
 def write_kv(k, v, k_cache, v_cache, cache_lens, offset: int = 0, backend: str = "auto") -> None:
@@ -45,6 +51,13 @@ def write_kv(k, v, k_cache, v_cache, cache_lens, offset: int = 0, backend: str =
     offset : int >= 0.
     backend : "auto", "triton" or "torch".
     """
+    _check_write(k, v, k_cache, v_cache, cache_lens, offset)
+    _, implementation = resolve("write_kv", backend, k.device)
+    implementation(k, v, k_cache, v_cache, cache_lens, offset)
+
+
+def _check_write(k, v, k_cache, v_cache, cache_lens, offset) -> None:
+    """write_kv's argument checks."""
     first = check_tensor("k", k, FLOAT_DTYPES, (None, None, None, None))
     batch, count, heads, dim = first.shape
     check_tensor("v", v, (k.dtype,), tuple(k.shape), k.device)
@@ -59,8 +72,34 @@ def write_kv(k, v, k_cache, v_cache, cache_lens, offset: int = 0, backend: str =
     if value_checks_enabled() and batch and count:
         check_range("cache_lens", cache_lens, 0, max_len - offset - count + 1,
                     f" (max_len {max_len} minus offset {offset} and {count} new rows)")
-    _, implementation = resolve("write_kv", backend, k.device)
-    implementation(k, v, k_cache, v_cache, cache_lens, offset)
+
+
+def rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, offset: int = 0,
+                  backend: str = "auto") -> torch.Tensor:
+    """Rotate ``q`` and ``k`` (:func:`eagle_kernels.ops.apply_rope`) and store the rotated ``k``
+    and ``v`` as :func:`write_kv` does: an attention layer's prologue, one launch on a GPU where
+    the separate ops take three.
+
+    Parameters
+    ----------
+    q : [B, T, Hq, D] float, contiguous (D even).
+    k, v : [B, T, H, D], q's dtype, contiguous.
+    positions : [B, T] int64, each in ``[0, P)``.
+    cos, sin : [P, D] tables in q's dtype.
+    k_cache, v_cache, cache_lens, offset : as :func:`write_kv` (rows past the caches are never
+        written, also with value checks off).
+    backend : "auto", "triton" or "torch".
+
+    Returns
+    -------
+    The rotated ``q`` [B, T, Hq, D]; the caches hold the rotated ``k`` and ``v``, bit for bit
+    what apply_rope then write_kv leave (the reference is those two ops).
+    """
+    check_rope("q", q, positions, cos, sin)
+    check_tensor("k", k, (q.dtype,), (q.shape[0], q.shape[1], None, q.shape[3]), q.device)
+    _check_write(k, v, k_cache, v_cache, cache_lens, offset)
+    _, implementation = resolve("rope_write_kv", backend, q.device, dtype=q.dtype)
+    return implementation(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, offset)
 
 
 def compact_kv(caches: Sequence[torch.Tensor], cache_lens, accepted_nodes, num_accepted,
@@ -253,8 +292,62 @@ def _write_kv_triton(k, v, k_cache, v_cache, cache_lens, offset) -> None:
             BLOCK=block)
 
 
+@triton.jit(do_not_specialize=["count", "offset"])
+def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr,
+                          k_cache_ptr, v_cache_ptr, lens_ptr, count, q_heads, kv_heads,
+                          table_rows, max_len, offset, DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                          BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """Program (token b * T + t, head block): the head blocks of q (rotated into q_out), then
+    of k (rotated into row lens[b] + offset + t of k_cache), then of v (copied into that row of
+    v_cache). A cache row outside [0, max_len) (out-of-contract lengths, value checks off) is
+    not written."""
+    token = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    q_blocks = tl.cdiv(q_heads, BLOCK_H)
+    kv_blocks = tl.cdiv(kv_heads, BLOCK_H)
+    b = token // count
+    row = tl.load(lens_ptr + b).to(tl.int64) + offset + token % count
+    # the row test folded into the head bound (the interpreter rejects a block mask and'ed with
+    # a scalar one)
+    cache_heads = tl.where((row >= 0) & (row < max_len), kv_heads, 0)
+    cache_row = (b * max_len + row) * kv_heads * DIM
+    if block < q_blocks:
+        head = block * BLOCK_H + tl.arange(0, BLOCK_H)
+        first_head = token * q_heads * DIM
+        _rope_heads(q_ptr + first_head, q_out_ptr + first_head, head, q_heads, positions_ptr,
+                    cos_ptr, sin_ptr, token, table_rows, DIM, BLOCK_D, UPCAST)
+    elif block < q_blocks + kv_blocks:
+        head = (block - q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        _rope_heads(k_ptr + token * kv_heads * DIM, k_cache_ptr + cache_row, head, cache_heads,
+                    positions_ptr, cos_ptr, sin_ptr, token, table_rows, DIM, BLOCK_D, UPCAST)
+    else:
+        head = (block - q_blocks - kv_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        ok = (head < cache_heads)[:, None] & (d < DIM)[None, :]
+        offsets = head[:, None] * DIM + d[None, :]
+        values = tl.load(v_ptr + token * kv_heads * DIM + offsets, mask=ok)
+        tl.store(v_cache_ptr + cache_row + offsets, values, mask=ok)
+
+
+def _rope_write_kv_triton(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, offset):
+    """Triton backend of rope_write_kv (checked arguments): one launch."""
+    batch, count, q_heads, dim = q.shape
+    kv_heads = k.shape[2]
+    q_out = torch.empty_like(q)
+    if batch and count and dim and (q_heads or kv_heads):
+        block_h, block_d = rope_blocks(max(q_heads, kv_heads), dim)
+        blocks = triton.cdiv(q_heads, block_h) + 2 * triton.cdiv(kv_heads, block_h)
+        _rope_write_kv_kernel[(batch * count, blocks)](
+            q, k, v, positions, cos, sin, q_out, k_cache, v_cache, cache_lens, count, q_heads,
+            kv_heads, cos.shape[0], k_cache.shape[1], offset, DIM=dim, BLOCK_H=block_h,
+            BLOCK_D=block_d, UPCAST=interpreter_upcast(q), num_warps=4, **EXACT_ROUNDING)
+    return q_out
+
+
 register("write_kv", "torch", reference.write_kv)
 register("write_kv", "triton", _write_kv_triton, auto=False)
+register("rope_write_kv", "torch", reference.rope_write_kv)
+register("rope_write_kv", "triton", _rope_write_kv_triton, auto=False)
 register("compact_kv", "cpu", _compact_kv_cpu)
 register("compact_kv", "torch", reference.compact_kv)
 register("compact_kv", "triton", _compact_kv_triton, auto=False)

@@ -43,7 +43,8 @@ NAMESPACE = "eagle_kernels"
 OPS = ("tree_attention", "topk_log_softmax", "eagle2_expand", "eagle2_rerank", "build_tree",
        "greedy_accept_tree", "greedy_accept_chain", "stochastic_accept_tree",
        "stochastic_accept_chain", "target_probs", "compact_kv", "soft_cross_entropy", "linear",
-       "linear_group", "rms_norm", "rms_norm_residual", "silu_mul", "apply_rope", "write_kv")
+       "linear_group", "rms_norm", "rms_norm_residual", "silu_mul", "apply_rope", "write_kv",
+       "rope_write_kv")
 
 
 def _op(name: str, mutates_args=()):
@@ -264,6 +265,19 @@ def _write_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens
 @_write_kv.register_fake
 def _(k, v, k_cache, v_cache, cache_lens, offset=0, backend="auto"):
     return None
+
+
+@_op("rope_write_kv", mutates_args=("k_cache", "v_cache"))
+def _rope_write_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
+                   k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, offset: int = 0,
+                   backend: str = "auto") -> Tensor:
+    return kv.rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, offset,
+                            backend)
+
+
+@_rope_write_kv.register_fake
+def _(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, offset=0, backend="auto"):
+    return torch.empty_like(q)
 
 
 # ------------------------------------------------------------------------------ training loss

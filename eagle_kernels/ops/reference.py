@@ -742,6 +742,15 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache[rows, positions] = v
 
 
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, cache_lens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """An attention layer's prologue: :func:`apply_rope` of ``q`` and ``k``, :func:`write_kv`
+    of the rotated ``k`` and ``v``; returns the rotated ``q``."""
+    write_kv(apply_rope(k, positions, cos, sin), v, k_cache, v_cache, cache_lens, offset)
+    return apply_rope(q, positions, cos, sin)
+
+
 def compact_kv(
     caches: Sequence[torch.Tensor],
     cache_lens: torch.Tensor,

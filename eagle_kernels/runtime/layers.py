@@ -24,6 +24,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .. import ops
+from ..ops._backend import resolve
 from ..ops._validate import check_range, no_value_checks
 from .kv_cache import KVCache
 
@@ -178,6 +179,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + ops.reference.rotate_half(x) * sin
 
 
+def _prologue_in_one_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the attention's RoPE and cache write run as ops.rope_write_kv: not under
+    autograd, and on CPU only where a forced backend other than torch serves it (there the
+    separate ops cost less: no launches to save, and KVCache.write skips the op's checks)."""
+    if differentiable(q, k, v):
+        return False
+    return q.device.type != "cpu" or resolve("rope_write_kv", "auto", q.device,
+                                             dtype=q.dtype)[0] != "torch"
+
+
 class Attention(nn.Module):
     """GQA self-attention over a static KV cache; ``input_size`` is 2H in EAGLE-3's midlayer."""
 
@@ -204,10 +215,16 @@ class Attention(nn.Module):
         """
         batch, count, _ = x.shape
         q, k, v = linear_group(x, [self.q_proj, self.k_proj, self.v_proj])
-        q = rope.apply(q.view(batch, count, self.num_heads, self.head_dim))
-        k = rope.apply(k.view(batch, count, self.kv_heads, self.head_dim))
+        q = q.view(batch, count, self.num_heads, self.head_dim)
+        k = k.view(batch, count, self.kv_heads, self.head_dim)
         v = v.view(batch, count, self.kv_heads, self.head_dim)
-        cache.write(self.layer_index, k, v, tree_offset)
+        if not _prologue_in_one_op(q, k, v):
+            q, k = rope.apply(q), rope.apply(k)
+            cache.write(self.layer_index, k, v, tree_offset)
+        else:  # one launch for both rotations and the cache write where Triton serves it
+            index = self.layer_index
+            q = ops.rope_write_kv(q, k, v, rope.positions, rope.cos, rope.sin, cache.keys[index],
+                                  cache.values[index], cache.lens, tree_offset)
         out = ops.tree_attention(q.contiguous(), cache.keys[self.layer_index],
                                  cache.values[self.layer_index], cache.lens, tree_mask,
                                  num_tree_keys=tree_offset + count)
