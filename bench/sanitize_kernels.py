@@ -205,7 +205,7 @@ def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
         ops.write_kv(new_k, new_v, *copies, write_lens, 2, backend=backend)
         return copies
 
-    q = torch.randn(batch, 5, 7, 5 + 1, generator=gen).to(device)  # 7 q heads of 6, 3 of k / v
+    q = torch.randn(batch, 5, 7, 6, generator=gen).to(device)  # 7 q heads of 6, 3 of k / v
     rope_k, rope_v = (torch.randn(batch, 5, 3, 6, generator=gen).to(device) for _ in range(2))
     positions = torch.randint(0, 50, (batch, 5), generator=gen).to(device)
     angles = torch.randn(50, 3, generator=gen).repeat(1, 2).to(device)

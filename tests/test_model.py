@@ -414,3 +414,34 @@ def test_layers_with_the_residual_apart_give_the_layers_bits(gen, monkeypatch, b
     assert not target._runs_apart()
     whole = forward()
     assert all(torch.equal(a, w) for a, w in zip(apart, whole)), seed_note(gen)
+
+
+def test_what_runs_layers_apart_would_change_keeps_them_whole(gen):
+    """A hook on an input norm (it would see a residual and a pair), a replaced norm or layer
+    class, a forward set on an instance: each keeps the one-call-per-layer loop, whose hooks
+    see what they did. The fused CPU call also runs layer by layer for a hook inside a layer
+    (it skipped those: only hooks on the layers themselves were looked at)."""
+    import os
+    from unittest import mock
+
+    from eagle_kernels.ops._backend import BACKEND_ENV
+    from runtime_helpers import tiny_target
+
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    seen = []
+    handle = target.model.layers[3].input_layernorm.register_forward_hook(
+        lambda module, inputs, output: seen.append(type(output)))
+    assert not target._runs_apart()
+    tokens, mask = torch.randint(0, 300, (1, 2), generator=gen), causal_tree_mask(1, 2, "cpu")
+    for backend in ("torch", "auto"):  # op by op (as on a GPU); the fused CPU layers
+        with mock.patch.dict(os.environ, {BACKEND_ENV: backend}), torch.inference_mode():
+            target(tokens, torch.arange(2).view(1, 2), target.allocate_cache(1, 4), mask)
+    assert seen == [torch.Tensor] * 2  # seen by both: the fused call runs layer by layer too
+    handle.remove()
+    assert target._runs_apart()
+    layer = target.model.layers[2]
+    layer.forward = layer.forward  # an instance's own forward (bound: the same behaviour)
+    assert not target._runs_apart()
+    del layer.forward
+    target.model.layers[4].input_layernorm = torch.nn.Identity()
+    assert not target._runs_apart()

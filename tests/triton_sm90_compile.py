@@ -152,10 +152,11 @@ variants(kv._rope_write_kv_kernel,
           "cos_ptr": "*bf16", "sin_ptr": "*bf16", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
           "v_cache_ptr": "*bf16", "lens_ptr": "*i32", "count": "i32", "q_heads": "i32",
           "kv_heads": "i32", "table_rows": "i32", "max_len": "i32", "offset": "i32"},
-         {"DIM": 128, "BLOCK_H": 32, "BLOCK_D": 128, "UPCAST": False},
+         {"DIM": 128, "BLOCK_H": 32, "BLOCK_KV": 8, "BLOCK_D": 128, "UPCAST": False},
          fp32_padded={"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "cos_ptr": "*fp32",
                       "sin_ptr": "*fp32", "q_out_ptr": "*fp32", "k_cache_ptr": "*fp32",
-                      "v_cache_ptr": "*fp32", "DIM": 80, "BLOCK_H": 16, "kv_heads": 1})
+                      "v_cache_ptr": "*fp32", "DIM": 80, "BLOCK_H": 16, "BLOCK_KV": 4,
+                      "kv_heads": 1})
 ATTENTION_ARGS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "mask_ptr": "*i32",
     "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "num_queries": "i32",

@@ -195,8 +195,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "auto") -> tor
 
 
 def check_rope(name: str, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> None:
-    """apply_rope's argument checks, ``x`` called ``name`` in the messages."""
+               sin: torch.Tensor, rotated: int | None = None) -> None:
+    """apply_rope's argument checks, ``x`` called ``name`` in the messages; ``rotated``: the
+    elements rotated with these tables (``x``'s by default): any at all need a table row."""
     _check_input(name, x)
     if x.dim() != 4 or x.shape[-1] % 2:
         raise ValueError(f"{name}: expected shape [B, T, H, D] with D even, got {list(x.shape)}")
@@ -204,7 +205,7 @@ def check_rope(name: str, x: torch.Tensor, positions: torch.Tensor, cos: torch.T
     check_tensor("positions", positions, (torch.int64,), (batch, count), x.device)
     check_tensor("cos", cos, (x.dtype,), (None, dim), x.device)
     check_tensor("sin", sin, (x.dtype,), tuple(cos.shape), x.device)
-    if cos.shape[0] == 0 and x.numel():
+    if cos.shape[0] == 0 and (x.numel() if rotated is None else rotated):
         raise ValueError("cos: expected at least one row (the tables positions index)")
     check_range("positions", positions, 0, cos.shape[0], " (rows of the cos/sin tables)")
 

@@ -77,8 +77,8 @@ def _check_write(k, v, k_cache, v_cache, cache_lens, offset) -> None:
 def rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, offset: int = 0,
                   backend: str = "auto") -> torch.Tensor:
     """Rotate ``q`` and ``k`` (:func:`eagle_kernels.ops.apply_rope`) and store the rotated ``k``
-    and ``v`` as :func:`write_kv` does: an attention layer's prologue, one launch on a GPU where
-    the separate ops take three.
+    and ``v`` as :func:`write_kv` does: an attention layer's prologue, one launch with the
+    Triton backend where the separate ops take three.
 
     Parameters
     ----------
@@ -86,8 +86,8 @@ def rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, of
     k, v : [B, T, H, D], q's dtype, contiguous.
     positions : [B, T] int64, each in ``[0, P)``.
     cos, sin : [P, D] tables in q's dtype.
-    k_cache, v_cache, cache_lens, offset : as :func:`write_kv` (rows past the caches are never
-        written, also with value checks off).
+    k_cache, v_cache, cache_lens, offset : as :func:`write_kv` (with value checks off, Triton
+        writes no row outside the caches; the torch reference behaves as write_kv's).
     backend : "auto", "triton" or "torch".
 
     Returns
@@ -95,7 +95,8 @@ def rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, of
     The rotated ``q`` [B, T, Hq, D]; the caches hold the rotated ``k`` and ``v``, bit for bit
     what apply_rope then write_kv leave (the reference is those two ops).
     """
-    check_rope("q", q, positions, cos, sin)
+    check_tensor("k", k, FLOAT_DTYPES, (None, None, None, None))  # k.numel() for the tables
+    check_rope("q", q, positions, cos, sin, rotated=q.numel() + k.numel())
     check_tensor("k", k, (q.dtype,), (q.shape[0], q.shape[1], None, q.shape[3]), q.device)
     _check_write(k, v, k_cache, v_cache, cache_lens, offset)
     _, implementation = resolve("rope_write_kv", backend, q.device, dtype=q.dtype)
@@ -296,15 +297,15 @@ def _write_kv_triton(k, v, k_cache, v_cache, cache_lens, offset) -> None:
 def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr,
                           k_cache_ptr, v_cache_ptr, lens_ptr, count, q_heads, kv_heads,
                           table_rows, max_len, offset, DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                          BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (token b * T + t, head block): the head blocks of q (rotated into q_out), then
-    of k (rotated into row lens[b] + offset + t of k_cache), then of v (copied into that row of
-    v_cache). A cache row outside [0, max_len) (out-of-contract lengths, value checks off) is
-    not written."""
+                          BLOCK_KV: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """Program (token b * T + t, head block): the BLOCK_H-head blocks of q (rotated into q_out),
+    then the BLOCK_KV-head blocks of k (rotated into row lens[b] + offset + t of k_cache), then
+    of v (copied into that row of v_cache). A cache row outside [0, max_len) (out-of-contract
+    lengths, value checks off) is not written."""
     token = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     q_blocks = tl.cdiv(q_heads, BLOCK_H)
-    kv_blocks = tl.cdiv(kv_heads, BLOCK_H)
+    kv_blocks = tl.cdiv(kv_heads, BLOCK_KV)
     b = token // count
     row = tl.load(lens_ptr + b).to(tl.int64) + offset + token % count
     # the row test folded into the head bound (the interpreter rejects a block mask and'ed with
@@ -317,11 +318,11 @@ def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr, 
         _rope_heads(q_ptr + first_head, q_out_ptr + first_head, head, q_heads, positions_ptr,
                     cos_ptr, sin_ptr, token, table_rows, DIM, BLOCK_D, UPCAST)
     elif block < q_blocks + kv_blocks:
-        head = (block - q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        head = (block - q_blocks) * BLOCK_KV + tl.arange(0, BLOCK_KV)
         _rope_heads(k_ptr + token * kv_heads * DIM, k_cache_ptr + cache_row, head, cache_heads,
                     positions_ptr, cos_ptr, sin_ptr, token, table_rows, DIM, BLOCK_D, UPCAST)
     else:
-        head = (block - q_blocks - kv_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        head = (block - q_blocks - kv_blocks) * BLOCK_KV + tl.arange(0, BLOCK_KV)
         d = tl.arange(0, BLOCK_D)
         ok = (head < cache_heads)[:, None] & (d < DIM)[None, :]
         offsets = head[:, None] * DIM + d[None, :]
@@ -335,12 +336,13 @@ def _rope_write_kv_triton(q, k, v, positions, cos, sin, k_cache, v_cache, cache_
     kv_heads = k.shape[2]
     q_out = torch.empty_like(q)
     if batch and count and dim and (q_heads or kv_heads):
-        block_h, block_d = rope_blocks(max(q_heads, kv_heads), dim)
-        blocks = triton.cdiv(q_heads, block_h) + 2 * triton.cdiv(kv_heads, block_h)
+        block_h, block_d = rope_blocks(q_heads, dim)
+        block_kv, _ = rope_blocks(kv_heads, dim)
+        blocks = triton.cdiv(q_heads, block_h) + 2 * triton.cdiv(kv_heads, block_kv)
         _rope_write_kv_kernel[(batch * count, blocks)](
             q, k, v, positions, cos, sin, q_out, k_cache, v_cache, cache_lens, count, q_heads,
             kv_heads, cos.shape[0], k_cache.shape[1], offset, DIM=dim, BLOCK_H=block_h,
-            BLOCK_D=block_d, UPCAST=interpreter_upcast(q), num_warps=4, **EXACT_ROUNDING)
+            BLOCK_KV=block_kv, BLOCK_D=block_d, UPCAST=interpreter_upcast(q), num_warps=4, **EXACT_ROUNDING)
     return q_out
 
 

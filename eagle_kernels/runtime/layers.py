@@ -60,6 +60,24 @@ def differentiable(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def hook_dicts(modules) -> tuple:
+    """The forward and forward-pre hook dicts of ``modules`` (filled in place when a hook is
+    registered, so a kept tuple stays current)."""
+    return tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
+
+
+def any_hook(dicts) -> bool:
+    """Whether a global forward hook or one in ``dicts`` (:func:`hook_dicts`) would see a
+    module run."""
+    return bool(nn.modules.module._global_forward_hooks
+                or nn.modules.module._global_forward_pre_hooks or any(dicts))
+
+
+def hooked(modules) -> bool:
+    """Whether a forward hook (global, or on one of ``modules``) would see these modules run."""
+    return any_hook(hook_dicts(modules))
+
+
 class Linear(_TracksConversion, nn.Linear):
     """nn.Linear whose inference goes through :func:`eagle_kernels.ops.linear`."""
 
@@ -295,7 +313,7 @@ def fused_layer(owner: nn.Module, x: torch.Tensor, attention: Attention, mlp: ML
     if step is None or differentiable(x, residual):
         return None
     binding = layer_weights(owner, attention, mlp, post_norm, input_norm)
-    if binding is None:
+    if binding is None or any_hook(owner.__dict__["_layer_hooks"]):  # a hook must see its module
         return None
     index = attention.layer_index
     return step.run(binding, x.contiguous(), cache.keys[index], cache.values[index],
@@ -313,6 +331,7 @@ def layer_weights(owner: nn.Module, attention: Attention, mlp: MLP, post_norm: R
         weights, biases, norm, post = _layer_tensors(attention, mlp, post_norm, input_norm)
         binding = ops.LayerWeights(list(weights), list(biases), norm, post, post_norm.eps)
         owner.__dict__["_layer_weights"] = (binding, _STRUCTURE_CHANGES[0])
+        owner.__dict__["_layer_hooks"] = hook_dicts(owner.modules())
     return binding
 
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from .kv_cache import KVCache
 from . import layers as _layers
-from .layers import (DecoderLayer, Linear, RMSNorm, RotaryEmbedding, differentiable, head_dim_of,
-                     layer_step)
+from .layers import (DecoderLayer, Linear, RMSNorm, RotaryEmbedding, any_hook, differentiable,
+                     head_dim_of, hook_dicts, hooked, layer_step)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -155,19 +155,26 @@ class TargetModel(nn.Module):
         return x, residual
 
     def _runs_apart(self) -> bool:
-        """Whether the layers may run with their residual stream apart: every layer a
-        DecoderLayer, the final norm an RMSNorm, and no forward hook watching them (a hook sees
-        each layer's whole output, so hooked layers run one call each)."""
-        layers, norm = self.model.layers, self.model.norm
-        return (all(isinstance(layer, DecoderLayer) for layer in layers)
-                and isinstance(norm, RMSNorm) and not _hooked((*layers, norm)))
+        """Whether the layers may run with their residual stream apart: what that changes (each
+        layer's forward not called, its input norm and the final norm called with a residual)
+        must be unseen. So every layer exactly a DecoderLayer, its input norm and the final norm
+        exactly RMSNorms (or no input norm), none with a forward of its own, and no forward hook
+        on any of them (a hook expects each layer's whole output, one call each)."""
+        layers, norms = self.model.layers, [self.model.norm]
+        for layer in layers:
+            if type(layer) is not DecoderLayer or "forward" in layer.__dict__:
+                return False
+            if getattr(layer, "input_layernorm", None) is not None:
+                norms.append(layer.input_layernorm)
+        if any(type(norm) is not RMSNorm or "forward" in norm.__dict__ for norm in norms):
+            return False
+        return not hooked((*layers, *norms))
 
     def _fused_weights(self) -> list | None:
         """Every layer's :class:`eagle_kernels.ops.LayerWeights` when all run fused, else None
-        (also when forward hooks are registered: the stacked call would skip them)."""
+        (also when a forward hook watches a layer or a module inside one: the stacked call
+        would skip it)."""
         layers = self.model.layers
-        if _hooked(layers):
-            return None
         # Without grad mode the list depends only on the modules' structure: kept until it
         # changes (asking 30 layers again took ~0.3 ms of a 15 ms decode step, every step).
         # The layers themselves are part of the key (held, so compared by identity): deleting
@@ -177,23 +184,19 @@ class TargetModel(nn.Module):
         if (cached is not None and cached[0] == stamp and len(cached[1]) == len(current)
                 and all(a is b for a, b in zip(cached[1], current))
                 and not torch.is_grad_enabled()):
-            return cached[2]
-        bound = [layer.fused_weights() for layer in layers]
-        bound = None if any(b is None for b in bound) else bound
-        if not torch.is_grad_enabled():
-            self.__dict__["_fused_layers"] = (stamp, current, bound)
-        return bound
+            bound, hooks = cached[2:]
+        else:
+            bound = [layer.fused_weights() for layer in layers]
+            bound = None if any(b is None for b in bound) else bound
+            # every module inside the layers (~400 at 30 layers): listed once, read each call
+            hooks = hook_dicts(m for layer in layers for m in layer.modules())
+            if not torch.is_grad_enabled():
+                self.__dict__["_fused_layers"] = (stamp, current, bound, hooks)
+        return None if any_hook(hooks) else bound
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., V] logits of final-normed hidden states, in fp32."""
         return self.lm_head(hidden).float()
-
-
-def _hooked(modules) -> bool:
-    """Whether a forward hook (global, or on one of ``modules``) would see these modules run."""
-    return bool(nn.modules.module._global_forward_hooks
-                or nn.modules.module._global_forward_pre_hooks
-                or any(m._forward_hooks or m._forward_pre_hooks for m in modules))
 
 
 # ------------------------------------------------------------------------------- loading
