@@ -313,19 +313,20 @@ def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr, 
     cache_heads = tl.where((row >= 0) & (row < max_len), kv_heads, 0)
     cache_row = (b * max_len + row) * kv_heads * DIM
     if block < q_blocks:
-        head = block * BLOCK_H + tl.arange(0, BLOCK_H)
+        # a name per branch: the branches' head tiles differ in shape (BLOCK_H, BLOCK_KV)
+        q_head = block * BLOCK_H + tl.arange(0, BLOCK_H)
         first_head = token * q_heads * DIM
-        _rope_heads(q_ptr + first_head, q_out_ptr + first_head, head, q_heads, positions_ptr,
+        _rope_heads(q_ptr + first_head, q_out_ptr + first_head, q_head, q_heads, positions_ptr,
                     cos_ptr, sin_ptr, token, table_rows, DIM, BLOCK_D, UPCAST)
     elif block < q_blocks + kv_blocks:
-        head = (block - q_blocks) * BLOCK_KV + tl.arange(0, BLOCK_KV)
-        _rope_heads(k_ptr + token * kv_heads * DIM, k_cache_ptr + cache_row, head, cache_heads,
+        k_head = (block - q_blocks) * BLOCK_KV + tl.arange(0, BLOCK_KV)
+        _rope_heads(k_ptr + token * kv_heads * DIM, k_cache_ptr + cache_row, k_head, cache_heads,
                     positions_ptr, cos_ptr, sin_ptr, token, table_rows, DIM, BLOCK_D, UPCAST)
     else:
-        head = (block - q_blocks - kv_blocks) * BLOCK_KV + tl.arange(0, BLOCK_KV)
+        v_head = (block - q_blocks - kv_blocks) * BLOCK_KV + tl.arange(0, BLOCK_KV)
         d = tl.arange(0, BLOCK_D)
-        ok = (head < cache_heads)[:, None] & (d < DIM)[None, :]
-        offsets = head[:, None] * DIM + d[None, :]
+        ok = (v_head < cache_heads)[:, None] & (d < DIM)[None, :]
+        offsets = v_head[:, None] * DIM + d[None, :]
         values = tl.load(v_ptr + token * kv_heads * DIM + offsets, mask=ok)
         tl.store(v_cache_ptr + cache_row + offsets, values, mask=ok)
 
