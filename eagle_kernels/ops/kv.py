@@ -343,7 +343,8 @@ def _rope_write_kv_triton(q, k, v, positions, cos, sin, k_cache, v_cache, cache_
         _rope_write_kv_kernel[(batch * count, blocks)](
             q, k, v, positions, cos, sin, q_out, k_cache, v_cache, cache_lens, count, q_heads,
             kv_heads, cos.shape[0], k_cache.shape[1], offset, DIM=dim, BLOCK_H=block_h,
-            BLOCK_KV=block_kv, BLOCK_D=block_d, UPCAST=interpreter_upcast(q), num_warps=4, **EXACT_ROUNDING)
+            BLOCK_KV=block_kv, BLOCK_D=block_d, UPCAST=interpreter_upcast(q), num_warps=4,
+            **EXACT_ROUNDING)
     return q_out
 
 
