@@ -199,12 +199,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def _prologue_in_one_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the attention's RoPE and cache write run as ops.rope_write_kv: not under
-    autograd, and on CPU only where a forced backend other than torch serves it (there the
-    separate ops cost less: no launches to save, and KVCache.write skips the op's checks)."""
+    autograd, and where a kernel serves it (auto's pick on a GPU whose verdict proves it, or a
+    forced backend). Its torch backend is the separate ops' references: where it would run,
+    the separate ops run instead, each on its own backend (a proven apply_rope or write_kv
+    kernel, KVCache.write's unchecked reference on CPU)."""
     if differentiable(q, k, v):
         return False
-    return q.device.type != "cpu" or resolve("rope_write_kv", "auto", q.device,
-                                             dtype=q.dtype)[0] != "torch"
+    return resolve("rope_write_kv", "auto", q.device, dtype=q.dtype)[0] != "torch"
 
 
 class Attention(nn.Module):
