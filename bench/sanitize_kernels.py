@@ -154,7 +154,7 @@ def attention_cases(device, gen, dtype=torch.bfloat16) -> dict[str, Case]:
 def decoder_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """The decoder's linear (q / k / v of 130 rows: three of its 64-row tiles; K = 576 in K
     splits, a bias), rms_norm (with a residual), apply_rope (9 heads of 80: a padded head
-    block) and silu_mul, scaled so outputs are O(1)."""
+    block), silu_mul and rope_write_kv, scaled so outputs are O(1)."""
     x = torch.randn(130, 576, generator=gen)
     weights = [torch.randn(n, 576, generator=gen) / 24 for n in (576, 192, 200)]
     bias = torch.randn(200, generator=gen)
@@ -171,13 +171,28 @@ def decoder_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
             "rms_norm": _simple("rms_norm", (h, norm, 1e-5, residual), tolerance=tolerance),
             "apply_rope": _simple("apply_rope", (heads, positions, cos, sin),
                                   tolerance=tolerance),
-            "silu_mul": _simple("silu_mul", (h * 4, residual), tolerance=tolerance)}
+            "silu_mul": _simple("silu_mul", (h * 4, residual), tolerance=tolerance),
+            "rope_write_kv": _rope_write_case(heads, positions, cos, sin, gen, tolerance)}
+
+
+def _rope_write_case(q, positions, cos, sin, gen, tolerance) -> Case:
+    """rope_write_kv of q's 7 tokens (9 heads of 80) with 3 k / v heads into caches of 12 rows,
+    the last sequence's rows ending at the cache's end (a dtype sweep: RoPE rounds per dtype)."""
+    k, v = (torch.randn(2, 7, 3, 80, generator=gen).to(q.dtype).to(q.device) for _ in range(2))
+    lens = torch.tensor([0, 3], dtype=torch.int32, device=q.device)
+
+    def call(backend):
+        caches = [torch.zeros(2, 12, 3, 80, dtype=q.dtype, device=q.device) for _ in range(2)]
+        rotated = ops.rope_write_kv(q, k, v, positions, cos, sin, *caches, lens, 2,
+                                    backend=backend)
+        return [rotated, *caches]
+
+    return Case(call, tolerance)
 
 
 def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
     """compact_kv in place over three caches of different dtypes and odd row sizes; write_kv
-    of 5 rows past an offset of 2 (one sequence's last row at the cache's end); rope_write_kv
-    of the same rows with 7 q heads and 3 k / v heads of 6 (padded head blocks)."""
+    of 5 rows past an offset of 2 (one sequence's last row at the cache's end)."""
     batch, max_len, width = 3, 40, 6
     caches = [torch.randn(batch, max_len, 2, 24, generator=gen).to(torch.bfloat16),
               torch.randn(batch, max_len, 3, 5, generator=gen),
@@ -205,19 +220,7 @@ def kv_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
         ops.write_kv(new_k, new_v, *copies, write_lens, 2, backend=backend)
         return copies
 
-    q = torch.randn(batch, 5, 7, 6, generator=gen).to(device)  # 7 q heads of 6, 3 of k / v
-    rope_k, rope_v = (torch.randn(batch, 5, 3, 6, generator=gen).to(device) for _ in range(2))
-    positions = torch.randint(0, 50, (batch, 5), generator=gen).to(device)
-    angles = torch.randn(50, 3, generator=gen).repeat(1, 2).to(device)
-
-    def rope_write(backend):
-        copies = [torch.zeros(batch, max_len, 3, 6, device=device) for _ in range(2)]
-        q_out = ops.rope_write_kv(q, rope_k, rope_v, positions, angles.cos(), angles.sin(),
-                                  *copies, write_lens, 2, backend=backend)
-        return [q_out, *copies]
-
-    return {"compact_kv": Case(call, None), "write_kv": Case(write, None),
-            "rope_write_kv": Case(rope_write, None)}
+    return {"compact_kv": Case(call, None), "write_kv": Case(write, None)}
 
 
 def loss_cases(device, gen, dtype=torch.float32) -> dict[str, Case]:
