@@ -1,6 +1,8 @@
-"""compact_kv kernels: Triton (interpreter on CPU), the CUDA kernel's host twin, and the GPU.
+"""KV cache kernels: compact_kv (Triton in the interpreter on CPU, the CUDA kernel's host twin,
+the GPU), write_kv and rope_write_kv (Triton on the GPU where one is, else in the interpreter).
 
-Every backend must equal the reference exactly (it moves raw bytes). Caches of one call differ
+Every backend must equal the reference exactly (compact_kv and write_kv move raw bytes;
+rope_write_kv rounds as the reference's ops do). Caches of one call differ
 in head count, head size and dtype, so every word size the kernels pick (16 / 8 / 4 / 2 / 1
 bytes) is exercised.
 """
@@ -13,7 +15,7 @@ import torch
 from eagle_kernels import ops
 from eagle_kernels.ops import kv, reference
 
-from cuda_support import needs_gpu, seed_note
+from cuda_support import gpu_when_present, needs_gpu, seed_note
 from test_kv import position_cache, random_case
 
 GOLDEN = dict(lens=[2, 0], nodes=[[0, 2, 3, -1], [0, -1, -1, -1]], accepted=[2, 0])
@@ -186,16 +188,23 @@ def test_write_kv_bad_arguments_name_themselves(call, message):
 # ---- rope_write_kv: RoPE of q and k, then write_kv ----------------------------------------------
 
 
+ROPE_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _rope_write_arguments(gen, dtype, q_heads, kv_heads, dim, batch=3, count=5, max_len=40):
+    """(q, k, v, positions, cos, sin, [k_cache, v_cache]) on ROPE_DEVICE."""
     q = torch.randn(batch, count, q_heads, dim, generator=gen).to(dtype)
     k, v = (torch.randn(batch, count, kv_heads, dim, generator=gen).to(dtype) for _ in range(2))
     positions = torch.randint(0, 60, (batch, count), generator=gen)
     angles = torch.randn(60, dim // 2, generator=gen).repeat(1, 2) * 3
     caches = [torch.randn(batch, max_len, kv_heads, dim, generator=gen).to(dtype)
               for _ in range(2)]
-    return q, k, v, positions, angles.cos().to(dtype), angles.sin().to(dtype), caches
+    moved = [t.to(ROPE_DEVICE) for t in (q, k, v, positions, angles.cos().to(dtype),
+                                          angles.sin().to(dtype), *caches)]
+    return (*moved[:6], moved[6:])
 
 
+@gpu_when_present
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("q_heads, kv_heads, dim", [(4, 2, 16), (9, 3, 80), (1, 1, 2), (0, 2, 8)])
@@ -206,7 +215,7 @@ def test_rope_write_kv_is_the_reference_bit_for_bit(gen, backend, dtype, q_heads
     offsetting the v blocks by q's block count only, failed every case here."""
     q, k, v, positions, cos, sin, caches = _rope_write_arguments(gen, dtype, q_heads, kv_heads,
                                                                  dim)
-    lens = torch.tensor([0, 17, 40 - 2 - 5], dtype=torch.int32)
+    lens = torch.tensor([0, 17, 40 - 2 - 5], dtype=torch.int32, device=ROPE_DEVICE)
     want = [cache.clone() for cache in caches]
     want_q = reference.rope_write_kv(q, k, v, positions, cos, sin, *want, lens, 2)
     got_q = ops.rope_write_kv(q, k, v, positions, cos, sin, *caches, lens, 2, backend=backend)
@@ -214,6 +223,7 @@ def test_rope_write_kv_is_the_reference_bit_for_bit(gen, backend, dtype, q_heads
     assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1]), seed_note(gen)
 
 
+@gpu_when_present
 def test_rope_write_kv_stays_inside_the_caches_and_tables_without_checks(gen):
     """With value checks off, rows past the cache (or before it) are skipped and a position past
     the tables reads row 0 (as apply_rope's kernel): the caches hold exactly the rows inside."""
@@ -222,7 +232,7 @@ def test_rope_write_kv_stays_inside_the_caches_and_tables_without_checks(gen):
     q, k, v, positions, cos, sin, caches = _rope_write_arguments(gen, torch.float32, 2, 1, 4,
                                                                  batch=2, count=3, max_len=10)
     caches = [torch.zeros_like(c) for c in caches]
-    lens = torch.tensor([8, -2], dtype=torch.int32)  # rows 8, 9, (10); (-2, -1), 0
+    lens = torch.tensor([8, -2], dtype=torch.int32, device=ROPE_DEVICE)  # rows 8, 9; 0
     with pytest.raises(ValueError, match=r"cache_lens: expected values in \[0, 8\)"):
         ops.rope_write_kv(q, k, v, positions, cos, sin, *caches, lens, 0, backend="triton")
     read = positions.clone()

@@ -386,8 +386,8 @@ def test_default_model_matches_transformers(gen):
 @pytest.mark.parametrize("backend, dtype", [("torch", torch.float32), ("torch", torch.bfloat16),
                                             ("triton", torch.bfloat16)])
 def test_layers_with_the_residual_apart_give_the_layers_bits(gen, monkeypatch, backend, dtype):
-    """Op by op (GPU backends, autograd) the target runs its layers with the residual stream
-    apart, each layer's add done by the next input norm (TargetModel._layers_apart): hidden
+    """Op by op (as on a GPU, or under autograd) the target runs its layers with the residual
+    stream apart, each layer's add done by the next input norm (TargetModel._layers_apart): hidden
     states and EAGLE-3 features equal, bit for bit, those of the layers run one call each (a
     forward hook on the final norm forces that path). Power: the norm adding the residual
     without rounding the sum to bf16 first, or capturing a layer's stream after attention
@@ -419,8 +419,9 @@ def test_layers_with_the_residual_apart_give_the_layers_bits(gen, monkeypatch, b
 def test_what_runs_layers_apart_would_change_keeps_them_whole(gen):
     """A hook on an input norm (it would see a residual and a pair), a replaced norm or layer
     class, a forward set on an instance: each keeps the one-call-per-layer loop, whose hooks
-    see what they did. The fused CPU call also runs layer by layer for a hook inside a layer
-    (it skipped those: only hooks on the layers themselves were looked at)."""
+    see what they did. The fused CPU call also runs layer by layer for a hook inside a layer or
+    an instance's forward (it skipped both: only hooks on the layers themselves were looked
+    at)."""
     import os
     from unittest import mock
 
@@ -439,9 +440,15 @@ def test_what_runs_layers_apart_would_change_keeps_them_whole(gen):
     assert seen == [torch.Tensor] * 2  # seen by both: the fused call runs layer by layer too
     handle.remove()
     assert target._runs_apart()
-    layer = target.model.layers[2]
-    layer.forward = layer.forward  # an instance's own forward (bound: the same behaviour)
+    layer, calls = target.model.layers[2], []
+    original = layer.forward
+    layer.forward = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
     assert not target._runs_apart()
+    for backend in ("torch", "auto"):  # an instance's forward is called on both paths
+        with mock.patch.dict(os.environ, {BACKEND_ENV: backend}), torch.inference_mode():
+            target(tokens, torch.arange(2).view(1, 2), target.allocate_cache(1, 4), mask)
+    assert calls == [1, 1]
     del layer.forward
+    assert target._runs_apart()
     target.model.layers[4].input_layernorm = torch.nn.Identity()
     assert not target._runs_apart()

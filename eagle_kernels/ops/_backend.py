@@ -217,7 +217,8 @@ ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attent
 # every GPU until a run proves it there. Revision 2: the two-pass ordered tree attention and
 # the linear's 64-row tile (2026-11-27); the top-k in two passes, chunks then rows, and the
 # stochastic acceptance's statistics and bonus draw over vocabulary chunks (2026-11-28).
-KERNEL_REVISIONS = {("tree_attention", "triton"): 2, ("linear", "triton"): 2,
+# Revision 3 of the linear: a group's weights in one launch (2026-11-28, seventeenth session).
+KERNEL_REVISIONS = {("tree_attention", "triton"): 2, ("linear", "triton"): 3,
                     ("topk_log_softmax", "triton"): 2, ("stochastic_accept_tree", "triton"): 2,
                     ("stochastic_accept_chain", "triton"): 2}
 

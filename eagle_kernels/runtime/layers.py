@@ -7,9 +7,10 @@ EAGLE heads load by name. Every attention layer writes its new K/V into a static
 a verify tree and a drafting frontier are all the same call with a different packed mask.
 
 Inference runs every step through :mod:`eagle_kernels.ops` (``linear_group``, ``rms_norm``,
-``apply_rope``, ``silu_mul``, ``tree_attention``), so ``backend="auto"`` picks the fast kernels
-of the device: on CPU the row-invariant C++ kernels, which make a token's hidden state the same
-bit for bit whatever else is computed with it. Where autograd is needed (training a head), the
+``apply_rope`` and ``write_kv`` or ``rope_write_kv`` where a kernel serves it, ``silu_mul``,
+``tree_attention``; on CPU the whole layer as ``decoder_layer``), so ``backend="auto"`` picks
+the fast kernels of the device: on CPU the row-invariant C++ kernels, which make a token's
+hidden state the same bit for bit whatever else is computed with it. Where autograd is needed (training a head), the
 same modules run the torch reference math instead (:func:`differentiable`).
 """
 
@@ -71,11 +72,6 @@ def any_hook(dicts) -> bool:
     module run."""
     return bool(nn.modules.module._global_forward_hooks
                 or nn.modules.module._global_forward_pre_hooks or any(dicts))
-
-
-def hooked(modules) -> bool:
-    """Whether a forward hook (global, or on one of ``modules``) would see these modules run."""
-    return any_hook(hook_dicts(modules))
 
 
 class Linear(_TracksConversion, nn.Linear):

@@ -21,7 +21,7 @@ from torch import nn
 from .kv_cache import KVCache
 from . import layers as _layers
 from .layers import (DecoderLayer, Linear, RMSNorm, RotaryEmbedding, any_hook, differentiable,
-                     head_dim_of, hook_dicts, hooked, layer_step)
+                     head_dim_of, hook_dicts, layer_step)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -154,49 +154,70 @@ class TargetModel(nn.Module):
                 captured.append(layer_input)
         return x, residual
 
+    def _kept(self, name: str, build, keep: bool = True):
+        """``build()``'s answer about the layers' structure, kept under ``name`` until the
+        structure changes (when ``keep``). The layers themselves are part of the key (held, so
+        compared by identity): deleting or inserting into a ModuleList bypasses the
+        registration hooks that bump the stamp."""
+        stamp, current = _layers._STRUCTURE_CHANGES[0], tuple(self.model.layers)
+        cached = self.__dict__.get(name)
+        if (cached is not None and cached[0] == stamp and len(cached[1]) == len(current)
+                and all(a is b for a, b in zip(cached[1], current))):
+            return cached[2]
+        answer = build()
+        if keep:
+            self.__dict__[name] = (stamp, current, answer)
+        return answer
+
     def _runs_apart(self) -> bool:
         """Whether the layers may run with their residual stream apart: what that changes (each
         layer's forward not called, its input norm and the final norm called with a residual)
         must be unseen. So every layer exactly a DecoderLayer, its input norm and the final norm
         exactly RMSNorms (or no input norm), none with a forward of its own, and no forward hook
         on any of them (a hook expects each layer's whole output, one call each)."""
+        changed = self._kept("_apart_kept", self._apart_modules)
+        return changed is not None and not _watched(*changed)
+
+    def _apart_modules(self) -> tuple | None:
+        """(hook dicts, modules) of the modules whose calls running apart changes, or None where
+        the structure forbids it (a layer not exactly a DecoderLayer, a norm not exactly an
+        RMSNorm)."""
         layers, norms = self.model.layers, [self.model.norm]
-        for layer in layers:
-            if type(layer) is not DecoderLayer or "forward" in layer.__dict__:
-                return False
-            if getattr(layer, "input_layernorm", None) is not None:
-                norms.append(layer.input_layernorm)
-        if any(type(norm) is not RMSNorm or "forward" in norm.__dict__ for norm in norms):
-            return False
-        return not hooked((*layers, *norms))
+        if any(type(layer) is not DecoderLayer for layer in layers):
+            return None
+        norms += [layer.input_layernorm for layer in layers
+                  if getattr(layer, "input_layernorm", None) is not None]
+        if any(type(norm) is not RMSNorm for norm in norms):
+            return None
+        changed = (*layers, *norms)
+        return hook_dicts(changed), changed
 
     def _fused_weights(self) -> list | None:
         """Every layer's :class:`eagle_kernels.ops.LayerWeights` when all run fused, else None
-        (also when a forward hook watches a layer or a module inside one: the stacked call
-        would skip it)."""
-        layers = self.model.layers
-        # Without grad mode the list depends only on the modules' structure: kept until it
-        # changes (asking 30 layers again took ~0.3 ms of a 15 ms decode step, every step).
-        # The layers themselves are part of the key (held, so compared by identity): deleting
-        # or inserting into a ModuleList bypasses the registration hooks that bump the stamp.
-        stamp, current = _layers._STRUCTURE_CHANGES[0], tuple(layers)
-        cached = self.__dict__.get("_fused_layers")
-        if (cached is not None and cached[0] == stamp and len(cached[1]) == len(current)
-                and all(a is b for a, b in zip(cached[1], current))
-                and not torch.is_grad_enabled()):
-            bound, hooks = cached[2:]
-        else:
-            bound = [layer.fused_weights() for layer in layers]
-            bound = None if any(b is None for b in bound) else bound
-            # every module inside the layers (~400 at 30 layers): listed once, read each call
-            hooks = hook_dicts(m for layer in layers for m in layer.modules())
-            if not torch.is_grad_enabled():
-                self.__dict__["_fused_layers"] = (stamp, current, bound, hooks)
-        return None if any_hook(hooks) else bound
+        (also when a forward hook watches a layer or a module inside one, or a layer has a
+        forward of its own: the stacked call would skip them)."""
+        def build():
+            bound = [layer.fused_weights() for layer in self.model.layers]
+            # the hooks of every module inside the layers (~400 at 30 layers): listed once, read
+            # each call (filled in place when a hook is registered)
+            hooks = hook_dicts(m for layer in self.model.layers for m in layer.modules())
+            return (None if any(b is None for b in bound) else bound), hooks
+
+        # Without grad mode the list depends only on the modules' structure: kept (asking 30
+        # layers again took ~0.3 ms of a 15 ms decode step, every step).
+        bound, hooks = self._kept("_fused_layers", build, keep=not torch.is_grad_enabled())
+        return None if _watched(hooks, self.model.layers) else bound
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., V] logits of final-normed hidden states, in fp32."""
         return self.lm_head(hidden).float()
+
+
+def _watched(hooks: tuple, called_modules) -> bool:
+    """Whether running ``called_modules`` other than by calling them would be seen: a forward
+    hook in ``hooks`` (:func:`hook_dicts`) or a global one, or a forward set on one of
+    ``called_modules``' instances."""
+    return any_hook(hooks) or any("forward" in module.__dict__ for module in called_modules)
 
 
 # ------------------------------------------------------------------------------- loading
