@@ -10,8 +10,9 @@ Inference runs every step through :mod:`eagle_kernels.ops` (``linear_group``, ``
 ``apply_rope`` and ``write_kv`` or ``rope_write_kv`` where a kernel serves it, ``silu_mul``,
 ``tree_attention``; on CPU the whole layer as ``decoder_layer``), so ``backend="auto"`` picks
 the fast kernels of the device: on CPU the row-invariant C++ kernels, which make a token's
-hidden state the same bit for bit whatever else is computed with it. Where autograd is needed (training a head), the
-same modules run the torch reference math instead (:func:`differentiable`).
+hidden state the same bit for bit whatever else is computed with it. Where autograd is needed
+(training a head), the same modules run the torch reference math instead
+(:func:`differentiable`).
 """
 
 from __future__ import annotations
