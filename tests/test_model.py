@@ -452,3 +452,22 @@ def test_what_runs_layers_apart_would_change_keeps_them_whole(gen):
     assert target._runs_apart()
     target.model.layers[4].input_layernorm = torch.nn.Identity()
     assert not target._runs_apart()
+
+
+def test_a_kept_fused_binding_never_serves_a_forward_autograd_must_see(gen):
+    """The fused layers kept by an inference forward are not reused in grad mode: with a frozen
+    embedding (so the layers' input needs no grad) and layer weights that need it, a later
+    forward runs op by op and the gradient reaches the layers' weights."""
+    from runtime_helpers import tiny_target
+
+    target = tiny_target(seed=int(torch.randint(1000, (1,), generator=gen)))
+    target.model.embed_tokens.weight.requires_grad_(False)
+    tokens, mask = torch.randint(0, 300, (1, 3), generator=gen), causal_tree_mask(1, 3, "cpu")
+
+    def forward():
+        return target(tokens, torch.arange(3).view(1, 3), target.allocate_cache(1, 4), mask)[0]
+
+    with torch.inference_mode():
+        forward()  # binds the fused layers and keeps them
+    forward().sum().backward()
+    assert target.model.layers[0].mlp.down_proj.weight.grad is not None

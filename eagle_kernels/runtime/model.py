@@ -156,12 +156,12 @@ class TargetModel(nn.Module):
 
     def _kept(self, name: str, build, keep: bool = True):
         """``build()``'s answer about the layers' structure, kept under ``name`` until the
-        structure changes (when ``keep``). The layers themselves are part of the key (held, so
-        compared by identity): deleting or inserting into a ModuleList bypasses the
-        registration hooks that bump the stamp."""
+        structure changes; with ``keep`` False built afresh, neither read nor kept. The layers
+        themselves are part of the key (held, so compared by identity): deleting or inserting
+        into a ModuleList bypasses the registration hooks that bump the stamp."""
         stamp, current = _layers._STRUCTURE_CHANGES[0], tuple(self.model.layers)
         cached = self.__dict__.get(name)
-        if (cached is not None and cached[0] == stamp and len(cached[1]) == len(current)
+        if (keep and cached is not None and cached[0] == stamp and len(cached[1]) == len(current)
                 and all(a is b for a, b in zip(cached[1], current))):
             return cached[2]
         answer = build()
@@ -204,7 +204,8 @@ class TargetModel(nn.Module):
             return (None if any(b is None for b in bound) else bound), hooks
 
         # Without grad mode the list depends only on the modules' structure: kept (asking 30
-        # layers again took ~0.3 ms of a 15 ms decode step, every step).
+        # layers again took ~0.3 ms of a 15 ms decode step, every step). In grad mode asked
+        # afresh: weights that need grad bind to None (autograd must see the layers).
         bound, hooks = self._kept("_fused_layers", build, keep=not torch.is_grad_enabled())
         return None if _watched(hooks, self.model.layers) else bound
 
