@@ -206,10 +206,8 @@ def _linear_launch(x2d: torch.Tensor, group: list) -> None:
     launches = [_weight_launch(x2d, *member) for member in group]
     tile_args = [arg for tiles, _, _ in _padded(launches, launches[0]) for arg in tiles]
     flags = {}
-    for i, (_, (has_bias, split), _) in enumerate(launches):
+    for i, (has_bias, split) in enumerate(_padded([f for _, f, _ in launches], (False, False))):
         flags[f"HAS_BIAS{i}"], flags[f"SPLIT{i}"] = has_bias, split
-    for i in range(len(launches), LINEAR_GROUP_MAX):
-        flags[f"HAS_BIAS{i}"], flags[f"SPLIT{i}"] = False, False
     upcast = interpreter_upcast(x2d)
     col_tiles = sum(triton.cdiv(w.shape[0], LINEAR_BLOCK_N) for w, _, _ in group)
     splits = max(tiles[-1] for tiles, _, _ in launches)
@@ -221,7 +219,8 @@ def _linear_launch(x2d: torch.Tensor, group: list) -> None:
     sums = [(args, flag[0]) for _, flag, args in launches if args is not None]
     if sums:
         sum_args = [arg for args, _ in _padded(sums, sums[0]) for arg in args]
-        biased = {f"HAS_BIAS{i}": i < len(sums) and sums[i][1] for i in range(LINEAR_GROUP_MAX)}
+        biased = {f"HAS_BIAS{i}": has_bias
+                  for i, (_, has_bias) in enumerate(_padded(sums, (None, False)))}
         blocks = sum(triton.cdiv(args[3], LINEAR_SUM_BLOCK) for args, _ in sums)
         _sum_splits_kernel[(blocks,)](*sum_args, WEIGHTS=len(sums), **biased,
                                       BLOCK=LINEAR_SUM_BLOCK, UPCAST=upcast)

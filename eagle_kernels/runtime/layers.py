@@ -234,13 +234,13 @@ class Attention(nn.Module):
         q = q.view(batch, count, self.num_heads, self.head_dim)
         k = k.view(batch, count, self.kv_heads, self.head_dim)
         v = v.view(batch, count, self.kv_heads, self.head_dim)
-        if not _prologue_in_one_op(q, k, v):
-            q, k = rope.apply(q), rope.apply(k)
-            cache.write(self.layer_index, k, v, tree_offset)
-        else:  # one launch for both rotations and the cache write where Triton serves it
+        if _prologue_in_one_op(q, k, v):  # both rotations and the cache write in one launch
             index = self.layer_index
             q = ops.rope_write_kv(q, k, v, rope.positions, rope.cos, rope.sin, cache.keys[index],
                                   cache.values[index], cache.lens, tree_offset)
+        else:
+            q, k = rope.apply(q), rope.apply(k)
+            cache.write(self.layer_index, k, v, tree_offset)
         out = ops.tree_attention(q.contiguous(), cache.keys[self.layer_index],
                                  cache.values[self.layer_index], cache.lens, tree_mask,
                                  num_tree_keys=tree_offset + count)
