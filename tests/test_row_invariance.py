@@ -28,8 +28,10 @@ from cuda_support import gpu_when_present, seed_note
 from runtime_helpers import tiny_target
 
 PREFIXES = (23, 6)  # batch 2: sequences of different committed lengths
-# interpreted cases cost 20-50 s of CI each: one tree size per dtype here, every size on a GPU
+# interpreted cases cost ~1 s per decode step: one tree size per dtype here (33: a chain whose
+# packed mask takes two words), every size on a GPU; and two layers where a GPU runs three
 INTERPRETER_NODES = {torch.float32: 33, torch.bfloat16: 7}
+INTERPRETER_LAYERS, LAYERS = 2, 3
 TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 _TRITON_MISSING = backend_status("triton")
 needs_triton = pytest.mark.skipif(not _TRITON_MISSING.available,
@@ -62,7 +64,9 @@ def target(request):
     with pytest.MonkeyPatch.context() as patch:  # for the module's tests, then restored
         if forced != "auto":
             patch.setenv(BACKEND_ENV, forced)  # the other ops run the torch reference: elementwise
-        model = tiny_target(seed=3, layers=3).to(device, dtype)
+        interpreted = forced == "triton" and device.type == "cpu"
+        layers = INTERPRETER_LAYERS if interpreted else LAYERS
+        model = tiny_target(seed=3, layers=layers).to(device, dtype)
         if block_packs:
             q4_exact_layers(model)
             with torch.no_grad():
