@@ -16,8 +16,8 @@ Exit status 1 on any mismatch, error or op without example inputs here, else 0.
 Why: the unit tests check values; memcheck (out-of-bounds and misaligned accesses, which can
 leave values right by luck) is too slow for the whole test suite, so it gets this one pass.
 A bad access leaves the CUDA context unusable, hiding every op after it: ``--memcheck-each``
-runs memcheck once per op, in its own process, and writes ``op<TAB>clean|failed`` rows (the
-verdict reads them per op).
+runs memcheck once per op, in its own process (a few at once), and writes
+``op<TAB>clean|failed<TAB>seconds`` rows (the verdict reads them per op).
 Without a GPU the Triton kernels run in the interpreter (``TRITON_INTERPRET=1``, set below
 before eagle_kernels is imported), so CI proves the script itself works.
 """
@@ -406,30 +406,73 @@ def gpu_ops() -> list[str]:
     return [op for op, backends in ops.op_backends().items() if {"cuda", "triton"} & set(backends)]
 
 
+MEMCHECK_WORKERS = 4  # memcheck processes at once (the GPU machine has 16 cores, one GPU)
+MEMCHECK_TIMEOUT_S = 60.0  # one op's process
+
+
+def _memcheck_command(op: str, seed: int) -> list[str]:
+    return ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
+            sys.executable, __file__, "--seed", str(seed), "--op", op]
+
+
+def _kill_group(process) -> None:
+    import signal
+
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # ended meanwhile
+        pass
+
+
 def memcheck_each(path: str, seed: int, only: list[str] | None = None,
-                  timeout_s: float = 60.0) -> int:
-    """One compute-sanitizer memcheck process per GPU op (those in ``only`` when given);
-    ``op<TAB>clean|failed`` rows to ``path``, each process's output to stdout; 1 if any failed."""
+                  timeout_s: float = MEMCHECK_TIMEOUT_S, workers: int = MEMCHECK_WORKERS) -> int:
+    """One compute-sanitizer memcheck process per GPU op (those in ``only`` when given), up to
+    ``workers`` at once; ``op<TAB>clean|failed<TAB>seconds`` rows to ``path`` (rewritten as each
+    op ends, so a pass cut short keeps what ended), each process's output to stdout; 1 if any
+    failed. Each op still has its own process and CUDA context (a bad access in one cannot hide
+    another's); at 2026-11-27's ~8 s an op one at a time, most of it is the process's start
+    (Python, torch, the sanitizer's attach), which runs side by side on the machine's cores.
+    An interrupt (the stage's timeout) kills the processes still running."""
     import subprocess
+    import tempfile
+    import time
 
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # no pool hides an overrun
-    rows = []
-    for op in only or gpu_ops():
-        command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
-                   sys.executable, __file__, "--seed", str(seed), "--op", op]
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True,
-                                  timeout=timeout_s)
-            status = "clean" if done.returncode == 0 else "failed"
-            output = done.stdout + done.stderr
-        except subprocess.TimeoutExpired as expired:
-            status, output = "failed", f"timed out after {timeout_s:.0f} s: {expired.stdout or ''}"
-        rows.append((op, status))
-        print(f"== {op}: memcheck {status}\n{output}", flush=True)
-        with open(path, "w") as handle:  # after every op: a pass cut short keeps its rows
-            handle.writelines(f"{op}\t{status}\n" for op, status in rows)
-    print("\n".join(f"{op:<24} {status}" for op, status in rows))
-    return 1 if any(status != "clean" for _, status in rows) else 0
+    waiting, running, rows = list(only or gpu_ops()), {}, {}
+
+    def end(op: str, status: str, note: str = "") -> None:
+        process, log, started = running.pop(op)
+        log.seek(0)
+        rows[op] = (status, time.monotonic() - started)
+        print(f"== {op}: memcheck {status} ({rows[op][1]:.0f} s){note}\n{log.read()}", flush=True)
+        log.close()
+        with open(path, "w") as handle:
+            handle.writelines(f"{name}\t{st}\t{sec:.1f}\n" for name, (st, sec) in rows.items())
+
+    try:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                op = waiting.pop(0)
+                log = tempfile.TemporaryFile("w+")
+                # its own session: a kill reaches the Python process the sanitizer started
+                running[op] = (subprocess.Popen(_memcheck_command(op, seed), env=env, stdout=log,
+                                                stderr=subprocess.STDOUT, text=True,
+                                                start_new_session=True),
+                               log, time.monotonic())
+            time.sleep(0.1)
+            for op, (process, _, started) in list(running.items()):
+                if process.poll() is not None:
+                    end(op, "clean" if process.returncode == 0 else "failed")
+                elif time.monotonic() - started > timeout_s:
+                    _kill_group(process)
+                    process.wait()
+                    end(op, "failed", f": timed out after {timeout_s:.0f} s")
+    finally:
+        for process, log, _ in running.values():  # interrupted: nothing left running
+            _kill_group(process)
+            log.close()
+    print("\n".join(f"{op:<24} {status}" for op, (status, _) in rows.items()))
+    return 1 if any(status != "clean" for status, _ in rows.values()) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

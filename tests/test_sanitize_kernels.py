@@ -8,6 +8,8 @@ this proves the script's example inputs are valid for every op and that it repor
 from __future__ import annotations
 
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,52 @@ def test_a_wrong_kernel_is_reported_and_fails_the_run(sanitize, monkeypatch, cap
     lines = out.splitlines()
     assert ["build_tree", "triton", "MISMATCH:"] in [line.split()[:3] for line in lines], out
     assert lines[-1].endswith("1 failed"), out
+
+
+FAKE_SANITIZER = """#!/bin/sh
+# the real one's options, then the command: log when each op's process runs
+op=$(echo "$*" | sed 's/.*--op //')
+if [ "$op" = rms_norm ]; then  # hangs in a child, as the sanitizer's Python would
+  ( sleep 3; echo "orphan $op $(date +%s.%N)" >> "$MEMCHECK_LOG" ) & wait; exit 0
+fi
+echo "start $op $(date +%s.%N)" >> "$MEMCHECK_LOG"
+sleep 0.5
+echo "end $op $(date +%s.%N)" >> "$MEMCHECK_LOG"
+[ "$op" = linear ] && { echo "========= Invalid __global__ read"; exit 1; }
+exit 0
+"""
+
+
+def test_memcheck_each_runs_every_op_alone_a_few_at_once(sanitize, tmp_path, monkeypatch, capsys):
+    """--memcheck-each: one process per op (a fake compute-sanitizer here), never more than
+    ``workers`` at once; a failing and a hanging op are each reported failed, the others clean."""
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("MEMCHECK_LOG", str(tmp_path / "log"))
+    chosen = ["build_tree", "linear", "compact_kv", "rms_norm", "eagle2_expand", "topk_log_softmax"]
+    table = tmp_path / "memcheck.tsv"
+    started = time.monotonic()
+    assert sanitize.memcheck_each(str(table), 0, chosen, timeout_s=2, workers=2) == 1
+    time.sleep(max(0.0, started + 5 - time.monotonic()))  # an orphaned child would log by now
+
+    rows = [line.split("\t") for line in table.read_text().splitlines()]
+    assert sorted(row[0] for row in rows) == sorted(chosen)
+    assert {row[0]: row[1] for row in rows} == {
+        op: "failed" if op in ("linear", "rms_norm") else "clean" for op in chosen}
+    assert all(float(row[2]) >= 0 for row in rows)
+    out = capsys.readouterr().out
+    assert "Invalid __global__ read" in out and "timed out after 2 s" in out, out
+
+    log = (tmp_path / "log").read_text()
+    assert "orphan" not in log, log  # the timeout killed the hanging op's child too
+    events = sorted((float(when), kind) for kind, _, when in
+                    (line.split() for line in log.splitlines()))
+    alive, most = 0, 0  # processes between their start and end lines
+    for _, kind in events:
+        alive += 1 if kind == "start" else -1
+        most = max(most, alive)
+    assert [kind for _, kind in events].count("start") == len(chosen) - 1
+    assert most == 2, events  # side by side, and no more than asked

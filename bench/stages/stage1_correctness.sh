@@ -30,8 +30,9 @@ step gpu-tests 200 "$PY" -m pytest "${gpu_tests[@]}" -m gpu -q -rfEs -p no:cache
 if [ "$DRY_RUN" = 1 ]; then
   step memcheck-left-out 60 "$PY" -c "print('dry run: no compute-sanitizer')"
 else
-  # One process per op (a bad access kills the context, hiding the ops after it), each without
-  # the caching allocator: an access past a tensor lands outside any allocation and is reported.
+  # One process per op (a bad access kills the context, hiding the ops after it), four at once
+  # (sanitize_kernels.MEMCHECK_WORKERS), each without the caching allocator: an access past a
+  # tensor lands outside any allocation and is reported.
   step memcheck 150 "$PY" bench/sanitize_kernels.py --memcheck-each "$WORK/memcheck.tsv" \
     "${memcheck_ops[@]}"
 fi
