@@ -25,7 +25,8 @@ import pytest
 from conftest import BASE_SEED
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_TESTS = ("test_decoder.py", "test_linear_int8.py", "test_attention_cpu.py", "test_loss.py",
+KERNEL_TESTS = ("test_decoder.py", "test_decoder_layer.py", "test_weight_packs.py",
+                "test_linear_int8.py", "test_attention_cpu.py", "test_loss.py",
                 "test_row_invariance.py", "test_model.py", "test_kv.py", "test_record_tokens.py")
 # Their Triton cases run in the interpreter (numpy, no C++ of ours; bounds-checked by
 # tests/interpreter_bounds.py) and took ~180 s of this test under ASan: deselected.
