@@ -168,7 +168,6 @@ def run_train(args, config) -> int:
     return 0
 
 
-SPECIAL_DRAFTS = ("none", "random-eagle3", "random-eagle1")
 
 
 def _check_target(target: str | None) -> None:
@@ -190,20 +189,22 @@ def _check(args) -> None:
     """Every check that needs no model: bad values fail in milliseconds, not after loading."""
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
-    if not args.temperature >= 0:  # also rejects nan
-        raise UserError(f"--temperature: expected >= 0 (0 = greedy), got {args.temperature}")
-    if args.top_k < 0:
-        raise UserError(f"--top-k: expected >= 0 (0 = off), got {args.top_k}")
-    if not 0 < args.top_p <= 1:
-        raise UserError(f"--top-p: expected 0 < top_p <= 1, got {args.top_p}")
+    from .runtime.calls import SamplingConfig
+
+    try:  # what generate() will check, named as the options that carry it
+        SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    except ValueError as error:
+        raise UserError(f"--{str(error).replace('_', '-')}") from None
     if args.stream and (args.compare or len(args.prompt) > 1):
         raise UserError("--stream takes one prompt and no --compare")
     _check_target(args.target)
-    if args.draft is not None and args.draft not in SPECIAL_DRAFTS:
-        if not (Path(args.draft) / "config.json").is_file():
-            raise UserError(f"--draft: expected an EAGLE head directory with config.json or one "
-                            f"of {', '.join(SPECIAL_DRAFTS)}, got {args.draft}"
-                            + ("" if Path(args.draft).exists() else " (no such directory)"))
+    from .runtime.api import check_draft_and_tree
+
+    try:
+        check_draft_and_tree(args.draft, None)
+    except ValueError as error:
+        missing = args.draft is not None and not Path(args.draft).exists()
+        raise UserError(f"--{error}" + (" (no such directory)" if missing else "")) from None
     _check_device(args.device)
     if args.activations != "fp32" and torch.device(args.device).type != "cpu":
         raise UserError(f"--activations {args.activations}: a CPU kernels' option, got --device "
@@ -266,8 +267,9 @@ def generate(args) -> int:
     generator.engine.prompt_lookup = not args.no_lookup
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=not args.no_chat)
-    if args.stream:
-        pieces = generator.stream(args.prompt[0], **options)
+    if args.stream:  # without a head (--draft none) the stream decodes plainly
+        pieces = generator.stream(args.prompt[0], speculative=generator.engine.head is not None,
+                                  **options)
         for piece in pieces:
             print(piece, end="", flush=True)
         print()

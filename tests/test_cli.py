@@ -39,10 +39,14 @@ def run_cli(argv, capsys) -> str:
 
 @pytest.mark.parametrize("argv, expected", [
     (["--draft", "/nonexistent/head"], r"--draft: .*config\.json.*/nonexistent/head"),
-    (["--temperature", "-1"], r"--temperature: expected >= 0.*-1"),
-    (["--temperature", "nan"], r"--temperature: expected >= 0"),
-    (["--top-p", "0"], r"--top-p: expected 0 < top_p <= 1, got 0"),
-    (["--top-k", "-2"], r"--top-k: expected >= 0"),
+    (["--temperature", "-1"], r"--temperature: expected a finite float >= 0, got -1"),
+    (["--temperature", "nan"], r"--temperature: expected a finite float >= 0"),
+    (["--temperature", "inf"], r"--temperature: expected a finite float >= 0, got inf"),
+    (["--top-p", "0"], r"--top-p: expected a finite float > 0, got 0"),
+    (["--top-p", "1.5"], r"--top-p: expected 0 < top-p <= 1, got 1.5"),
+    (["--top-k", "-2"], r"--top-k: expected an int in \[0, 2147483647\], got -2"),
+    (["--top-k", "99999999999"], r"--top-k: expected an int in \[0, 2147483647\]"),
+    (["--seed", str(10 ** 23)], r"--seed: expected an int in"),
     (["--max-new-tokens", "0"], r"--max-new-tokens: expected >= 1, got 0"),
     (["--target", "/nonexistent/model"], r"--target: .*config\.json.*/nonexistent/model"),
     (["--target", "/nonexistent/model.gguf"], r"--target: no such GGUF file"),
@@ -149,3 +153,29 @@ def test_compare_alternates_the_modes_and_reports_each_rounds_speedup():
     assert calls == [False, False, True, True, False]
     assert speedups == [50 / 100, 200 / 120, 150 / 90] and base.stats.tokens_per_second == 100
     assert not same  # the fifth call's tokens differ
+
+
+def test_stream_without_a_head_decodes_plainly(monkeypatch, capsys):
+    """--draft none --stream asked the API for speculative decoding (its default) and failed
+    with "no draft head loaded" after loading the model: a valid pair of options."""
+    from types import SimpleNamespace
+
+    asked = []
+
+    class Stream:
+        output = SimpleNamespace(stats=SimpleNamespace(summary=lambda: {}))
+
+        def __iter__(self):
+            return iter(["a reply"])
+
+    class Generator:
+        engine = SimpleNamespace(head=None, prompt_lookup=True)
+
+        def stream(self, prompt, speculative, **options):
+            asked.append(speculative)
+            return Stream()
+
+    monkeypatch.setattr("eagle_kernels.runtime.api.from_pretrained",
+                        lambda *args, **kwargs: Generator())
+    assert cli.main(["generate", "--draft", "none", "--stream"]) == 0
+    assert asked == [False] and "a reply" in capsys.readouterr().out

@@ -409,6 +409,65 @@ def test_d2t_leaving_the_target_vocabulary_raises_naming_it(gen, tmp_path):
         load_draft_head(path, target)
 
 
+def test_eagle3_draft_vocabulary_beyond_the_targets_raises(gen, tmp_path):
+    """A draft vocabulary larger than the target's, no mapping: it loaded (the identity default),
+    then the first generate failed inside an embedding lookup."""
+    target = tiny_target(gen)
+    state = eagle3_state(gen, VOCAB)
+    del state["d2t"], state["t2d"]
+    state["lm_head.weight"] = _random(gen, (VOCAB + 5, HIDDEN)).to(state["lm_head.weight"].dtype)
+    path = write_eagle3(tmp_path / "e3", state, eagle3_config(VOCAB + 5))
+    with pytest.raises(ValueError, match=rf"draft_vocab_size: expected 1 .. the target's {VOCAB}"
+                                         rf" tokens, got {VOCAB + 5}"):
+        load_draft_head(path, target)
+
+
+@pytest.mark.parametrize("d2t", [torch.zeros(4, DRAFT_VOCAB // 4, dtype=torch.int64),
+                                 torch.zeros(DRAFT_VOCAB, dtype=torch.float32)],
+                         ids=["2-D", "float"])
+def test_d2t_of_the_wrong_kind_raises_naming_it(d2t, gen, tmp_path):
+    """A 2-D d2t failed with a broadcasting RuntimeError; a float one was truncated silently."""
+    target = tiny_target(gen)
+    state = eagle3_state(gen)
+    state["d2t"] = d2t
+    path = write_eagle3(tmp_path / "e3", state, eagle3_config())
+    with pytest.raises(ValueError, match=r"d2t: expected a 1-D integer tensor"):
+        load_draft_head(path, target)
+
+
+def test_eagle3_feature_layers_from_the_config_are_used_and_kept(gen, tmp_path):
+    """SpecForge / SGLang / vLLM heads name the layers whose outputs they fuse
+    (eagle_config.eagle_aux_hidden_state_layer_ids): their next layers' inputs are captured,
+    a saved head keeps them, and ids the target cannot give are refused by name. (They were
+    ignored: such a head drafted from the wrong layers, silently accepting almost nothing.)"""
+    target = tiny_target(gen)  # 7 layers: the default is (2, 3, 4)
+    path = write_eagle3(tmp_path / "e3", eagle3_state(gen), eagle3_config(
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [4, 0, 5]}))
+    head = load_draft_head(path, target)
+    assert head.feature_layers == (1, 5, 6) != target.eagle3_feature_layers()
+    save_draft_head(head, tmp_path / "saved")
+    assert load_draft_head(tmp_path / "saved", target).feature_layers == (1, 5, 6)
+    save_draft_head(load_draft_head(write_eagle3(tmp_path / "plain", eagle3_state(gen),
+                                                 eagle3_config()), target), tmp_path / "p2")
+    assert "eagle_config" not in json.loads((tmp_path / "p2" / "config.json").read_text())
+    for ids in ([1, 3, 6], [1, 1, 3], [1, 3], [1.0, 2, 3], "1,2,3", [-1, 2, 3]):
+        path = write_eagle3(tmp_path / f"bad{len(str(ids))}", eagle3_state(gen), eagle3_config(
+            eagle_config={"eagle_aux_hidden_state_layer_ids": ids}))
+        with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids: expected 3 "
+                                             r"distinct layer ids in \[0, 5\]"):
+            load_draft_head(path, target)
+
+
+def test_config_without_vocab_or_hidden_size_raises_naming_the_key(gen, tmp_path):
+    """LlamaConfig's defaults (vocab 32000, hidden 4096) were reported as the file's values."""
+    target = tiny_target(gen)
+    for key in ("vocab_size", "hidden_size"):
+        config = {k: v for k, v in eagle3_config().items() if k != key}
+        path = write_eagle3(tmp_path / key, eagle3_state(gen), config)
+        with pytest.raises(ValueError, match=rf"config\.json: expected a {key}"):
+            load_draft_head(path, target)
+
+
 @pytest.mark.parametrize("change,match", [({"rms_norm_eps": -1.0}, "rms_norm_eps"),
                                           ({"rms_norm_eps": "tiny"}, ".*rms_norm_eps"),
                                           ({"hidden_act": "no_such_act"}, "hidden_act")])
@@ -435,6 +494,13 @@ def test_unreadable_files_and_non_finite_weights_raise_naming_the_file(gen, tmp_
     path = write_eagle3(tmp_path / "bytes", eagle3_state(gen), eagle3_config())
     (path / "model.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(ValueError, match=r"model\.safetensors: not a readable safetensors"):
+        load_draft_head(path, target)
+    path = write_eagle1(tmp_path / "bin", eagle1_state(gen))
+    (path / "pytorch_model.bin").write_bytes(b"\x80\x04not a pickle" * 8)
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin: not a readable weights file"):
+        load_draft_head(path, target)
+    torch.save([torch.zeros(2)], path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin: expected a dict of named tensors"):
         load_draft_head(path, target)
 
 

@@ -114,5 +114,37 @@ def test_the_tree_is_measured_here_unless_one_is_given(tokenizer):
     assert engine.tree_policy is None and engine.tree == TREE
     generator.set_tree("default")
     assert engine.tree_policy is generator.budget is not None
+    policy, budget, tree = engine.tree_policy, generator.budget, engine.tree
     with pytest.raises(ValueError, match="tree"):
         generator.set_tree("big")
+    # a refused tree changes nothing (it used to drop the measured budget first)
+    assert (engine.tree_policy, generator.budget, engine.tree) == (policy, budget, tree)
+
+
+def test_bad_arguments_raise_naming_them_before_anything_loads(tokenizer, monkeypatch):
+    """draft / tree are checked before the target is wrapped or loaded; speculative / chat are
+    bools ("no" read as True); cuda:N beyond the GPUs seen is refused by name."""
+    model = tiny_hf_model(tokenizer, "llama", layers=2, seed=5)
+    with pytest.raises(TypeError, match="draft: expected an EAGLE head directory"):
+        eagle_kernels.from_hf(model, tokenizer, draft=5)
+    with pytest.raises(ValueError, match="draft: expected an EAGLE head directory"):
+        eagle_kernels.from_hf(model, tokenizer, draft="/nonexistent/head")
+    with pytest.raises(ValueError, match="tree: expected a TreeConfig"):
+        eagle_kernels.from_hf(model, tokenizer, draft="none", tree="big")
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were checked")
+
+    monkeypatch.setattr("eagle_kernels.runtime.api.load_target_and_tokenizer", no_load)
+    with pytest.raises(ValueError, match="tree: expected a TreeConfig"):
+        eagle_kernels.from_pretrained(draft="none", tree=7)
+    monkeypatch.undo()
+    generator = eagle_kernels.from_hf(model, tokenizer, draft="none", tree=TREE)
+    with pytest.raises(TypeError, match="speculative: expected a bool, got str"):
+        generator.generate("hi", 2, speculative="no")
+    with pytest.raises(TypeError, match="chat: expected a bool, got str"):
+        generator.generate("hi", 2, chat="no", speculative=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"device: expected cuda:0 \.\. cuda:1 .*got 'cuda:2'"):
+        eagle_kernels.from_hf(model, tokenizer, draft="none", device="cuda:2")

@@ -190,6 +190,10 @@ def check_device(name: str, device) -> torch.device:
         raise ValueError(f"{name}: expected cpu, cuda or cuda:N, got {device!r}")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}: {device} requested, but this PyTorch sees no CUDA device")
+    if parsed.type == "cuda" and parsed.index is not None and \
+            parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}: expected cuda:0 .. cuda:{torch.cuda.device_count() - 1} (the "
+                         f"GPUs this PyTorch sees), got {device!r}")
     return parsed
 
 
@@ -237,15 +241,19 @@ def check_parents(name: str, parents: torch.Tensor) -> None:
                          f" got parents[{b}, {i}] = {int(parents[b, i])}")
 
 
-def check_logits(name: str, logits: torch.Tensor) -> None:
-    """Value check: no NaN or +inf, and every row has at least one finite entry."""
+def check_logits(name: str, logits: torch.Tensor) -> torch.Tensor | None:
+    """Rows of at least one entry; value check: no NaN or +inf, and every row has at least one
+    finite entry. Returns the rows' maxima where the value check ran (else None)."""
+    if logits.shape[-1] == 0 and logits[..., :1].numel() == 0 and logits.shape[:-1].numel():
+        raise ValueError(f"{name}: expected a vocabulary of at least one entry (last dimension), "
+                         f"got shape {tuple(logits.shape)}")
     if not value_checks_enabled() or logits.numel() == 0:
-        return
+        return None
     # One pass with row-sized temporaries only (no [T, V] masks: the training loss checks 2048 x
     # 128k logits): a row's max is NaN or +inf if the row holds one, -inf only for all -inf.
     row_max = logits.amax(-1)
     if bool(torch.isfinite(row_max).all()):
-        return
+        return row_max
     if bool((torch.isnan(row_max) | torch.isposinf(row_max)).any()):
         raise ValueError(f"{name}: expected finite values (or -inf for impossible tokens), "
                          "got NaN or +inf")

@@ -82,6 +82,25 @@ def load_target_and_tokenizer(target, dtype, device):
     return load_target(path, dtype=dtype, device=device), tokenizer, is_default
 
 
+SPECIAL_DRAFTS = ("none", "random-eagle3", "random-eagle1")
+TREE_NAMES = ("auto", "default")
+
+
+def check_draft_and_tree(draft, tree) -> None:
+    """``draft`` and ``tree`` as from_pretrained / from_hf take them, checked before any model
+    loads (a bad one would otherwise fail only after the target's seconds of loading)."""
+    if draft is not None and not isinstance(draft, (str, os.PathLike)):
+        raise TypeError(f"draft: expected an EAGLE head directory, one of "
+                        f"{', '.join(SPECIAL_DRAFTS)} or None, got {type(draft).__name__}")
+    if draft is not None and draft not in SPECIAL_DRAFTS and \
+            not (Path(draft) / "config.json").is_file():
+        raise ValueError(f"draft: expected an EAGLE head directory with config.json or one of "
+                         f"{', '.join(SPECIAL_DRAFTS)}, got {str(draft)!r}")
+    if not (tree is None or isinstance(tree, TreeConfig) or
+            (isinstance(tree, str) and tree in TREE_NAMES)):
+        raise ValueError(f"tree: expected a TreeConfig, 'auto', 'default' or None, got {tree!r}")
+
+
 def _load_head(draft, model: TargetModel, default_target: bool) -> DraftHead | None:
     if draft == "none":
         return None
@@ -134,6 +153,7 @@ class EagleGenerator:
         if draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights: expected one of {', '.join(DRAFT_WEIGHTS)}, "
                              f"got {draft_weights!r}")
+        check_draft_and_tree(draft, tree)
         # Ordinary tensors even when called under torch.inference_mode: inference tensors have
         # no version counter, so the cpu kernels could not keep their packed weights.
         with torch.inference_mode(False):
@@ -157,6 +177,7 @@ class EagleGenerator:
         engine = self.engine
         if tree == "default":
             tree = "auto" if engine.target.device.type == "cpu" else None
+        check_draft_and_tree(None, tree)  # before anything changes: a bad tree keeps the old
         engine.tree_policy = None
         self.budget = None
         if tree == "auto" and engine.head is not None:
@@ -167,12 +188,11 @@ class EagleGenerator:
             engine.tree = tree
         elif tree is None:
             engine.tree = TreeConfig()
-        elif tree != "auto":
-            raise ValueError(f"tree: expected a TreeConfig, 'auto', 'default' or None, got "
-                             f"{tree!r}")
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, as a user turn of the chat template when ``chat``."""
+        if not isinstance(chat, bool):  # "no" would read as True
+            raise TypeError(f"chat: expected a bool, got {type(chat).__name__}")
         if chat and getattr(self.tokenizer, "chat_template", None):
             encoded = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True,

@@ -109,6 +109,24 @@ class Eagle3MidLayer(nn.Module):
         return h + self.mlp(normed)
 
 
+def eagle3_feature_layers(config, target: TargetModel) -> tuple[int, ...]:
+    """The target layers whose inputs an EAGLE-3 head fuses: those after the layers its config
+    names in ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge / SGLang / vLLM heads
+    name the layers whose outputs they take: SGLang captures the input of id + 1), else the
+    official code's 2, N // 2 and N - 3."""
+    eagle = getattr(config, "eagle_config", None)
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    if ids is None:
+        return target.eagle3_feature_layers()
+    last = target.num_layers - 2  # the last layer's output is the final norm's input: no feature
+    if not (isinstance(ids, list) and len(set(map(str, ids))) == len(ids) == 3 and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= last for i in ids)):
+        raise ValueError(f"draft config.json: eagle_config.eagle_aux_hidden_state_layer_ids: "
+                         f"expected 3 distinct layer ids in [0, {last}] (the target has "
+                         f"{target.num_layers} layers), got {ids!r}")
+    return tuple(sorted(i + 1 for i in ids))
+
+
 class Eagle3Head(DraftHead):
     """EAGLE-3 head: ``fc`` over three target layers' inputs, ``midlayer``, own vocabulary."""
 
@@ -124,7 +142,7 @@ class Eagle3Head(DraftHead):
         self.lm_head = Linear(config.hidden_size, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
-        self.feature_layers = target.eagle3_feature_layers()
+        self.feature_layers = eagle3_feature_layers(config, target)
 
     def project(self, target_hidden, target_features: torch.Tensor) -> torch.Tensor:
         return self.fc(target_features)
@@ -178,7 +196,17 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"draft checkpoint {path / 'model.safetensors'}: not a readable "
                              f"safetensors file ({error})") from None
     if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except Exception as error:  # pickle, zip and torch's weights-only errors alike
+            message = " ".join(str(error).split())[:300]
+            raise ValueError(f"draft checkpoint {path / 'pytorch_model.bin'}: not a readable "
+                             f"weights file ({type(error).__name__}: {message})") from None
+        if not isinstance(state, dict) or not all(
+                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+            raise ValueError(f"draft checkpoint {path / 'pytorch_model.bin'}: expected a dict of "
+                             f"named tensors, got {type(state).__name__}")
+        return state
     raise ValueError(f"draft: expected model.safetensors or pytorch_model.bin in {path}")
 
 
@@ -220,16 +248,25 @@ def _check_weights(path: Path, state: dict, target_vocab: int) -> None:
             raise ValueError(f"draft checkpoint {path}: {name} holds NaN or inf values")
     d2t = state.get("d2t")
     if d2t is not None:
-        ids = torch.arange(d2t.shape[0]) + d2t.to(torch.int64).flatten()
+        if d2t.dim() != 1 or d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
+            raise ValueError(f"draft checkpoint {path}: d2t: expected a 1-D integer tensor "
+                             f"(draft id -> target id offsets), got {d2t.dtype} of shape "
+                             f"{tuple(d2t.shape)}")
+        ids = torch.arange(d2t.shape[0]) + d2t.to(torch.int64)
         bad = (ids < 0) | (ids >= target_vocab)
         if bool(bad.any()):
             i = int(torch.nonzero(bad)[0])
             raise ValueError(f"draft checkpoint {path}: d2t: draft id {i} + offset "
-                             f"{int(d2t.flatten()[i])} = {int(ids[i])} is outside the target's "
+                             f"{int(d2t[i])} = {int(ids[i])} is outside the target's "
                              f"vocabulary [0, {target_vocab})")
 
 
-def _check_against_target(kind: str, config, state: dict, target: TargetModel) -> None:
+def _check_against_target(kind: str, raw: dict, config, state: dict,
+                          target: TargetModel) -> None:
+    for key in ("vocab_size", "hidden_size"):  # else LlamaConfig's defaults would be checked
+        if key not in raw:
+            raise ValueError(f"draft config.json: expected a {key} (the target's "
+                             f"{getattr(target, key)}), got none")
     if config.vocab_size != target.vocab_size:
         raise ValueError(f"draft config.vocab_size: expected the target's {target.vocab_size}, "
                          f"got {config.vocab_size}")
@@ -273,12 +310,16 @@ def load_draft_head(path: str | os.PathLike, target: TargetModel) -> DraftHead:
         message = " ".join(str(error).split())
         raise ValueError(f"draft {path / 'config.json'}: {message}") from None
     _check_head_config(path, config)
-    _check_against_target(kind, config, state, target)
+    _check_against_target(kind, raw, config, state, target)
     _check_weights(path, state, target.vocab_size)
     state.pop("embed_tokens.weight", None)
     if kind == EAGLE3:
+        draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
+        if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int) or \
+                not 1 <= draft_vocab <= config.vocab_size:
+            raise ValueError(f"draft config.draft_vocab_size: expected 1 .. the target's "
+                             f"{config.vocab_size} tokens, got {draft_vocab}")
         head = Eagle3Head(config, target)
-        draft_vocab = head.d2t.shape[0]
         missing = [key for key in ("d2t", "t2d") if key not in state]
         if missing and draft_vocab < config.vocab_size:
             # Zero offsets would silently read draft id i as target id i: wrong tokens drafted.
@@ -347,6 +388,10 @@ def save_draft_head(head: DraftHead, path: str | os.PathLike,
     path.mkdir(parents=True, exist_ok=True)
     draft_vocab = head.lm_head.out_features if isinstance(head, Eagle3Head) else None
     config = head_config_dict(head.kind, head._target[0], draft_vocab)
+    if head.kind == EAGLE3 and head.feature_layers != head._target[0].eagle3_feature_layers():
+        # a head loaded with its own feature layers keeps them (ids of the layers before)
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids":
+                                  [i - 1 for i in head.feature_layers]}
     if dtype is not None:
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
     with open(path / "config.json", "w") as handle:

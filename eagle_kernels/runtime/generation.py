@@ -200,6 +200,8 @@ class Engine:
         vocab = self.target.vocab_size
         if any(t < 0 or t >= vocab for p in prompts for t in p):
             raise ValueError(f"prompts: token ids must lie in [0, {vocab})")
+        if not isinstance(speculative, bool):  # "no" would read as True
+            raise TypeError(f"speculative: expected a bool, got {type(speculative).__name__}")
         if speculative and self.head is None:
             raise ValueError("speculative: no draft head loaded; pass speculative=False")
         max_length = max_length or self.target.config.max_position_embeddings

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..ops._validate import check_device
-from .api import EagleGenerator, _load_head
+from .api import EagleGenerator, _load_head, check_draft_and_tree
 from .drafting import TreeConfig
 from .generation import Engine
 from .layers import RotaryEmbedding
@@ -89,6 +89,7 @@ def from_hf(model, tokenizer, draft: str | None = None,
     dtype, device : optional checks only: sharing the weights means running in the model's
         own dtype and device, so a different value raises (move the HF model first).
     """
+    check_draft_and_tree(draft, tree)
     if not callable(tokenizer):
         raise TypeError(f"tokenizer: expected the model's tokenizer (callable), got "
                         f"{type(tokenizer).__name__}")
