@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eagle_kernels import ops
+from eagle_kernels.ops._validate import no_value_checks
 from eagle_kernels.ops import reference
 
 from bigram_harness import (bigram_tables, exact_ok, exact_reports, exact_tables,
@@ -362,6 +363,37 @@ def test_bad_inputs(gen):
     with pytest.raises(ValueError, match="draft_probs: expected non-negative"):
         ops.stochastic_accept_chain(chain_tokens, -torch.rand(1, 2, 128),
                                     logits[:, :3].contiguous(), torch.rand(1, 3), bonus)
+
+
+def test_bad_sampling_scalars_and_empty_vocabularies_raise_with_checks_off_too(gen):
+    """Scalar parameters and shapes cost no host sync: checked with value checks off too (CUDA
+    graph capture turns them off); a temperature that scales a logit past float32 (a NaN
+    distribution on every backend) is refused where value checks run."""
+    _, _, paths = ops.build_tree(GOLDEN_PARENTS, max_depth=3)
+    logits = torch.randn(1, 7, 128, generator=gen)
+    args = (GOLDEN_TOKENS, GOLDEN_PARENTS, logits, torch.rand(1, 7, generator=gen),
+            torch.rand(1, generator=gen))
+    with no_value_checks():
+        for bad, message in (({"temperature": 0.0}, "temperature: expected a finite value > 0"),
+                             ({"temperature": float("nan")}, "temperature: expected a finite"),
+                             ({"top_p": 0.0}, "top_p: expected values in"),
+                             ({"top_k": -3}, "top_k: expected >= 0")):
+            with pytest.raises(ValueError, match=message):
+                ops.stochastic_accept_tree(*args, **bad)
+            with pytest.raises(ValueError, match=message):
+                ops.target_probs(logits[0], **bad)
+        with pytest.raises(ValueError, match="logits: expected a vocabulary of at least one"):
+            ops.target_probs(torch.empty(2, 0))
+        with pytest.raises(ValueError, match="target_logits: expected a vocabulary of at least"):
+            ops.greedy_accept_chain(torch.zeros(1, 3, dtype=torch.int64), torch.empty(1, 3, 0))
+        # values of tensor parameters are not read with checks off (no host sync)
+        ops.stochastic_accept_tree(*args, temperature=torch.zeros(1))
+    assert ops.target_probs(torch.empty(0, 0)).shape == (0, 0)  # no rows: nothing to sample
+    with pytest.raises(ValueError, match="temperature: expected one at which logits / temperat"):
+        ops.stochastic_accept_tree(*args, temperature=1e-39)
+    with pytest.raises(ValueError, match="temperature: expected one at which logits / temperat"):
+        ops.target_probs(logits[0] * 1e30, temperature=torch.full((7,), 1e-10))
+    assert torch.isfinite(ops.target_probs(logits[0], temperature=1e-30)).all()  # |logits| < 10
 
 
 def test_top_p_one_disables_top_p_exactly():

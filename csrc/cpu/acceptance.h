@@ -32,41 +32,40 @@ static int64_t row_argmax(const float* row, int64_t n) {
   return 0;  // unreachable: some entry is the maximum
 }
 
-/// Node index `node` clamped into [0, nodes) (the reference's clamp(min=0) of padding; the
-/// upper clamp only matters for invalid paths, which the op rejects with checks on).
-static inline int64_t clamp_node(int64_t node, int64_t nodes) {
-  return node < 0 ? 0 : node >= nodes ? nodes - 1 : node;
-}
+/// Whether `node` indexes one of the N tree nodes. As in the CUDA / Triton kernels
+/// (acceptance.cuh is_node): an entry outside [0, N) ends a path and a row that does not start
+/// at a node is padding, so paths the op refuses with checks on (and runs with checks off) read
+/// nothing outside the tree, and every backend answers them alike.
+static inline bool is_tree_node(int64_t node, int64_t nodes) { return node >= 0 && node < nodes; }
 
-/// One tree: accepted length of every path row (-1 for a row that is not a path), the first
-/// longest, and its outputs.
+/// One tree: accepted length of every path row, the first longest, and its outputs; no row
+/// that starts at a node: the root alone (0 accepted, its bonus token).
 static void greedy_accept_one(const GreedyAcceptArgs& a, int64_t b) {
   const int64_t n = a.nodes, width = a.width;
   const int64_t* tokens = a.tokens + b * n;
   const int64_t* ids = a.target_ids + b * n;
   const int32_t* paths = a.paths + b * a.num_paths * width;
-  int64_t best_row = 0, best_len = -2;
+  static const int32_t kRootOnly[1] = {0};
+  const int32_t* best = kRootOnly;
+  int64_t best_len = -1;
   for (int64_t r = 0; r < a.num_paths; ++r) {
     const int32_t* path = paths + r * width;
-    int64_t len = -1;
-    if (path[0] >= 0) {
-      len = 0;
-      while (len + 1 < width && path[len + 1] >= 0 &&
-             tokens[clamp_node(path[len + 1], n)] == ids[clamp_node(path[len], n)])
-        ++len;
-    }
-    if (len > best_len) best_len = len, best_row = r;
+    if (!is_tree_node(path[0], n)) continue;
+    int64_t len = 0;
+    while (len + 1 < width && is_tree_node(path[len + 1], n) &&
+           tokens[path[len + 1]] == ids[path[len]])
+      ++len;
+    if (len > best_len) best_len = len, best = path;
   }
-  const int32_t* path = paths + best_row * width;
+  const int64_t accepted = best_len < 0 ? 0 : best_len;
   int64_t* out = a.output_tokens + b * width;
   int32_t* nodes = a.accepted_nodes + b * width;
-  const int64_t accepted = best_len < 0 ? 0 : best_len;  // valid input always has >= 0
   for (int64_t j = 0; j < width; ++j) {
-    nodes[j] = j <= best_len ? path[j] : -1;
-    out[j] = j < accepted ? tokens[clamp_node(path[j + 1], n)] : -1;
+    nodes[j] = j <= accepted ? best[j] : -1;
+    out[j] = j < accepted ? tokens[best[j + 1]] : -1;
   }
-  out[accepted] = ids[clamp_node(path[accepted], n)];
-  a.num_accepted[b] = static_cast<int32_t>(best_len);
+  out[accepted] = ids[best[accepted]];
+  a.num_accepted[b] = static_cast<int32_t>(accepted);
 }
 
 static void greedy_accept(const GreedyAcceptArgs& a) {

@@ -38,7 +38,9 @@ from .reference import AcceptResult
 from .tree import check_max_depth
 
 
-def _check_tree_logits(tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int, int]:
+def _check_tree_logits(tokens: torch.Tensor,
+                       target_logits: torch.Tensor) -> tuple[int, int, int, torch.Tensor | None]:
+    """(B, N, V, the logits' row maxima where value checks ran)."""
     check_tensor("tokens", tokens, (torch.int64,), (None, None))
     batch, num_nodes = tokens.shape
     check_int("tokens.shape[1] (tree size N)", num_nodes, 1)
@@ -46,8 +48,7 @@ def _check_tree_logits(tokens: torch.Tensor, target_logits: torch.Tensor) -> tup
     vocab = target_logits.shape[2]
     check_same_device(tokens=tokens, target_logits=target_logits)
     check_range("tokens", tokens, 0, vocab, " (token ids within the target vocabulary)")
-    check_logits("target_logits", target_logits)
-    return batch, num_nodes, vocab
+    return batch, num_nodes, vocab, check_logits("target_logits", target_logits)
 
 
 def _check_uniforms(batch: int, num_nodes: int, device, accept_uniforms, bonus_uniforms) -> None:
@@ -65,7 +66,7 @@ def greedy_accept_tree(tokens, paths, target_logits, backend: str = "auto") -> A
     tokens : [B, N] int64;  paths : [B, P, D + 1] int32 (-1 padded);
     target_logits : [B, N, V] float16 / bfloat16 / float32.  All contiguous, one device.
     """
-    batch, num_nodes, _ = _check_tree_logits(tokens, target_logits)
+    batch, num_nodes, _, _ = _check_tree_logits(tokens, target_logits)
     check_tensor("paths", paths, (torch.int32,), (batch, None, None), tokens.device)
     check_int("paths.shape[1] (path count)", paths.shape[1], 1)
     check_int("paths.shape[2] (max_depth + 1)", paths.shape[2], 1)
@@ -89,12 +90,12 @@ def stochastic_accept_tree(tokens, parents, target_logits, accept_uniforms, bonu
                            backend: str = "auto") -> AcceptResult:
     """Lossless rejection sampling over top-k draft trees (see
     :func:`reference.stochastic_accept_tree` for shapes and the exact procedure)."""
-    batch, num_nodes, _ = _check_tree_logits(tokens, target_logits)
+    batch, num_nodes, _, row_max = _check_tree_logits(tokens, target_logits)
     check_tensor("parents", parents, (torch.int32,), (batch, num_nodes), tokens.device)
     check_parents("parents", parents)
     max_depth = check_max_depth(parents, max_depth)
     _check_uniforms(batch, num_nodes, tokens.device, accept_uniforms, bonus_uniforms)
-    check_sampling(batch, tokens.device, temperature, top_k, top_p)
+    check_sampling(batch, tokens.device, temperature, top_k, top_p, row_max)
     _, implementation = resolve("stochastic_accept_tree", backend, tokens.device,
                                 num_nodes=num_nodes)
     return implementation(tokens, parents, target_logits, accept_uniforms, bonus_uniforms,
@@ -106,13 +107,13 @@ def stochastic_accept_chain(tokens, draft_probs, target_logits, accept_uniforms,
                             backend: str = "auto") -> AcceptResult:
     """Speculative sampling of chains with draft probabilities q (see
     :func:`reference.stochastic_accept_chain` for shapes and the exact procedure)."""
-    batch, num_nodes, vocab = _check_tree_logits(tokens, target_logits)
+    batch, num_nodes, vocab, row_max = _check_tree_logits(tokens, target_logits)
     check_tensor("draft_probs", draft_probs, (torch.float32,), (batch, num_nodes - 1, vocab),
                  tokens.device)
     if value_checks_enabled() and bool(((draft_probs < 0) | draft_probs.isnan()).any()):
         raise ValueError("draft_probs: expected non-negative probabilities, got negative or NaN")
     _check_uniforms(batch, num_nodes, tokens.device, accept_uniforms, bonus_uniforms)
-    check_sampling(batch, tokens.device, temperature, top_k, top_p)
+    check_sampling(batch, tokens.device, temperature, top_k, top_p, row_max)
     _, implementation = resolve("stochastic_accept_chain", backend, tokens.device,
                                 num_nodes=num_nodes)
     return implementation(tokens, draft_probs, target_logits, accept_uniforms, bonus_uniforms,

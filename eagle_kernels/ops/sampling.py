@@ -42,8 +42,12 @@ from ._triton import tl, triton
 from ._validate import FLOAT_DTYPES, check_logits, check_tensor, value_checks_enabled
 
 
-def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p) -> None:
-    """Sampling parameters: Python scalars or [B] tensors on the inputs' device."""
+def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p,
+                   row_max: torch.Tensor | None = None) -> None:
+    """Sampling parameters: Python scalars (checked always: no host sync) or [B] tensors on the
+    inputs' device (their values checked where value checks are on). ``row_max``: the logits'
+    row maxima from :func:`check_logits` (rows grouped by sequence), to refuse a temperature
+    that scales them past float32 (the distribution would be NaN)."""
     specs = (("temperature", temperature, (torch.float32,)),
              ("top_k", top_k, (torch.int32, torch.int64)),
              ("top_p", top_p, (torch.float32,)))
@@ -54,24 +58,34 @@ def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p) 
                 value, int if name == "top_k" else (int, float)):
             kind = "an int" if name == "top_k" else "a number"
             raise TypeError(f"{name}: expected {kind} or a [B] tensor, got {type(value).__name__}")
-    if not value_checks_enabled():
-        return
+
+    def values(value, neutral):  # a tensor's values are read only where value checks are on
+        if isinstance(value, torch.Tensor) and not value_checks_enabled():
+            return torch.as_tensor(neutral)
+        return torch.as_tensor(value)
+
+    temperature, top_k, top_p = values(temperature, 1.0), values(top_k, 0), values(top_p, 1.0)
     # Written as "not (inside)" so that NaN, which fails every comparison, is refused too.
-    temperature, top_p = torch.as_tensor(temperature), torch.as_tensor(top_p)
     if bool((~((temperature > 0) & (temperature < math.inf))).any()):
         raise ValueError("temperature: expected a finite value > 0 (use the greedy ops for "
                          "temperature 0)")
-    if bool(torch.as_tensor(top_k < 0).any()):
+    if bool((top_k < 0).any()):
         raise ValueError("top_k: expected >= 0 (0 disables top-k)")
     if bool((~((top_p > 0) & (top_p <= 1))).any()):
         raise ValueError("top_p: expected values in (0, 1] (1 disables top-p)")
+    if row_max is not None and row_max.numel():
+        scaled = row_max.float().reshape(batch, -1) / temperature.reshape(-1, 1)
+        if not bool(torch.isfinite(scaled).all()):
+            raise ValueError("temperature: expected one at which logits / temperature stays "
+                             "within float32, got one that scales a row's largest logit "
+                             f"({float(row_max.abs().max()):.3g}) to +-inf")
 
 
 def target_probs(logits, temperature=1.0, top_k=0, top_p=1.0, backend: str = "auto"):
     """The target sampling distribution [R, V] float32 (see :func:`reference.target_probs`)."""
     check_tensor("logits", logits, FLOAT_DTYPES, (None, None))
-    check_logits("logits", logits)
-    check_sampling(logits.shape[0], logits.device, temperature, top_k, top_p)
+    row_max = check_logits("logits", logits)
+    check_sampling(logits.shape[0], logits.device, temperature, top_k, top_p, row_max)
     _, implementation = resolve("target_probs", backend, logits.device)
     return implementation(logits, temperature, top_k, top_p)
 
