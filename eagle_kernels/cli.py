@@ -205,6 +205,11 @@ def _check(args) -> None:
     except ValueError as error:
         missing = args.draft is not None and not Path(args.draft).exists()
         raise UserError(f"--{error}" + (" (no such directory)" if missing else "")) from None
+    if args.draft == "none":  # options that only shape drafting: refused, not ignored
+        for name, value, default in (("--tree", args.tree, "auto"),
+                                     ("--draft-weights", args.draft_weights, "auto")):
+            if value != default:
+                raise UserError(f"{name}: shapes drafting, and --draft none drafts nothing")
     _check_device(args.device)
     if args.activations != "fp32" and torch.device(args.device).type != "cpu":
         raise UserError(f"--activations {args.activations}: a CPU kernels' option, got --device "

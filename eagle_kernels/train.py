@@ -89,6 +89,17 @@ class TrainConfig:
         check_positive("lr", self.lr)
         check_positive("target_temperature", self.target_temperature)
         check_eps("max_minutes", self.max_minutes)  # a finite number >= 0 (0: no limit)
+        # combinations refused before any data or model loads (nothing silently ignored)
+        if self.kind not in (EAGLE1, EAGLE3):
+            raise ValueError(f"kind: expected {EAGLE1!r} or {EAGLE3!r}, got {self.kind!r}")
+        if self.code_prompts and not self.regenerate:
+            raise ValueError("code_prompts: the code prompts have no replies; they need "
+                             "regenerate (the target answers them)")
+        if self.init_from is not None and self.kind != EAGLE3:
+            raise ValueError(f"init_from: warm starts take an EAGLE-3 head; kind is {self.kind}")
+        if self.conversations == 0 and self.code_prompts == 0:
+            raise ValueError("conversations: expected training data; conversations and "
+                             "code_prompts are both 0")
 
 
 # ------------------------------------------------------------------------------- data
@@ -105,9 +116,6 @@ def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=
 
     from .data import iter_sharegpt, render_conversation, sharegpt_messages
 
-    if config.code_prompts and not config.regenerate:
-        raise ValueError("code_prompts: the code prompts have no replies; they need regenerate "
-                         "(the target answers them)")
     conversations, skipped = [], 0
     for record in iter_sharegpt(split="train") if config.conversations else ():
         messages = sharegpt_messages(record)
@@ -405,8 +413,6 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
     """Train (or resume) a head; returns a summary. Writes everything under ``config.out``."""
     from tqdm import tqdm
 
-    if config.kind not in (EAGLE1, EAGLE3):
-        raise ValueError(f"kind: expected {EAGLE3!r} or {EAGLE1!r}, got {config.kind!r}")
     if config.threads:
         torch.set_num_threads(config.threads)
     out = Path(config.out)

@@ -59,6 +59,8 @@ def run_cli(argv, capsys) -> str:
     (["--tree", "4,2000,8"], r"argument --tree: depth: expected an int in \[0, 1024\]"),
     (["--device", "meta"], r"--device: expected cpu, cuda or cuda:N, got 'meta'"),
     (["--activations", "int4"], r"argument --activations: invalid choice"),
+    (["--draft", "none", "--tree", "2,1,3"], r"--tree: shapes drafting, and --draft none"),
+    (["--draft", "none", "--draft-weights", "q8_0"], r"--draft-weights: shapes drafting"),
 ])
 def test_generate_user_errors_are_one_line_and_status_2(argv, expected, capsys, no_model):
     err = run_cli(["generate", *argv], capsys)

@@ -144,6 +144,10 @@ def test_bad_arguments_raise_naming_them_before_anything_loads(tokenizer, monkey
         generator.generate("hi", 2, speculative="no")
     with pytest.raises(TypeError, match="chat: expected a bool, got str"):
         generator.generate("hi", 2, chat="no", speculative=False)
+    generator.tokenizer = byte_tokenizer()
+    generator.tokenizer.chat_template = None
+    with pytest.warns(UserWarning, match="chat: the tokenizer has no chat template"):
+        generator.generate("hi", 2, speculative=False)  # chat=True, the default
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"device: expected cuda:0 \.\. cuda:1 .*got 'cuda:2'"):

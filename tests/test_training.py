@@ -280,6 +280,17 @@ def test_train_rejects_an_unknown_head_kind(tokenizer, tmp_path, target):
         train(train_config(tmp_path, kind="medusa"), target, tokenizer, progress=False)
 
 
+def test_train_config_refuses_what_it_would_ignore_or_fail_on_late(tmp_path):
+    """Combinations that were ignored (a warm start of an EAGLE-1 run) or failed only after the
+    target loaded (code prompts without regenerate, no data) are refused at once, by name."""
+    for overrides, message in (({"kind": "eagle1", "init_from": str(tmp_path)},
+                                "init_from: warm starts take an EAGLE-3 head"),
+                               ({"code_prompts": 2}, "code_prompts: .*need regenerate"),
+                               ({"conversations": 0}, "conversations: expected training data")):
+        with pytest.raises(ValueError, match=message):
+            train_config(tmp_path, **overrides)
+
+
 @pytest.mark.skipif(not (DEFAULT_HEAD / "config.json").is_file(), reason="no bundled head")
 def test_bundled_head_is_small_official_and_loads(tokenizer):
     from safetensors import safe_open
@@ -335,9 +346,10 @@ def test_code_prompts_join_the_chats_answered_by_the_target(tokenizer):
                           max_length=400, regenerate_max_new=4, regenerate_batch=2)
     examples, counts = build_dataset(tokenizer, config, progress=False, target=target)
     assert len(examples) == 2 and int(counts.sum()) > 0
-    fresh = train_config("unused", code_prompts=2, skip_code_prompts=1)  # a warm start's next
-    assert selected_code_prompts(fresh) == code_prompts(3)[1:]
-    assert dataset_key(fresh) != dataset_key(train_config("unused", code_prompts=2))
+    fresh = train_config("unused", code_prompts=2, skip_code_prompts=1, regenerate=True)
+    assert selected_code_prompts(fresh) == code_prompts(3)[1:]  # a warm start's next prompts
+    assert dataset_key(fresh) != dataset_key(train_config("unused", code_prompts=2,
+                                                          regenerate=True))
     for (ids, mask), prompt in zip(examples, code_prompts(2)):
         text = tokenizer.decode(ids[~mask])
         assert prompt.strip().splitlines()[0] in text  # the stub is the user turn

@@ -198,6 +198,9 @@ class EagleGenerator:
                 [{"role": "user", "content": prompt}], add_generation_prompt=True,
                 return_dict=True)
             return list(encoded["input_ids"])
+        if chat:  # said once per call site (warnings' default filter), not per prompt
+            warnings.warn("chat: the tokenizer has no chat template, so the prompt is encoded as "
+                          "raw text (chat=False says so and silences this)", stacklevel=3)
         return self.tokenizer(prompt)["input_ids"]
 
     def eos_token_ids(self) -> list[int]:
