@@ -396,6 +396,17 @@ def test_bad_sampling_scalars_and_empty_vocabularies_raise_with_checks_off_too(g
     assert torch.isfinite(ops.target_probs(logits[0], temperature=1e-30)).all()  # |logits| < 10
 
 
+def test_scaled_logit_check_keeps_a_scalar_temperature_on_the_host():
+    """On a GPU the rows' maxima are device tensors and a scalar temperature a host one: only a
+    0-dim host tensor may meet them (a [1, 1] one raised "Expected all tensors to be on the same
+    device" in every GPU call with checks on). The meta device has the GPU's rule."""
+    from eagle_kernels.ops.sampling import scaled_row_max
+
+    row_max = torch.zeros(2, 3, device="meta")
+    assert scaled_row_max(row_max, torch.as_tensor(0.7), 2).shape == (2, 3)
+    assert scaled_row_max(row_max, torch.ones(2, device="meta"), 2).shape == (2, 3)
+
+
 def test_top_p_one_disables_top_p_exactly():
     # Three fp32 probabilities of 1/3 round up and sum to 1 + 3e-8 > 1: a plain "mass above
     # < top_p" rule would drop the tail token although top_p = 1 means "keep everything".

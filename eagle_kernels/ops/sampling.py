@@ -74,11 +74,18 @@ def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p,
     if bool((~((top_p > 0) & (top_p <= 1))).any()):
         raise ValueError("top_p: expected values in (0, 1] (1 disables top-p)")
     if row_max is not None and row_max.numel():
-        scaled = row_max.float().reshape(batch, -1) / temperature.reshape(-1, 1)
-        if not bool(torch.isfinite(scaled).all()):
+        if not bool(torch.isfinite(scaled_row_max(row_max, temperature, batch)).all()):
             raise ValueError("temperature: expected one at which logits / temperature stays "
                              "within float32, got one that scales a row's largest logit "
                              f"({float(row_max.abs().max()):.3g}) to +-inf")
+
+
+def scaled_row_max(row_max: torch.Tensor, temperature: torch.Tensor, batch: int) -> torch.Tensor:
+    """The rows' maxima over their sequence's temperature, on row_max's device: a scalar's
+    temperature stays a 0-dim host tensor (the one kind torch lets meet a GPU tensor), a [B]
+    one is on the inputs' device already."""
+    scale = temperature.reshape(-1, 1) if temperature.dim() else temperature
+    return row_max.float().reshape(batch, -1) / scale
 
 
 def target_probs(logits, temperature=1.0, top_k=0, top_p=1.0, backend: str = "auto"):
