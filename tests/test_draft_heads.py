@@ -54,10 +54,10 @@ EAGLE3_CONFIG = {
 # ----------------------------------------------------------------------------- fixtures
 
 
-def tiny_target(gen: torch.Generator) -> TargetModel:
+def tiny_target(gen: torch.Generator, layers: int = 7) -> TargetModel:
     """A random 7-layer Llama target (EAGLE-3 reads layers 2, 3 and 4)."""
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
-                         num_hidden_layers=7, num_attention_heads=HEADS, num_key_value_heads=2,
+                         num_hidden_layers=layers, num_attention_heads=HEADS, num_key_value_heads=2,
                          max_position_embeddings=2048, bos_token_id=0, eos_token_id=1)
     model = TargetModel(config).eval()
     with torch.no_grad():
@@ -436,26 +436,50 @@ def test_d2t_of_the_wrong_kind_raises_naming_it(d2t, gen, tmp_path):
 
 
 def test_eagle3_feature_layers_from_the_config_are_used_and_kept(gen, tmp_path):
-    """SpecForge / SGLang / vLLM heads name the layers whose outputs they fuse
-    (eagle_config.eagle_aux_hidden_state_layer_ids): their next layers' inputs are captured,
-    a saved head keeps them, and ids the target cannot give are refused by name. (They were
-    ignored: such a head drafted from the wrong layers, silently accepting almost nothing.)"""
+    """Heads name the layers they fuse in two formats: vLLM's top-level
+    eagle_aux_hidden_state_layer_ids (the layers whose inputs it captures) and SpecForge /
+    SGLang's eagle_config one (the layers whose outputs it takes: the inputs of id + 1). Both
+    are used, a saved head keeps them, and ids the target cannot give are refused by name.
+    (They were ignored: such a head drafted from the wrong layers and accepted almost nothing.)"""
     target = tiny_target(gen)  # 7 layers: the default is (2, 3, 4)
-    path = write_eagle3(tmp_path / "e3", eagle3_state(gen), eagle3_config(
-        eagle_config={"eagle_aux_hidden_state_layer_ids": [4, 0, 5]}))
-    head = load_draft_head(path, target)
-    assert head.feature_layers == (1, 5, 6) != target.eagle3_feature_layers()
-    save_draft_head(head, tmp_path / "saved")
-    assert load_draft_head(tmp_path / "saved", target).feature_layers == (1, 5, 6)
-    save_draft_head(load_draft_head(write_eagle3(tmp_path / "plain", eagle3_state(gen),
-                                                 eagle3_config()), target), tmp_path / "p2")
-    assert "eagle_config" not in json.loads((tmp_path / "p2" / "config.json").read_text())
+
+    def head_with(tag, **config):
+        path = write_eagle3(tmp_path / tag, eagle3_state(gen), eagle3_config(**config))
+        return load_draft_head(path, target)
+
+    nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [4, 0, 5]}}
+    assert head_with("sglang", **nested).feature_layers == (1, 5, 6)
+    assert head_with("vllm", eagle_aux_hidden_state_layer_ids=[1, 5, 6]).feature_layers == \
+        (1, 5, 6)
+    assert head_with("both", eagle_aux_hidden_state_layer_ids=[6, 5, 1], **nested) \
+        .feature_layers == (1, 5, 6)
+    assert head_with("plain").feature_layers == target.eagle3_feature_layers() == (2, 3, 4)
+    save_draft_head(head_with("input0", eagle_aux_hidden_state_layer_ids=[0, 3, 6]),
+                    tmp_path / "saved")
+    assert load_draft_head(tmp_path / "saved", target).feature_layers == (0, 3, 6)
+    save_draft_head(head_with("plain2"), tmp_path / "saved_plain")
+    saved = json.loads((tmp_path / "saved_plain" / "config.json").read_text())
+    assert "eagle_aux_hidden_state_layer_ids" not in saved and "eagle_config" not in saved
+    with pytest.raises(ValueError, match=r"name different layers"):
+        head_with("clash", eagle_aux_hidden_state_layer_ids=[1, 5, 6], **{
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}})
     for ids in ([1, 3, 6], [1, 1, 3], [1, 3], [1.0, 2, 3], "1,2,3", [-1, 2, 3]):
-        path = write_eagle3(tmp_path / f"bad{len(str(ids))}", eagle3_state(gen), eagle3_config(
-            eagle_config={"eagle_aux_hidden_state_layer_ids": ids}))
-        with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids: expected 3 "
-                                             r"distinct layer ids in \[0, 5\]"):
-            load_draft_head(path, target)
+        with pytest.raises(ValueError, match=r"eagle_config\.eagle_aux_hidden_state_layer_ids: "
+                                             r"expected 3 distinct layer ids in \[0, 5\] "
+                                             r"\(the target has 7 layers\)"):
+            head_with("bad", eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
+    with pytest.raises(ValueError, match=r"^draft config\.json: eagle_aux_hidden_state_layer_ids:"
+                                         r" expected 3 distinct layer ids in \[0, 6\]"):
+        head_with("bad_top", eagle_aux_hidden_state_layer_ids=[1, 3, 7])
+
+
+def test_a_small_target_head_with_its_own_feature_layers_saves(gen, tmp_path):
+    """Under 7 layers there is no default to compare with: the head's own ids are written."""
+    target = tiny_target(gen, layers=4)
+    path = write_eagle3(tmp_path / "e3", eagle3_state(gen), eagle3_config(
+        eagle_aux_hidden_state_layer_ids=[0, 1, 3]))
+    save_draft_head(load_draft_head(path, target), tmp_path / "saved")
+    assert load_draft_head(tmp_path / "saved", target).feature_layers == (0, 1, 3)
 
 
 def test_config_without_vocab_or_hidden_size_raises_naming_the_key(gen, tmp_path):

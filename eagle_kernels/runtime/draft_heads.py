@@ -109,22 +109,37 @@ class Eagle3MidLayer(nn.Module):
         return h + self.mlp(normed)
 
 
+FEATURE_IDS = "eagle_aux_hidden_state_layer_ids"
+
+
 def eagle3_feature_layers(config, target: TargetModel) -> tuple[int, ...]:
-    """The target layers whose inputs an EAGLE-3 head fuses: those after the layers its config
-    names in ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge / SGLang / vLLM heads
-    name the layers whose outputs they take: SGLang captures the input of id + 1), else the
-    official code's 2, N // 2 and N - 3."""
+    """The target layers whose inputs an EAGLE-3 head fuses, from its config where it names
+    them, in either format: a top-level ``eagle_aux_hidden_state_layer_ids`` (vLLM's: the
+    layers whose inputs it captures) or ``eagle_config.eagle_aux_hidden_state_layer_ids``
+    (SpecForge / SGLang: the layers whose outputs it takes, i.e. the inputs of id + 1); else
+    the official code's 2, N // 2 and N - 3."""
+    n = target.num_layers
     eagle = getattr(config, "eagle_config", None)
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    nested = eagle.get(FEATURE_IDS) if isinstance(eagle, dict) else None
+    top = getattr(config, FEATURE_IDS, None)
+    found = [_feature_ids(FEATURE_IDS, top, n - 1, 0, n),
+             _feature_ids(f"eagle_config.{FEATURE_IDS}", nested, n - 2, 1, n)]
+    found = [layers for layers in found if layers is not None]
+    if len(found) == 2 and found[0] != found[1]:
+        raise ValueError(f"draft config.json: {FEATURE_IDS} and eagle_config.{FEATURE_IDS} name "
+                         f"different layers ({top!r} inputs, {nested!r} outputs)")
+    return found[0] if found else target.eagle3_feature_layers()
+
+
+def _feature_ids(name: str, ids, high: int, shift: int, layers: int) -> tuple[int, ...] | None:
+    """Three distinct ints in [0, high], shifted to the layers whose inputs they mean."""
     if ids is None:
-        return target.eagle3_feature_layers()
-    last = target.num_layers - 2  # the last layer's output is the final norm's input: no feature
+        return None
     if not (isinstance(ids, list) and len(set(map(str, ids))) == len(ids) == 3 and all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= last for i in ids)):
-        raise ValueError(f"draft config.json: eagle_config.eagle_aux_hidden_state_layer_ids: "
-                         f"expected 3 distinct layer ids in [0, {last}] (the target has "
-                         f"{target.num_layers} layers), got {ids!r}")
-    return tuple(sorted(i + 1 for i in ids))
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= high for i in ids)):
+        raise ValueError(f"draft config.json: {name}: expected 3 distinct layer ids in "
+                         f"[0, {high}] (the target has {layers} layers), got {ids!r}")
+    return tuple(sorted(i + shift for i in ids))
 
 
 class Eagle3Head(DraftHead):
@@ -377,6 +392,13 @@ def new_draft_head(kind: str, target: TargetModel, draft_vocab: int | None = Non
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
+def _default_feature_layers(target: TargetModel) -> tuple[int, ...] | None:
+    try:
+        return target.eagle3_feature_layers()
+    except ValueError:  # fewer than 7 layers: only a config's own ids can name them
+        return None
+
+
 def save_draft_head(head: DraftHead, path: str | os.PathLike,
                     dtype: torch.dtype | None = None) -> None:
     """Write ``head`` as config.json + model.safetensors with the official key names.
@@ -388,10 +410,9 @@ def save_draft_head(head: DraftHead, path: str | os.PathLike,
     path.mkdir(parents=True, exist_ok=True)
     draft_vocab = head.lm_head.out_features if isinstance(head, Eagle3Head) else None
     config = head_config_dict(head.kind, head._target[0], draft_vocab)
-    if head.kind == EAGLE3 and head.feature_layers != head._target[0].eagle3_feature_layers():
-        # a head loaded with its own feature layers keeps them (ids of the layers before)
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids":
-                                  [i - 1 for i in head.feature_layers]}
+    if head.kind == EAGLE3 and head.feature_layers != _default_feature_layers(head._target[0]):
+        # a head loaded with its own feature layers keeps them (vLLM's format: layer inputs)
+        config[FEATURE_IDS] = list(head.feature_layers)
     if dtype is not None:
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
     with open(path / "config.json", "w") as handle:
