@@ -415,6 +415,10 @@ def _memcheck_command(op: str, seed: int) -> list[str]:
             sys.executable, __file__, "--seed", str(seed), "--op", op]
 
 
+def _exit_on_signal(number, frame) -> None:
+    raise SystemExit(128 + number)
+
+
 def _kill_group(process) -> None:
     import signal
 
@@ -437,8 +441,13 @@ def memcheck_each(path: str, seed: int, only: list[str] | None = None,
     import tempfile
     import time
 
+    import signal
+
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # no pool hides an overrun
     waiting, running, rows = list(only or gpu_ops()), {}, {}
+    # A SIGTERM (a plain `timeout`, a supervisor) must reach the finally below as SIGINT does:
+    # the sanitizers run in sessions of their own, out of reach of a signal to our group.
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
 
     def end(op: str, status: str, note: str = "") -> None:
         process, log, started = running.pop(op)
@@ -471,6 +480,7 @@ def memcheck_each(path: str, seed: int, only: list[str] | None = None,
         for process, log, _ in running.values():  # interrupted: nothing left running
             _kill_group(process)
             log.close()
+        signal.signal(signal.SIGTERM, previous)
     print("\n".join(f"{op:<24} {status}" for op, (status, _) in rows.items()))
     return 1 if any(status != "clean" for status, _ in rows.values()) else 0
 

@@ -11,7 +11,8 @@ Evidence read from the folders given (each stage's unpacked tarball):
 * ``gpu-tests.xml``: pytest -m gpu; a failure in a family's test file counts against that
   family's ops (against every op for files of no one family), for the backend its parameters
   name (both GPU backends when they name none);
-* ``memcheck.tsv``: ``op<TAB>clean|failed`` per op (bench/sanitize_kernels.py --memcheck-each);
+* ``memcheck.tsv``: ``op<TAB>clean|failed[<TAB>seconds]`` per op (bench/sanitize_kernels.py
+  --memcheck-each);
   without it, ``steps.tsv``'s memcheck step for every op (a step that did not pass proves
   nothing);
 * a rerun stage (``stage1b``, after a fix; bench/README.md): its results for a test file (all

@@ -128,3 +128,30 @@ def test_memcheck_each_runs_every_op_alone_a_few_at_once(sanitize, tmp_path, mon
         most = max(most, alive)
     assert [kind for _, kind in events].count("start") == len(chosen) - 1
     assert most == 2, events  # side by side, and no more than asked
+
+
+def test_memcheck_each_killed_by_sigterm_leaves_no_sanitizer_running(tmp_path):
+    """A plain `timeout` (SIGTERM) stops the runner: the sanitizers' sessions, which a signal
+    to the runner's group does not reach, are killed with it."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "compute-sanitizer"
+    fake.write_text('#!/bin/sh\n( sleep 3; echo orphan >> "$MEMCHECK_LOG" ) & wait\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               MEMCHECK_LOG=str(tmp_path / "log"))
+    code = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('s', "
+            f"{str(SCRIPT)!r}); m = importlib.util.module_from_spec(spec); "
+            f"spec.loader.exec_module(m); print('ready', flush=True); "
+            f"m.memcheck_each({str(tmp_path / 't.tsv')!r}, 0, ['build_tree', 'linear'])")
+    runner = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    assert runner.stdout.readline().strip() == "ready"
+    time.sleep(1.0)  # both sanitizers started
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(3.5)  # an orphaned child would log by now
+    assert not (tmp_path / "log").exists(), (tmp_path / "log").read_text()
