@@ -322,11 +322,11 @@ def compare_with_excuses(got, want, margins, fragile, note) -> int:
 
 
 # Uniforms of a sequence near a boundary are drawn again at most this often. One draw is near
-# with probability <= 0.57 for one op (measured on untruncated 32000- / 128256-token rows, whose
-# dense CDF steps put the bonus draw near one most often; ~1e-3 on the others), <= 0.82 where
-# the same draws run both ops (test_sampling_cuda.py): a sequence stays near after all of them
-# with probability < 0.82^128 < 1e-11.
-REDRAWS = 128
+# with probability ~0.6 for one op on the 32000- / 128256-token rows of the GPU tests (dense CDF
+# steps put the bonus draw near one most often; ~1e-3 on the others), and for the worst of 400
+# measured sequences 0.88 where the same draws run both ops (test_sampling_cuda.py): such a
+# sequence stays near after all of them with probability 0.88^512 < 1e-28.
+REDRAWS = 512
 
 
 def uniforms_off_boundaries(batch: int, num_nodes: int, margin, gen):
@@ -561,8 +561,10 @@ def test_gpu_large_vocab_matches_reference(gen):
         got = ops.stochastic_accept_tree(*(a.cuda() for a in args), **params, backend="triton")
         want = reference.stochastic_accept_tree(*args, **params)
         margins = [margin(accept_u, bonus_u, b) for b in range(batch)]
-        compare_with_excuses(got, want, margins, fragile_sequences(logits, params),
-                             f"vocab {vocab} {seed_note(gen)}")
+        excused = compare_with_excuses(got, want, margins, fragile_sequences(logits, params),
+                                       f"vocab {vocab} {seed_note(gen)}")
+        assert excused <= excuse_limit(batch, LARGE_VOCAB_EXCUSE_RATE), \
+            f"{excused} of {batch} excused: vocab {vocab} {seed_note(gen)}"
 
 
 @needs_gpu

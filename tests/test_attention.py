@@ -100,6 +100,22 @@ def test_draft_frontier_queries_over_more_tree_keys(gen):
     torch.testing.assert_close(frontier, full[:, 3:])
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton", "cpu"])
+@pytest.mark.parametrize("batch,q_heads", [(0, 4), (1, 0)], ids=["no-batch", "no-heads"])
+def test_no_query_is_an_empty_output(backend, batch, q_heads):
+    """Nothing to attend: an empty output on every backend (Triton divided by Hq / GROUP)."""
+    from eagle_kernels.ops._backend import backend_status
+
+    if not backend_status(backend).available:
+        pytest.skip(f"{backend}: {backend_status(backend).reason}")
+    q = torch.zeros(batch, 2, q_heads, 8)
+    k = torch.zeros(batch, 8, 1, 8)
+    mask = torch.ones(batch, 2, 1, dtype=torch.int32)
+    out = ops.tree_attention(q, k, k.clone(), torch.zeros(batch, dtype=torch.int32), mask,
+                             backend=backend)
+    assert out.shape == q.shape
+
+
 def test_query_seeing_nothing_gets_zeros():
     q, k, v = torch.ones(1, 1, 1, 4), torch.ones(1, 4, 1, 4), torch.ones(1, 4, 1, 4)
     out = ops.tree_attention(q, k, v, torch.tensor([0], dtype=torch.int32),

@@ -435,3 +435,33 @@ def test_gpu_in_cuda_graph(gen, backend):
     torch.cuda.synchronize()
     assert not torch.equal(out, eager)
     assert_flash_close(out, q, k, v, lens, mask, 60, f"{backend} {seed_note(gen)}")
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda", "cpu"])
+def test_a_view_of_a_longer_cache_clamps_to_its_own_length(gen, backend):
+    """A [1, L, H, D] view of a longer cache is contiguous to torch (the stride of a size-1
+    dimension is ignored) and keeps the longer cache's batch stride. With value checks off, a
+    prefix past L - T must clamp to L - T on it as on a cache of its own: the CUDA kernel took
+    its max_len from the strides (stride_kb / stride_kn) and read the longer cache's rows."""
+    from eagle_kernels.ops._backend import backend_status
+    from eagle_kernels.ops._validate import no_value_checks
+
+    if backend == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not backend_status(backend).available:
+        pytest.skip(f"{backend} backend: {backend_status(backend).reason}")
+    device = "cpu" if backend == "cpu" or not torch.cuda.is_available() else "cuda"
+    dtype = torch.float32 if backend == "cpu" else torch.float16
+    length, nodes = 16, 3
+    big_k, big_v = (torch.randn(1, 64, 2, 64, generator=gen).to(device, dtype) for _ in "kv")
+    k, v = big_k[:, :length], big_v[:, :length]
+    assert k.is_contiguous() and k.stride(0) != length * k.stride(1)
+    q = torch.randn(1, nodes, 4, 64, generator=gen).to(device, dtype)
+    mask = ops.pack_tree_mask(torch.tril(torch.ones(1, nodes, nodes, dtype=torch.bool)))
+    mask = mask.to(device)
+    with no_value_checks():
+        got = ops.tree_attention(q, k, v, torch.tensor([40], dtype=torch.int32, device=device),
+                                 mask, backend=backend)
+    own = torch.tensor([length - nodes], dtype=torch.int32, device=device)
+    want = ops.tree_attention(q, k.clone(), v.clone(), own, mask, backend=backend)
+    assert torch.equal(got, want), (backend, seed_note(gen))

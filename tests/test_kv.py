@@ -79,6 +79,16 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="caches\\[0\\]: expected a contiguous"):
         ops.compact_kv([position_cache(1, 8, heads=2, dim=2).transpose(2, 3)], lens, nodes,
                        count)
+    # a cache given twice (or two views of one buffer) would be moved twice by the reference
+    # and raced on by the GPU kernels, which move every cache at once
+    with pytest.raises(ValueError, match=r"caches\[2\]: expected memory of its own, got memory "
+                                         r"shared with caches\[0\]"):
+        ops.compact_kv([k, position_cache(1, 8), k], lens, nodes, count)
+    flat = torch.zeros(2 * k.numel())
+    first, shifted = (flat[start:start + k.numel()].view(k.shape) for start in (0, 1))
+    with pytest.raises(ValueError, match=r"caches\[1\]: .* shared with caches\[0\]"):
+        ops.compact_kv([first, shifted], lens, nodes, count)  # overlapping views
+    ops.compact_kv([first, flat[k.numel():].view(k.shape)], lens, nodes, count)  # adjacent: fine
 
 
 @needs_cpu_backend

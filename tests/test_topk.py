@@ -134,6 +134,10 @@ def test_bad_inputs():
         ops.eagle2_expand(torch.zeros(2, 3), torch.zeros(2, 2, 3), 1)
     with pytest.raises(ValueError, match="top_k: expected an int in"):
         ops.eagle2_expand(torch.zeros(2, 3), torch.zeros(2, 3, 2), 7)
+    for frontier, children in ((torch.tensor([[float("inf"), -1.0]]), torch.zeros(1, 2, 2)),
+                               (torch.zeros(1, 2), torch.tensor([[[0.0, float("nan")]] * 2]))):
+        with pytest.raises(ValueError, match="child_log_probs: expected log-probabilities"):
+            ops.eagle2_expand(frontier, children, 1)  # +inf + -inf would be a NaN score
     tokens, scores, parents = golden_candidates()
     with pytest.raises(ValueError, match="num_nodes: expected an int in"):
         ops.eagle2_rerank(torch.tensor([1]), tokens, scores, parents, 12)

@@ -102,6 +102,21 @@ def test_rerank_tie_prefers_parent_and_single_node(rerank):
                               f"N={num_nodes}")
 
 
+@pytest.mark.parametrize("backend", ["triton", "cpu", "auto"])
+def test_rerank_without_candidates_is_the_root_alone(backend):
+    """M = 0 candidates, N = 1: the root alone (the Triton launcher sized its tiles by M and
+    divided by zero; the cuda backend refuses M = 0, so auto answers it elsewhere)."""
+    from eagle_kernels.ops._backend import backend_status
+
+    if backend != "auto" and not backend_status(backend).available:
+        pytest.skip(f"{backend}: {backend_status(backend).reason}")
+    device = "cuda" if backend in ("triton", "auto") and torch.cuda.is_available() else "cpu"
+    args = (torch.tensor([7, 8]), torch.zeros(2, 0, dtype=torch.int64), torch.zeros(2, 0),
+            torch.zeros(2, 0, dtype=torch.int32))
+    got = ops.eagle2_rerank(*(a.to(device) for a in args), 1, None, backend=backend)
+    assert_rerank_matches(got, *args, 1, None, "M=0")
+
+
 @pytest.mark.parametrize("batch,candidates,num_nodes", [(1, 3, 4), (5, 40, 20), (64, 50, 33),
                                                         (5, 610, 60), (1, 710, 60)])
 def test_rerank_random(rerank, gen, batch, candidates, num_nodes):

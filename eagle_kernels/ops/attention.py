@@ -99,6 +99,8 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale: float |
     aligned = all(t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache))
     _, implementation = resolve("tree_attention", backend, q.device, dtype=q.dtype,
                                 head_dim=head_dim, aligned=aligned)
+    if q.numel() == 0:  # no sequence or no query head: nothing to attend (the kernels' grids
+        return torch.empty_like(q)  # would be empty, and the Triton launcher divides by Hq)
     return implementation(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys)
 
 
@@ -191,12 +193,16 @@ def _tree_attention_cuda(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, t
     out = torch.empty_like(q)
     part_o, part_lse = _workspace(q, num_splits)
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    # The kernel reads max_len as stride_kb / stride_kn: the strides of the shape, not the
+    # tensor's (is_contiguous() ignores the stride of a size-1 dimension: a [1, L, H, D] view
+    # of a longer cache passes it with the longer cache's batch stride). Same addresses.
+    stride_kn = kv_heads * head_dim
     cuda_extension().tree_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_lens.data_ptr(),
         tree_mask.data_ptr(), out.data_ptr(), part_o.data_ptr(), part_lse.data_ptr(),
         batch, num_queries, q_heads, kv_heads, head_dim, tree_keys, tree_mask.shape[2],
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), num_splits, scale, CUDA_DTYPE_CODES[q.dtype], cuda_stream(q.device))
+        q.stride(0), q.stride(1), q.stride(2), max_len * stride_kn, stride_kn, head_dim,
+        num_splits, scale, CUDA_DTYPE_CODES[q.dtype], cuda_stream(q.device))
     return out
 
 

@@ -65,6 +65,10 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     return implementation(logits, k, d2t)
 
 
+def _nan_or_posinf(x: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(x) | torch.isposinf(x)
+
+
 def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "auto"):
     """One EAGLE-2 expansion step (see :func:`reference.eagle2_expand`).
 
@@ -84,9 +88,11 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
     check_tensor("child_log_probs", child_log_probs, (torch.float32,), (batch, frontier, None),
                  frontier_scores.device)
     check_int("top_k", top_k, 1, frontier * child_log_probs.shape[2])
-    if value_checks_enabled() and bool(torch.isnan(child_log_probs).any()
-                                       | torch.isnan(frontier_scores).any()):
-        raise ValueError("child_log_probs: expected no NaN (frontier_scores too)")
+    # +inf is refused with NaN: +inf + -inf makes a NaN score, which would rank first
+    if value_checks_enabled() and bool(_nan_or_posinf(child_log_probs).any()
+                                       | _nan_or_posinf(frontier_scores).any()):
+        raise ValueError("child_log_probs: expected log-probabilities, <= 0 or -inf: no NaN or "
+                         "+inf (frontier_scores too)")
     _, implementation = resolve("eagle2_expand", backend, frontier_scores.device,
                                 candidates=frontier * child_log_probs.shape[2], top_k=top_k)
     return implementation(frontier_scores, child_log_probs, top_k)

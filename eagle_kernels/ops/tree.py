@@ -376,8 +376,8 @@ def _eagle2_rerank_triton(root_tokens, candidate_tokens, candidate_scores, candi
             root_tokens, candidate_tokens, candidate_scores, candidate_parents, tree.tokens,
             tree.parents, tree.depth, tree.scores, tree.tree_mask, tree.paths, selected,
             node_of, flags, candidates, num_nodes, reference.mask_words(num_nodes),
-            max_depth + 1, MP=triton.next_power_of_2(candidates),
-            RB=rank_rows(triton.next_power_of_2(candidates)),
+            max_depth + 1, MP=triton.next_power_of_2(max(candidates, 1)),  # M = 0: the root
+            RB=rank_rows(triton.next_power_of_2(max(candidates, 1))),
             **tree_block_sizes(num_nodes))
     return tree, selected
 
@@ -388,6 +388,8 @@ def _eagle2_rerank_triton(root_tokens, candidate_tokens, candidate_scores, candi
 # --------------------------------------------------------------------------------------------
 
 def _rerank_cuda_supports(candidates, **_) -> str | None:
+    if candidates < 1:  # the root alone: the other backends answer it
+        return "candidate_tokens: expected M >= 1 candidates, got 0"
     most = cuda_limit("RERANK_MAX_CANDIDATES")  # 12 bytes of shared memory per candidate
     if most and candidates > most:
         return (f"candidate_tokens: expected M <= {most} candidates (_C.RERANK_MAX_CANDIDATES), "
