@@ -36,7 +36,7 @@ from eagle_kernels.ops._validate import no_value_checks
 import bigram_harness
 from conftest import chain_parents, random_parents
 from cpu_support import CPU_ISAS, using_cpu_isa
-from cuda_support import assert_guards, guarded, needs_gpu, seed_note
+from cuda_support import assert_guards, gpu_when_present, guarded, needs_gpu, seed_note
 from test_acceptance import GOLDEN_PARENTS, GOLDEN_TOKENS, one_hot_logits
 from test_acceptance_cuda import planted_acceptance
 
@@ -413,6 +413,7 @@ def spread_logits(batch, num_nodes, vocab, hot_ids, gen):
     return logits
 
 
+@gpu_when_present
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_bonus_draw_across_vocabulary_chunks(gen, kind):
     """A vocabulary of three chunks of the kernels' bonus draw (2048, 2048, 404 entries) with

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from eagle_kernels import ops
 
 from conftest import chain_parents, random_parents
+from cuda_support import gpu_when_present
 
 
 def make_cache(batch, max_len, kv_heads, head_dim, gen, dtype=torch.float32):
@@ -100,6 +101,7 @@ def test_draft_frontier_queries_over_more_tree_keys(gen):
     torch.testing.assert_close(frontier, full[:, 3:])
 
 
+@gpu_when_present
 @pytest.mark.parametrize("backend", ["torch", "triton", "cpu"])
 @pytest.mark.parametrize("batch,q_heads", [(0, 4), (1, 0)], ids=["no-batch", "no-heads"])
 def test_no_query_is_an_empty_output(backend, batch, q_heads):
@@ -108,11 +110,12 @@ def test_no_query_is_an_empty_output(backend, batch, q_heads):
 
     if not backend_status(backend).available:
         pytest.skip(f"{backend}: {backend_status(backend).reason}")
-    q = torch.zeros(batch, 2, q_heads, 8)
-    k = torch.zeros(batch, 8, 1, 8)
-    mask = torch.ones(batch, 2, 1, dtype=torch.int32)
-    out = ops.tree_attention(q, k, k.clone(), torch.zeros(batch, dtype=torch.int32), mask,
-                             backend=backend)
+    device = "cuda" if backend != "cpu" and torch.cuda.is_available() else "cpu"
+    q = torch.zeros(batch, 2, q_heads, 8, device=device)
+    k = torch.zeros(batch, 8, 1, 8, device=device)
+    mask = torch.ones(batch, 2, 1, dtype=torch.int32, device=device)
+    out = ops.tree_attention(q, k, k.clone(), torch.zeros(batch, dtype=torch.int32,
+                                                         device=device), mask, backend=backend)
     assert out.shape == q.shape
 
 

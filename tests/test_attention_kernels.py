@@ -437,6 +437,7 @@ def test_gpu_in_cuda_graph(gen, backend):
     assert_flash_close(out, q, k, v, lens, mask, 60, f"{backend} {seed_note(gen)}")
 
 
+@gpu_when_present
 @pytest.mark.parametrize("backend", ["triton", "cuda", "cpu"])
 def test_a_view_of_a_longer_cache_clamps_to_its_own_length(gen, backend):
     """A [1, L, H, D] view of a longer cache is contiguous to torch (the stride of a size-1

@@ -18,7 +18,8 @@ from eagle_kernels.ops import reference
 
 from conftest import SHAPES, random_parents
 from cpu_support import CPU_ISAS, cpu_backend_missing_reason, using_cpu_isa
-from cuda_support import (SENTINEL, assert_guards, assert_same, guarded, needs_gpu, seed_note)
+from cuda_support import (SENTINEL, assert_guards, assert_same, gpu_when_present, guarded,
+                          needs_gpu, seed_note)
 from test_topk import golden_candidates
 
 
@@ -102,6 +103,7 @@ def test_rerank_tie_prefers_parent_and_single_node(rerank):
                               f"N={num_nodes}")
 
 
+@gpu_when_present
 @pytest.mark.parametrize("backend", ["triton", "cpu", "auto"])
 def test_rerank_without_candidates_is_the_root_alone(backend):
     """M = 0 candidates, N = 1: the root alone (the Triton launcher sized its tiles by M and
