@@ -26,7 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from typing import Callable, NamedTuple
 
 import torch
@@ -420,8 +424,6 @@ def _exit_on_signal(number, frame) -> None:
 
 
 def _kill_group(process) -> None:
-    import signal
-
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # ended meanwhile
@@ -436,13 +438,7 @@ def memcheck_each(path: str, seed: int, only: list[str] | None = None,
     failed. Each op still has its own process and CUDA context (a bad access in one cannot hide
     another's); at 2026-11-27's ~8 s an op one at a time, most of it is the process's start
     (Python, torch, the sanitizer's attach), which runs side by side on the machine's cores.
-    An interrupt (the stage's timeout) kills the processes still running."""
-    import subprocess
-    import tempfile
-    import time
-
-    import signal
-
+    An interrupt (the stage's timeout) or a SIGTERM kills the processes still running."""
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # no pool hides an overrun
     waiting, running, rows = list(only or gpu_ops()), {}, {}
     # A SIGTERM (a plain `timeout`, a supervisor) must reach the finally below as SIGINT does:

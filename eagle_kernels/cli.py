@@ -168,8 +168,6 @@ def run_train(args, config) -> int:
     return 0
 
 
-
-
 def _check_target(target: str | None) -> None:
     """Fail fast (before any model loads) on a target that cannot be one."""
     try:

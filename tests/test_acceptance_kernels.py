@@ -329,6 +329,12 @@ def compare_with_excuses(got, want, margins, fragile, note) -> int:
 REDRAWS = 512
 
 
+def node_probs(logits, params: dict) -> torch.Tensor:
+    """The reference's per-node sampling distributions under ``params`` (ops' keywords)."""
+    return reference._node_probs(logits, params.get("temperature", 1.0), params.get("top_k", 0),
+                                 params.get("top_p", 1.0))
+
+
 def uniforms_off_boundaries(batch: int, num_nodes: int, margin, gen):
     """accept_u [B, N] and bonus_u [B] deciding every sequence at least NEAR from the
     reference's boundaries (``margin(accept_u, bonus_u, b) >= NEAR``): a sequence's uniforms
@@ -365,8 +371,7 @@ def test_stochastic_tree_matches_reference(gen, params, batch):
     parents = random_parents(batch, num_nodes, gen)
     tokens = torch.randint(0, 6, (batch, num_nodes), generator=gen)  # repeated sibling tokens
     logits = random_logits(batch, num_nodes, vocab, gen)
-    probs = reference._node_probs(logits, params.get("temperature", 1.0),
-                                  params.get("top_k", 0), params.get("top_p", 1.0))
+    probs = node_probs(logits, params)
     margin = functools.partial(tree_margin, tokens, parents, probs)
     accept_u, bonus_u = uniforms_off_boundaries(batch, num_nodes, margin, gen)
     args = (tokens, parents, logits, accept_u, bonus_u)
@@ -392,8 +397,7 @@ def test_stochastic_chain_matches_reference(gen, params, batch):
     draft[0, :, 7] = 0.0  # q zero where p is not: residual keeps the full p there
     draft = draft / draft.sum(-1, keepdim=True)
     logits = random_logits(batch, num_nodes, vocab, gen)
-    probs = reference._node_probs(logits, params.get("temperature", 1.0),
-                                  params.get("top_k", 0), params.get("top_p", 1.0))
+    probs = node_probs(logits, params)
     margin = functools.partial(chain_margin, tokens, draft, probs)
     accept_u, bonus_u = uniforms_off_boundaries(batch, num_nodes, margin, gen)
     args = (tokens, draft, logits, accept_u, bonus_u)
@@ -424,7 +428,7 @@ def test_bonus_draw_across_vocabulary_chunks(gen, kind):
     hot = torch.randperm(vocab, generator=gen)[:90]
     logits = spread_logits(batch, num_nodes, vocab, hot[:60], gen)
     params = {} if kind == "chain" else {"temperature": 0.7}
-    probs = reference._node_probs(logits, params.get("temperature", 1.0), 0, 1.0)
+    probs = node_probs(logits, params)
     if kind == "chain":  # drafted from q, whose mass half overlaps p's
         tokens = hot[30:][torch.randint(0, 60, (batch, num_nodes), generator=gen)]
         second = torch.softmax(spread_logits(batch, num_nodes - 1, vocab, hot[30:], gen), -1)
@@ -554,8 +558,7 @@ def test_gpu_large_vocab_matches_reference(gen):
         parents = chain_parents(batch, num_nodes)
         logits = random_logits(batch, num_nodes, vocab, gen).to(torch.bfloat16).float()
         tokens = torch.randint(0, 5, (batch, num_nodes), generator=gen)
-        probs = reference._node_probs(logits, params.get("temperature", 1.0),
-                                      params.get("top_k", 0), params.get("top_p", 1.0))
+        probs = node_probs(logits, params)
         margin = functools.partial(tree_margin, tokens, parents, probs)
         accept_u, bonus_u = uniforms_off_boundaries(batch, num_nodes, margin, gen)
         args = (tokens, parents, logits, accept_u, bonus_u)

@@ -169,8 +169,9 @@ def test_speculative_sampling_keeps_the_target_distribution(gen):
     P(TV >= E[TV] + t) <= exp(-2 n t^2), and E[TV] <= 1/2 sum sqrt(p_i (1 - p_i) / n) (Jensen).
     With t = sqrt(ln(2e6) / (2n)) a correct sampler fails with probability <= 5e-7 per run
     (about 0.079 at n = 7000 for these near-uniform 64 cells; the old test's 0.08 at n = 3000 had
-    no bound and a chi-square at 1e-4); the drafts check below takes the other 5e-7. Power, by the same inequality applied to the biased
-    sampler's own distribution: any sampler at TV >= 2 x threshold (~0.15) from the target fails
+    no bound and a chi-square at 1e-4); the drafts check below takes the other 5e-7. Power, by
+    the same inequality applied to the biased sampler's own distribution: any sampler at
+    TV >= 2 x threshold (~0.15) from the target fails
     with probability >= 1 - 1e-6. The fine-grained (TV 0.01 and below) proof is the exact
     acceptance tests of test_acceptance.py; this one guards the engine's wiring end to end."""
     vocab, draws = 8, 7000

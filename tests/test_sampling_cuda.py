@@ -28,7 +28,7 @@ from cuda_support import DTYPE_CODES, SENTINEL, assert_guards, guarded, needs_gp
 from test_acceptance_kernels import (LARGE_VOCAB_EXCUSE_RATE, SAMPLING, STOCHASTIC, chain_margin,
                                      compare_with_excuses, excuse_limit, fragile_sequences,
                                      fragile_tokens, random_logits, top_p_fragile, tree_margin,
-                                     uniforms_off_boundaries)
+                                     node_probs, uniforms_off_boundaries)
 
 OPS = ("target_probs", "stochastic_accept_tree", "stochastic_accept_chain")
 
@@ -245,8 +245,7 @@ def check_stochastic_matches_torch(gen, dtype, vocab, params, device, excuse_rat
     tokens = torch.randint(0, 6, (batch, num_nodes), generator=gen)
     logits = random_logits(batch, num_nodes, vocab, gen).to(dtype)
     draft = torch.softmax(random_logits(batch, num_nodes - 1, vocab, gen), -1)
-    probs = reference._node_probs(logits, params.get("temperature", 1.0), params.get("top_k", 0),
-                                  params.get("top_p", 1.0))
+    probs = node_probs(logits, params)
 
     def both_margins(accept_u, bonus_u, b):  # the same draws run both ops
         return min(tree_margin(tokens, parents, probs, accept_u, bonus_u, b),

@@ -241,6 +241,11 @@ def check_parents(name: str, parents: torch.Tensor) -> None:
                          f" got parents[{b}, {i}] = {int(parents[b, i])}")
 
 
+def nan_or_posinf(x: torch.Tensor) -> torch.Tensor:
+    """Where ``x`` holds what no logit or log-probability may: NaN or +inf."""
+    return torch.isnan(x) | torch.isposinf(x)
+
+
 def check_logits(name: str, logits: torch.Tensor) -> torch.Tensor | None:
     """Rows of at least one entry; value check: no NaN or +inf, and every row has at least one
     finite entry. Returns the rows' maxima where the value check ran (else None)."""
@@ -254,7 +259,7 @@ def check_logits(name: str, logits: torch.Tensor) -> torch.Tensor | None:
     row_max = logits.amax(-1)
     if bool(torch.isfinite(row_max).all()):
         return row_max
-    if bool((torch.isnan(row_max) | torch.isposinf(row_max)).any()):
+    if bool(nan_or_posinf(row_max).any()):
         raise ValueError(f"{name}: expected finite values (or -inf for impossible tokens), "
                          "got NaN or +inf")
     raise ValueError(f"{name}: every row needs at least one finite value, got a row of -inf")

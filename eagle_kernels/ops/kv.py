@@ -133,8 +133,10 @@ def compact_kv(caches: Sequence[torch.Tensor], cache_lens, accepted_nodes, num_a
     width = accepted_nodes.shape[1]
     check_range("num_accepted", num_accepted, 0, width, " (accepted_nodes has that many columns)")
     check_range("cache_lens", cache_lens, 0, max_len + 1, f" (max_len {max_len})")
-    if value_checks_enabled():  # (the disjoint check syncs nothing, but costs ~50 us at 60
-        _check_disjoint(caches)  # caches: the runtime's loop, checks off, passes its own)
+    # The disjoint check syncs nothing but costs ~50 us at 60 caches: with the value checks,
+    # off in the runtime's loop, which passes its own caches.
+    if value_checks_enabled():
+        _check_disjoint(caches)
         _check_accepted_path(cache_lens, accepted_nodes, num_accepted, max_len)
     _, implementation = resolve("compact_kv", backend, first.device)
     implementation(list(caches), cache_lens, accepted_nodes, num_accepted)

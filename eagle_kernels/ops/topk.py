@@ -30,7 +30,8 @@ import torch
 from . import reference
 from ._backend import cpu_extension, cuda_extension, cuda_limit, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._validate import FLOAT_DTYPES, check_int, check_logits, check_tensor, value_checks_enabled
+from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_tensor, nan_or_posinf,
+                        value_checks_enabled)
 from .sampling import (LOGIT_DTYPE_CODES, chunk_max_sum, merged_max_sum, ordered_bits,
                        vocab_chunks)
 
@@ -65,10 +66,6 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     return implementation(logits, k, d2t)
 
 
-def _nan_or_posinf(x: torch.Tensor) -> torch.Tensor:
-    return torch.isnan(x) | torch.isposinf(x)
-
-
 def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "auto"):
     """One EAGLE-2 expansion step (see :func:`reference.eagle2_expand`).
 
@@ -89,8 +86,8 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
                  frontier_scores.device)
     check_int("top_k", top_k, 1, frontier * child_log_probs.shape[2])
     # +inf is refused with NaN: +inf + -inf makes a NaN score, which would rank first
-    if value_checks_enabled() and bool(_nan_or_posinf(child_log_probs).any()
-                                       | _nan_or_posinf(frontier_scores).any()):
+    if value_checks_enabled() and bool(nan_or_posinf(child_log_probs).any()
+                                       | nan_or_posinf(frontier_scores).any()):
         raise ValueError("child_log_probs: expected log-probabilities, <= 0 or -inf: no NaN or "
                          "+inf (frontier_scores too)")
     _, implementation = resolve("eagle2_expand", backend, frontier_scores.device,

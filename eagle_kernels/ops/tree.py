@@ -370,14 +370,14 @@ def _eagle2_rerank_triton(root_tokens, candidate_tokens, candidate_scores, candi
     device = candidate_tokens.device
     tree, selected = _rerank_outputs(batch, num_nodes, max_depth, device)
     if batch > 0:
+        rows = triton.next_power_of_2(max(candidates, 1))  # M = 0: the root alone
         node_of = torch.empty(batch, candidates, dtype=torch.int32, device=device)
         flags = torch.empty(batch, num_nodes, dtype=torch.int32, device=device)
         _rerank_kernel[(batch,)](
             root_tokens, candidate_tokens, candidate_scores, candidate_parents, tree.tokens,
             tree.parents, tree.depth, tree.scores, tree.tree_mask, tree.paths, selected,
             node_of, flags, candidates, num_nodes, reference.mask_words(num_nodes),
-            max_depth + 1, MP=triton.next_power_of_2(max(candidates, 1)),  # M = 0: the root
-            RB=rank_rows(triton.next_power_of_2(max(candidates, 1))),
+            max_depth + 1, MP=rows, RB=rank_rows(rows),
             **tree_block_sizes(num_nodes))
     return tree, selected
 

@@ -112,6 +112,11 @@ class Eagle3MidLayer(nn.Module):
 FEATURE_IDS = "eagle_aux_hidden_state_layer_ids"
 
 
+def draft_vocab_of(config) -> int:
+    """An EAGLE-3 head's vocabulary: its config's draft_vocab_size, else the target's."""
+    return getattr(config, "draft_vocab_size", None) or config.vocab_size
+
+
 def eagle3_feature_layers(config, target: TargetModel) -> tuple[int, ...]:
     """The target layers whose inputs an EAGLE-3 head fuses, from its config where it names
     them, in either format: a top-level ``eagle_aux_hidden_state_layer_ids`` (vLLM's: the
@@ -150,7 +155,7 @@ class Eagle3Head(DraftHead):
     def __init__(self, config, target: TargetModel):
         super().__init__(config, target)
         target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
-        draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
+        draft_vocab = draft_vocab_of(config)
         self.fc = Linear(3 * target_hidden, config.hidden_size, bias=False)
         self.midlayer = Eagle3MidLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -329,7 +334,7 @@ def load_draft_head(path: str | os.PathLike, target: TargetModel) -> DraftHead:
     _check_weights(path, state, target.vocab_size)
     state.pop("embed_tokens.weight", None)
     if kind == EAGLE3:
-        draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
+        draft_vocab = draft_vocab_of(config)
         if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int) or \
                 not 1 <= draft_vocab <= config.vocab_size:
             raise ValueError(f"draft config.draft_vocab_size: expected 1 .. the target's "
