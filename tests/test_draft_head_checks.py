@@ -82,6 +82,41 @@ def test_d2t_leaving_the_target_vocabulary_raises_naming_it(gen, tmp_path):
         load_draft_head(path, target)
 
 
+def test_d2t_mapping_two_draft_ids_to_one_target_id_raises_naming_them(gen, tmp_path):
+    """A repeated target id loaded silently: the same token drafted on two branches."""
+    target = tiny_target(gen)
+    state = eagle3_state(gen)
+    ids = torch.arange(DRAFT_VOCAB) + state["d2t"]
+    state["d2t"][5] = ids[2] - 5  # draft id 5 -> draft id 2's target id
+    path = write_eagle3(tmp_path / "e3", state, eagle3_config())
+    with pytest.raises(ValueError, match=rf"d2t: draft ids 2 and 5 both map to target id "
+                                         rf"{int(ids[2])}"):
+        load_draft_head(path, target)
+
+
+@pytest.mark.parametrize("change", ["unmark one", "mark one more", "float", "2-D"])
+def test_t2d_disagreeing_with_d2t_raises_naming_it(change, gen, tmp_path):
+    """t2d masks the training loss of a warm-started run: one that disagreed with d2t loaded
+    silently (a float one was cast to bool)."""
+    target = tiny_target(gen)
+    state = eagle3_state(gen)
+    ids = torch.arange(DRAFT_VOCAB) + state["d2t"]
+    t2d = state["t2d"]
+    if change == "unmark one":
+        t2d[ids[3]] = False
+        match = rf"t2d: expected True at exactly the {DRAFT_VOCAB} .* got {DRAFT_VOCAB - 1} marked, 1"
+    elif change == "mark one more":
+        t2d[int(torch.nonzero(~t2d)[0])] = True
+        match = rf"t2d: expected True at exactly .* got {DRAFT_VOCAB + 1} marked, 0"
+    elif change == "float":
+        state["t2d"], match = t2d.float() * 0.5, r"t2d: expected a 1-D bool .* got torch.float32"
+    else:
+        state["t2d"], match = t2d.reshape(1, -1), r"t2d: expected a 1-D bool .* of shape \(1, "
+    path = write_eagle3(tmp_path / "e3", state, eagle3_config())
+    with pytest.raises(ValueError, match=match):
+        load_draft_head(path, target)
+
+
 def test_eagle3_draft_vocabulary_beyond_the_targets_raises(gen, tmp_path):
     """A draft vocabulary larger than the target's, no mapping: it loaded (the identity default),
     then the first generate failed inside an embedding lookup."""

@@ -262,7 +262,8 @@ def _check_head_config(path: Path, config) -> None:
 
 
 def _check_weights(path: Path, state: dict, target_vocab: int) -> None:
-    """Finite weights, and every d2t offset landing inside the target's vocabulary."""
+    """Finite weights; d2t offsets landing inside the target's vocabulary, on distinct ids, as
+    t2d marks them."""
     for name, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"draft checkpoint {path}: {name} holds NaN or inf values")
@@ -279,6 +280,38 @@ def _check_weights(path: Path, state: dict, target_vocab: int) -> None:
             raise ValueError(f"draft checkpoint {path}: d2t: draft id {i} + offset "
                              f"{int(d2t[i])} = {int(ids[i])} is outside the target's "
                              f"vocabulary [0, {target_vocab})")
+        _check_vocab_map(path, ids, state.get("t2d"), target_vocab)
+
+
+def _check_vocab_map(path: Path, ids: torch.Tensor, t2d, target_vocab: int) -> None:
+    """Each target id drafted once, and t2d marking exactly the drafted ones.
+
+    A repeated target id drafts the same token twice (a wasted tree branch); a t2d that
+    disagrees with d2t masks the wrong positions of the training loss when training continues
+    from this head. ``ids`` [draft_vocab] int64 are the target ids d2t maps to.
+    """
+    ordered = torch.sort(ids).values
+    repeated = ordered[1:] == ordered[:-1]
+    if bool(repeated.any()):
+        token = int(ordered[1:][repeated][0])
+        first, second = (int(i) for i in torch.nonzero(ids == token).flatten()[:2])
+        raise ValueError(f"draft checkpoint {path}: d2t: draft ids {first} and {second} both "
+                         f"map to target id {token}: expected each target id at most once")
+    if t2d is None:
+        return  # the mapping check names it where it is needed
+    if t2d.dim() != 1 or t2d.is_floating_point() or t2d.is_complex() or \
+            (t2d.dtype != torch.bool and bool(((t2d != 0) & (t2d != 1)).any())):
+        raise ValueError(f"draft checkpoint {path}: t2d: expected a 1-D bool (or 0/1) tensor of "
+                         f"the target ids kept in the draft vocabulary, got {t2d.dtype} of shape "
+                         f"{tuple(t2d.shape)}")
+    if t2d.shape[0] != target_vocab:
+        return  # load_state names the shape
+    kept = t2d.to(torch.bool)
+    unmarked, marked = int((~kept[ids]).sum()), int(kept.sum())
+    if unmarked or marked != ids.numel():
+        raise ValueError(f"draft checkpoint {path}: t2d: expected True at exactly the "
+                         f"{ids.numel()} target ids d2t maps to, got {marked} marked, "
+                         f"{unmarked} of d2t's target ids unmarked")
 
 
 def _check_against_target(kind: str, raw: dict, config, state: dict,
