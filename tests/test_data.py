@@ -10,20 +10,22 @@ import pytest
 from eagle_kernels import data
 
 
-def _records(count):
-    return [{"id": f"conv_{i}", "conversations": [{"from": "human", "value": f"q{i} [x], {{y}}"},
-                                                 {"from": "gpt", "value": "a\n]"}]}
+def _records(count, conversation=None):
+    """``count`` one-record conversations (or records cut from one ``conversation``)."""
+    return [{"id": f"{conversation or f'conv{i}'}_{i}",
+             "conversations": [{"from": "human", "value": f"q{i} [x], {{y}}"},
+                               {"from": "gpt", "value": "a\n]"}]}
             for i in range(count)]
 
 
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
 def test_sharegpt_stops_at_the_cut(tmp_path, chunk):
     text = json.dumps(_records(30), indent=2)
-    cut = text.index('"conv_29"') + 20  # inside the last record
+    cut = text.index('"conv29_29"') + 20  # inside the last record
     path = tmp_path / "sharegpt.json"
     path.write_text(text[:cut])
     got = list(data.iter_sharegpt(path, chunk_chars=chunk))
-    assert [r["id"] for r in got] == [f"conv_{i}" for i in range(29)]
+    assert [r["id"] for r in got] == [f"conv{i}_{i}" for i in range(29)]
     path.write_text(text)  # a complete file ends at its closing bracket
     assert len(list(data.iter_sharegpt(path, chunk_chars=chunk))) == 30
 
@@ -36,6 +38,28 @@ def test_split_is_stable_and_disjoint(tmp_path):
     assert not train & heldout and len(train | heldout) == 500
     assert 0 < len(heldout) < 30
     assert all(data.sharegpt_split(i) == "heldout" for i in heldout)
+
+
+def test_heldout_records_training_could_have_seen_are_in_neither_split(tmp_path):
+    """Regression: ShareGPT V3 cuts a conversation into records (<id>_0, <id>_11, ...) whose
+    ids hash to different splits, and repeats first prompts: 3 of the first 24 held-out
+    prompts had their conversation in training. Such held-out records are dropped."""
+    records = _records(400)
+    heldout = [r for r in records if data.sharegpt_split(r["id"]) == "heldout"]
+    train = [r for r in records if data.sharegpt_split(r["id"]) == "train"]
+    assert len(heldout) >= 3
+    cut_from, repeated, clean = heldout[0], heldout[1], heldout[2:]
+    sibling = next(f"{data.conversation_of(cut_from['id'])}_{n}" for n in range(1000)
+                   if data.sharegpt_split(f"{data.conversation_of(cut_from['id'])}_{n}") == "train")
+    records.append({**train[0], "id": sibling})  # the held-out record's conversation, in train
+    repeated["conversations"] = [dict(train[1]["conversations"][0]), {"from": "gpt", "value": "b"}]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records))
+    got = [r["id"] for r in data.iter_sharegpt(path, split="heldout")]
+    assert got == [r["id"] for r in clean]
+    assert sibling in {r["id"] for r in data.iter_sharegpt(path, split="train")}
+    everything = [r["id"] for r in data.iter_sharegpt(path, split="heldout", exclude_leaks=False)]
+    assert everything == [r["id"] for r in heldout]
 
 
 def test_real_sharegpt_and_humaneval():
