@@ -28,4 +28,8 @@ def test_bench_e2e_smoke(tmp_path):
     assert {r["set"] for r in rows} == {"humaneval", "sharegpt"}
     eagle = [r for r in rows if r["method"] == "ours-eagle"]
     assert all(r["identical_to_ours_ar"] == "1/1" for r in eagle)  # lossless, always
+    for row in eagle:  # what produced the tokens is said: the head's tree, passes, per pass
+        tokens, passes = int(row["tokens"]), int(row["target_passes"])
+        assert 0 <= int(row["tree_tokens"]) <= tokens and int(row["tree_cycles"]) <= passes
+        assert abs(float(row["tokens_per_pass"]) - tokens / passes) < 1e-3
     assert "EAGLE x" in result.stdout and (tmp_path / "e2e.png").stat().st_size > 0

@@ -8,23 +8,22 @@ EAGLE-3 head, every ratio against something measured in the same process, and ev
 measurement below (floors included) timed in the same interleaved rounds, medians over
 ``--repeats``, so the machine's drift cannot favour one of them:
 
-* floors: DRAM read bandwidth (the faster of a 1 GiB reduction and our GEMV over 1 GiB) ->
-  memory floor = bytes of the weights a decode step reads (as the kernels store them: the
-  target's layers are exact 4-bit Q4_1 packs; the fp32 floor is reported beside) / bandwidth;
-  GEMM rate on an
-  in-cache matrix (the faster of torch's matmul and ours, [64 x 1536] x [1536 x 576]) ->
-  compute floor(N) = FLOPs of N tokens / that rate;
+* floors (physical: bytes / measured bandwidth, FLOPs / measured rate): DRAM read bandwidth
+  (the faster of a 1 GiB reduction and our GEMV over 1 GiB) -> memory floor = (bytes of the
+  weights a decode step reads, as the kernels store them: the target's layers are exact 4-bit
+  Q4_1 packs, the fp32 floor reported beside; + the K / V rows its attention reads, fp32
+  cache: context x layers x 2 x kv width x 4 bytes) / bandwidth; GEMM rate on an in-cache
+  matrix (the faster of torch's matmul and ours, [64 x 1536] x [1536 x 576]) -> compute
+  floor(N) = FLOPs of N tokens / that rate; a row's floor is max(memory, compute floor(N));
 * ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax, inside
   ``ops.weights_unchanged()`` as the engine's loop, timed after the first of steps run back
-  to back as decoding runs them: InARow), against the memory floor, and (``floors``) against
-  max(memory floor, one-row compute floor): the step's one-row GEMVs timed over in-cache
-  weights (one_row_calls), what the cores need with no DRAM in the way;
-* ``ar_step_long``: the same step after 1024 and 2048 tokens of context, against a floor that
-  adds the K / V rows the attention reads (fp32 cache: context x layers x 2 x kv width x 4
-  bytes) to the weights: what longer chats cost;
+  to back as decoding runs them: InARow), against its floor; and (``floors``, not a floor:
+  our own kernels' speed) against the step's one-row GEMVs timed over in-cache weights
+  (one_row_calls): what our GEMV needs with no DRAM in the way;
+* ``ar_step_long``: the same step after 1024 and 2048 tokens of context: what longer chats
+  cost;
 * ``verify`` for N = 1..64 tree nodes (a random EAGLE-like tree's real packed mask, also
-  timed in a row): against the AR step and against max(memory floor, compute
-  floor(N));
+  timed in a row): against the AR step and against its floor;
 * ``draft``: drafting as a cycle runs it (head forwards, top-k, expand, rerank) per candidate
   tree, per step against the AR step;
 * end to end (unless ``--no-e2e``): bench_e2e.py's four methods (ours-EAGLE with the adaptive
@@ -115,10 +114,11 @@ def one_row_calls(target) -> tuple[list[float], list]:
     fused layer calls them (q/k/v, o, gate/up, down: its packs, ~2.7 MB, stay in L2 / L3
     between passes; counts layers / GEMM_PASSES), and a [6144 x 576] slice of the lm_head,
     packed as the lm_head is (~4 MB; counts lm_head / slice / GEMM_PASSES). Their weighted sum
-    is the one-row compute floor: what the cores need for a decode step's GEMVs with no DRAM
-    in the way (one row reuses no weight across rows, so a GEMV runs below the many-row GEMM
-    rate of the compute floor(N); over 4-bit packs it is bound by turning levels into fp32).
-    No calls where the cpu kernels are not built (no floor then)."""
+    is what our GEMVs need for a decode step with no DRAM in the way (one row reuses no weight
+    across rows, so a GEMV runs below the many-row GEMM rate of the compute floor(N); over
+    4-bit packs it is bound by turning levels into fp32). Our kernels' speed, not a physical
+    floor: reported beside the floors, never as one. No calls where the cpu kernels are not
+    built."""
     if not ops.available_backends()["cpu"].available:
         return [], []
     from eagle_kernels.ops._backend import cpu_extension
@@ -188,8 +188,8 @@ def token_flops(target, context: int) -> float:
     attention's 4 * context * heads * head_dim per layer."""
     config = target.config
     linear = sum(m.weight.numel() for m in target.modules() if isinstance(m, torch.nn.Linear))
-    head_dim = config.hidden_size // config.num_attention_heads
-    attention = 4 * context * config.num_attention_heads * head_dim * config.num_hidden_layers
+    attention = 4 * context * config.num_attention_heads * head_dim_of(config) * \
+        config.num_hidden_layers
     return 2 * linear + attention
 
 
@@ -287,7 +287,7 @@ def timed_together(target, head, args) -> dict:
         timed[name] = [call.median() for call in groups[name]]
     timed["bandwidth"] = stream_bytes / min(timed["streams"])
     timed["gemm_rate"] = gemm_flops / min(timed["gemms"])
-    timed["one_row_floor"] = (sum(c * t for c, t in zip(one_row_counts, timed["one_row"]))
+    timed["in_cache_gemv"] = (sum(c * t for c, t in zip(one_row_counts, timed["one_row"]))
                               if one_row_counts else None)
     return timed
 
@@ -299,17 +299,25 @@ def measure(generator, args) -> tuple[list[dict], dict]:
     # The kernels stream the packs (the target's layers in 4 bits): the floor counts those bytes;
     # the fp32 floor (every weight in fp32, what the step read before narrow packs) is kept beside.
     weight_bytes, fp32_bytes = step_bytes(target, packed=True), step_bytes(target)
-    memory_floor = weight_bytes / bandwidth
+    kv_bytes = cache_bytes(target, args.context)
+    memory_floor = (weight_bytes + kv_bytes) / bandwidth
     flops = token_flops(target, args.context)
+
+    def floor_of(nodes: int, context: int) -> float:
+        """max(memory, compute) seconds of ``nodes`` tokens after ``context``."""
+        memory = (weight_bytes + cache_bytes(target, context + nodes - 1)) / bandwidth
+        return max(memory, nodes * token_flops(target, context) / rate)
+
+    floor = floor_of(1, args.context)
     rows = [{"what": "ar_step", "nodes": 1, "context": args.context, "ms": ar * 1e3,
-             "floor_ms": memory_floor * 1e3, "x_floor": ar / memory_floor, "x_ar_step": 1.0}]
+             "floor_ms": floor * 1e3, "x_floor": ar / floor, "x_ar_step": 1.0}]
     for context, seconds in zip(args.long_contexts, timed["long"]):
-        floor = (weight_bytes + cache_bytes(target, context)) / bandwidth
+        floor = floor_of(1, context)
         rows.append({"what": "ar_step_long", "nodes": 1, "context": context, "ms": seconds * 1e3,
                      "floor_ms": floor * 1e3, "x_floor": seconds / floor,
                      "x_ar_step": seconds / ar})
     for nodes, seconds in zip(args.nodes, timed["verify"]):
-        floor = max(memory_floor, nodes * flops / rate)
+        floor = floor_of(nodes, args.context)
         rows.append({"what": "verify", "nodes": nodes, "ms": seconds * 1e3,
                      "floor_ms": floor * 1e3, "x_floor": seconds / floor,
                      "x_ar_step": seconds / ar})
@@ -324,14 +332,16 @@ def measure(generator, args) -> tuple[list[dict], dict]:
                "step_ms", "verify_ms", "cycle_x_ar_step")
     rows = [{key: (round(row[key], 4) if isinstance(row.get(key), float) else row.get(key, ""))
              for key in columns} for row in rows]
+    gemv = timed["in_cache_gemv"]
     floors = {"read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
               "gemm_gflop_s": round(rate / 1e9, 1), "weight_bytes": weight_bytes,
-              "memory_floor_ms": round(memory_floor * 1e3, 3), "fp32_weight_bytes": fp32_bytes,
-              "fp32_memory_floor_ms": round(fp32_bytes / bandwidth * 1e3, 3),
-              "one_row_floor_ms": (round(timed["one_row_floor"] * 1e3, 3)
-                                   if timed["one_row_floor"] else None),
-              "ar_x_one_row_floor": (round(ar / max(memory_floor, timed["one_row_floor"]), 3)
-                                     if timed["one_row_floor"] else None),
+              "kv_bytes": kv_bytes, "memory_floor_ms": round(memory_floor * 1e3, 3),
+              "compute_floor_ms": round(flops / rate * 1e3, 3), "fp32_weight_bytes": fp32_bytes,
+              "fp32_memory_floor_ms": round((fp32_bytes + kv_bytes) / bandwidth * 1e3, 3),
+              # our own GEMVs over in-cache weights: how far the step is from our kernels'
+              # compute speed (not a floor: a slower GEMV would raise it)
+              "in_cache_gemv_ms": round(gemv * 1e3, 3) if gemv else None,
+              "ar_x_in_cache_gemv": round(ar / gemv, 3) if gemv else None,
               "token_gflop": round(flops / 1e9, 4), "context": args.context,
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
               "activations": ops.cpu_activations(),
@@ -348,14 +358,15 @@ def _cpu_isa() -> str:
 
 def print_report(rows: list[dict], floors: dict) -> None:
     print(f"read bandwidth {floors['read_bandwidth_gb_s']} GB/s, in-cache GEMM "
-          f"{floors['gemm_gflop_s']} GFLOP/s, weights read per step "
-          f"{floors['weight_bytes'] / 1e6:.0f} MB -> memory floor {floors['memory_floor_ms']} ms "
+          f"{floors['gemm_gflop_s']} GFLOP/s, weights + KV read per step "
+          f"{(floors['weight_bytes'] + floors['kv_bytes']) / 1e6:.0f} MB -> memory floor "
+          f"{floors['memory_floor_ms']} ms, compute floor {floors['compute_floor_ms']} ms "
           f"(fp32 weights {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
           f"{floors['fp32_memory_floor_ms']} ms; {floors['cpu_isa']}"
           f"; {floors['activations']} activations)"
-          + (f"; one-row GEMVs in cache {floors['one_row_floor_ms']} ms a step -> AR step "
-             f"{floors['ar_x_one_row_floor']} x max(memory floor, one-row compute floor)"
-             if floors["one_row_floor_ms"] else ""))
+          + (f"; our one-row GEMVs over in-cache weights {floors['in_cache_gemv_ms']} ms a step "
+             f"-> AR step {floors['ar_x_in_cache_gemv']} x that" if floors["in_cache_gemv_ms"]
+             else ""))
     for row in rows:
         if row["what"] == "draft":
             print(f"draft {row['tree']:>9}: {row['ms']:8.2f} ms ({row['step_ms']:.2f} ms/step = "
@@ -378,7 +389,7 @@ def plot(rows: list[dict], floors: dict, path: Path) -> None:
     nodes = [r["nodes"] for r in verify]
     axes.plot(nodes, [r["ms"] for r in verify], marker="o", label="verify (target + logits)")
     axes.plot(nodes, [r["floor_ms"] for r in verify], linestyle="--",
-              label="max(memory floor, compute floor)")
+              label="max(memory floor (weights + KV), compute floor)")
     ar = next(r["ms"] for r in rows if r["what"] == "ar_step")
     axes.axhline(ar, color="gray", linestyle=":", label=f"AR step {ar:.1f} ms")
     axes.set_xlabel("tree nodes N")

@@ -3,13 +3,18 @@
 Four ways to answer each prompt with the same target (batch 1, greedy, same EOS rule):
 
 * ``ours-ar``      plain autoregressive decoding of this runtime (the like-for-like baseline),
-* ``ours-eagle``   EAGLE speculative decoding of this runtime (draft head + dynamic tree),
+* ``ours-eagle``   speculative decoding of this runtime: the EAGLE head's dynamic tree where
+                   the tree budget expects it to beat plain steps, else plain steps that verify
+                   context (prompt-lookup) drafts where the context has some (the columns say
+                   which ran: tree cycles and their tokens, context-draft steps and theirs),
 * ``hf-greedy``    transformers ``generate`` (greedy),
 * ``hf-lookup``    transformers prompt-lookup decoding (a speculative peer that needs no draft).
 
 Per prompt set it prints tokens/s of each, EAGLE's speedup over each baseline, τ (tokens per
-cycle), the accepted-length histogram, efficiency (speedup over ours-ar divided by τ: the share
-of the ideal speedup the cycle's overhead leaves), and whether EAGLE's greedy output equals
+cycle of the head's tree), tokens per target pass (every pass: prefill, tree cycles, plain
+steps with or without context drafts), the accepted-length histogram, efficiency (speedup over
+ours-ar divided by tokens per target pass: the share of the ideal speedup the overhead
+leaves), and whether EAGLE's greedy output equals
 ours-ar's token for token (it must) and hf-greedy's (numerics differ slightly). Rows go to
 ``e2e.csv`` (with device, versions, date, commit), the table to ``e2e.json``, a bar chart to
 ``e2e.png``.
@@ -88,6 +93,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
     totals = {m: {"tokens": 0, "seconds": 0.0} for m in METHODS}
     histogram, cycles, same_as_ar, same_as_hf, fallbacks = None, 0, 0, 0, 0
     plain = {"plain_steps": 0, "lookup_steps": 0, "lookup_accepted": 0}  # ours-eagle's
+    passes = 0  # ours-eagle's target passes: a prefill and every step or cycle after it
     trees: dict[str, int] = {}  # tree shape -> cycles (the adaptive tree changes between cycles)
     cycle_over_step = []  # per prompt that speculated throughout: its cycle / ours-ar's step
     for prompt in prompts:
@@ -107,6 +113,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
                 if method == "ours-eagle":
                     for name in plain:  # plain steps and those that verified context drafts
                         plain[name] += getattr(stats, name)
+                    passes += 1 + stats.cycles
                 # a cycle's cost: calls whose every cycle was the head's tree (no plain steps,
                 # no context drafts in place of the tree)
                 if stats.cycles and not stats.plain_steps and not stats.context_cycles and (
@@ -131,6 +138,7 @@ def run_set(generator, hf, prompts: list[str], args) -> dict:
         same_as_hf += outputs["ours-eagle"] == outputs.get("hf-greedy")
     return {"totals": totals, "histogram": histogram or [0], "cycles": cycles, "trees": trees,
             "fallbacks": fallbacks, "cycle_over_step": cycle_over_step, **plain,
+            "target_passes": passes,
             "identical_to_ours_ar": same_as_ar, "identical_to_hf_greedy": same_as_hf,
             "prompts": len(prompts)}
 
@@ -144,6 +152,12 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
            if sum(histogram) else 1.0)
     trees = sorted(result["trees"].items(), key=lambda item: -item[1])
     tree_column = " ".join(f"{name}x{count}" for name, count in trees)
+    eagle = totals["ours-eagle"]["tokens"]
+    per_pass = eagle / result["target_passes"] if result["target_passes"] else 1.0
+    eagle_only = {  # what produced ours-eagle's tokens: the head's tree or context drafts
+        "tree_cycles": sum(histogram), "tree_tokens": sum((n + 1) * c
+                                                          for n, c in enumerate(histogram)),
+        "target_passes": result["target_passes"], "tokens_per_pass": round(per_pass, 3)}
     rows = []
     for method, tokens_per_second in rate.items():
         row = {"set": set_name, "method": method, "prompts": result["prompts"],
@@ -152,8 +166,11 @@ def rows_of(set_name: str, result: dict, generator, args) -> list[dict]:
                "tokens_per_second": round(tokens_per_second, 2),
                "eagle_speedup_over_this": round(rate["ours-eagle"] / tokens_per_second, 3),
                "tau": round(tau, 3) if method == "ours-eagle" else "",
-               "efficiency": round(rate["ours-eagle"] / rate["ours-ar"] / tau, 3)
+               # the speedup over ours-ar as a share of tokens per target pass (<= 1)
+               "efficiency": round(rate["ours-eagle"] / rate["ours-ar"] / per_pass, 3)
                if method == "ours-eagle" else "",
+               **{key: value if method == "ours-eagle" else ""
+                  for key, value in eagle_only.items()},
                "accepted_histogram": " ".join(map(str, histogram))
                if method == "ours-eagle" else "",
                "tree": tree_column,  # top_k/depth/nodes x cycles, most used first
@@ -188,7 +205,10 @@ def print_table(rows: list[dict]) -> None:
               f"{row['tau']!s:>7}{row['efficiency']!s:>7}")
     for row in rows:
         if row["method"] == "ours-eagle":
-            print(f"{row['set']}: histogram {row['accepted_histogram']} (speculative cycles); "
+            print(f"{row['set']}: {row['tree_cycles']} cycles of the head's tree gave "
+                  f"{row['tree_tokens']} of {row['tokens']} tokens; {row['tokens_per_pass']} "
+                  f"tokens per target pass; "
+                  f"histogram {row['accepted_histogram']} (speculative cycles); "
                   f"trees {row['tree'] or '-'}; plain decoding chosen on "
                   f"{row['plain_fallback_prompts']} prompts ({row['plain_steps']} plain steps); "
                   f"{row['context_draft_steps']} steps verified context drafts, "
