@@ -395,3 +395,43 @@ def test_no_probe_where_no_tree_could_pay_even_at_a_high_alpha():
     assert policy.start_call(1) and policy.could_pay()  # overdue: probes at once
     calls = [policy.start_call(1) for _ in range(2 * PROBE_EVERY)]
     assert calls.count(True) == 2 and not policy.worth_speculating()
+
+
+def _paired_then_aged_policy(clock) -> AdaptiveTree:
+    """SMALL timed beside plain steps at t = 0-0.2 (paired: a ratio), MEDIUM alone at t = 50
+    (trusted, unpaired: costed relative to SMALL while SMALL's ratio counts)."""
+    now = [0.0]
+    policy = AdaptiveTree(synthetic_costs(), step_seconds=0.01, clock=lambda: now[0])
+    for when in (0.0, 0.1, 0.2):
+        now[0] = when
+        policy.time_step(0.01, batch=1)
+        policy.time_cycle(SMALL, 0.015, batch=1)
+    for when in (50.0, 50.1, 50.2):
+        now[0] = when
+        policy.time_cycle(MEDIUM, 0.03, batch=1)
+    policy.clock = clock
+    return policy
+
+
+def test_paired_ratios_expire_within_the_second_they_age_out():
+    """Regression: the paired-ratio memo was keyed on the whole second, so at t = 60.5 it still
+    listed SMALL (memoised at 60.0), whose timings had aged past TIMING_MAX_AGE: costing MEDIUM
+    against it divided by None (TypeError mid-generation)."""
+    now = [60.0]
+    policy = _paired_then_aged_policy(lambda: now[0])
+    assert policy.steps_per_cycle(MEDIUM) == pytest.approx(3.0)  # (30 / 15 ms) x 1.5 steps
+    now[0] = 60.5
+    assert policy.steps_per_cycle(MEDIUM) is None  # SMALL's pairs have aged out
+    assert policy.cycle_seconds(MEDIUM) == pytest.approx(0.03)  # MEDIUM's own timings
+    now[0] = 60.0  # a clock that goes back recomputes too (scripted clocks in tests do)
+    assert policy.steps_per_cycle(MEDIUM) == pytest.approx(3.0)
+
+
+def test_a_reference_tree_aging_out_mid_estimate_falls_back_to_start_up_costs():
+    """The clock moves between the paired ratios and the reference tree's own timings (its
+    timings age out in between): the estimate scales by start-up costs instead of failing."""
+    readings = iter([60.0, 60.0])
+    policy = _paired_then_aged_policy(lambda: next(readings, 60.5))
+    costs = synthetic_costs()
+    expected = costs[MEDIUM].total / costs[SMALL].total * 1.5
+    assert policy.steps_per_cycle(MEDIUM) == pytest.approx(expected)

@@ -457,7 +457,7 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     ordered calls (T <= ORDERED_MAX_TREE_KEYS), :func:`choose_num_splits` for the others."""
     batch, num_queries, q_heads, head_dim = q.shape
     _raise_unsupported("triton", _triton_supports(head_dim=head_dim))
-    kv_heads, max_len = k_cache.shape[2], k_cache.shape[1]
+    kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
     ordered = tree_keys <= ORDERED_MAX_TREE_KEYS
     config = triton_config(num_queries * group, head_dim, ordered)

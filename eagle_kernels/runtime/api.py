@@ -249,14 +249,18 @@ class TextStream:
 
     def _texts(self) -> Iterator[str]:
         tokens: list[int] = []
-        shown = ""
+        shown = text = ""
         for new in self._tokens:
             tokens += new[0]
             text = self._tokenizer.decode(tokens, skip_special_tokens=True)
-            # A multi-byte character split across cycles decodes to U+FFFD: wait for the rest.
-            if len(text) > len(shown) and not text.endswith("\ufffd"):
-                yield text[len(shown):]
-                shown = text
+            # A multi-byte character split across cycles decodes to U+FFFD: hold back the
+            # trailing ones (the rest may come next cycle), show everything before them.
+            ready = text.rstrip("\ufffd")
+            if len(ready) > len(shown):
+                yield ready[len(shown):]
+                shown = ready
+        if len(text) > len(shown):  # the reply ended mid-character: what output.texts holds
+            yield text[len(shown):]
 
     def __iter__(self) -> "TextStream":
         return self
@@ -269,6 +273,7 @@ class TextStream:
         out = self._tokens.output
         texts = [self._tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
         return TextOutput(texts, out.tokens, out.stop_reasons, out.stats)
+
 
 def from_pretrained(target=None, draft=None, dtype=torch.float32, device="cpu",
                     tree="default", draft_weights="auto") -> EagleGenerator:

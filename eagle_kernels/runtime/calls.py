@@ -7,6 +7,8 @@ drafts) and the stream that yields a call's tokens. The loops that fill them are
 from __future__ import annotations
 
 import numbers
+import os
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -19,10 +21,18 @@ from .drafting import TreeConfig
 from .lookup import ContextDrafts
 from .tree_budget import AdaptiveTree
 
+# The smallest temperature > 0 a call samples at. logits / temperature must stay finite in
+# fp32 (a subnormal 1e-40 sent every logit to +-inf: NaN probabilities, token 0 every step,
+# and the loop runs with the ops' value checks off, so nothing said so); at 1e-6 any logit of
+# magnitude below 3.4e32 does, far beyond real ones. Below it sampling is greedy in all but
+# exact ties anyway: temperature 0 asks for greedy.
+MIN_TEMPERATURE = 1e-6
 
-def _token_list(name: str, ids) -> list[int]:
+
+def _token_list(name: str, ids, ordered: bool = True) -> list[int]:
     """``ids`` (a sequence of ints, or a 1-D integer tensor) as a list of int; a float or a
-    string is refused, not truncated."""
+    string is refused, not truncated; a set only where order does not matter (not ``ordered``:
+    EOS ids; a prompt's order is its meaning, and a set's is arbitrary)."""
     if isinstance(ids, torch.Tensor):
         if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() \
                 or ids.dtype == torch.bool:
@@ -31,8 +41,10 @@ def _token_list(name: str, ids) -> list[int]:
         return ids.tolist()
     if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes)):  # a NumPy array
         ids = ids.tolist()
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset)):
-        raise TypeError(f"{name}: expected a sequence of token ids, got {type(ids).__name__}")
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, Set)) or (
+            ordered and isinstance(ids, Set)):
+        kind = "a sequence" if ordered else "a sequence or a set"
+        raise TypeError(f"{name}: expected {kind} of token ids, got {type(ids).__name__}")
     if all(type(token) is int for token in ids):  # the common case, checked fast
         return list(ids)
     for index, token in enumerate(ids):
@@ -47,7 +59,8 @@ def _token_list(name: str, ids) -> list[int]:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 means greedy; otherwise the target's tempered, top-k/top-p distribution."""
+    """temperature 0 means greedy; otherwise (at least :data:`MIN_TEMPERATURE`) the target's
+    tempered, top-k/top-p distribution."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -56,6 +69,10 @@ class SamplingConfig:
 
     def __post_init__(self):
         check_eps("temperature", self.temperature)  # a finite number >= 0 (0: greedy)
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature: expected 0 (greedy) or >= {MIN_TEMPERATURE:g} "
+                             f"(logits / temperature must stay finite), got "
+                             f"{self.temperature!r}")
         check_int("top_k", self.top_k, 0, 2**31 - 1)  # 0: off; an int32 (any vocabulary fits)
         if check_positive("top_p", self.top_p) > 1:
             raise ValueError(f"top_p: expected 0 < top_p <= 1, got {self.top_p}")
@@ -65,6 +82,16 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @classmethod
+    def of(cls, sampling) -> "SamplingConfig":
+        """``sampling`` as a call takes it: a SamplingConfig, or None for greedy decoding."""
+        if sampling is None:
+            return cls()
+        if not isinstance(sampling, cls):  # 0 or {} must not read as greedy
+            raise TypeError(f"sampling: expected a SamplingConfig or None (greedy), got "
+                            f"{type(sampling).__name__}")
+        return sampling
 
 
 @dataclass
@@ -158,13 +185,24 @@ class _Call:
         # context_cycle: whether the cycle that just ran verified one instead of a tree.
         self.context: ContextDrafts | None = None
         self.context_cycle = False
+        # The engine's settings this call runs with, set by Engine._start_call when the call
+        # starts: a stream's loop is a generator, and read at its first next() they would be
+        # whatever set_tree (or a new head) made them in between. The draft head (speculative
+        # calls); why the loop runs eagerly (None: capture it in a CUDA graph); whether cycles
+        # may verify context drafts (eager loops only); the tree budget timing its steps.
+        self.head = None
+        self.graph_plan: str | None = "eager (not a CUDA device)"
+        self.cycle_context = False
+        self.timer: AdaptiveTree | None = None
         self._state = [t.data_ptr() for t in (self.generated, self.done, self.out, self.budgets,
                                               self.eos)]
         self.rng = None
         if not sampling.greedy:
             self.rng = torch.Generator(device=device)
+            # seed None: fresh entropy from the OS, not from torch's global generator, whose
+            # stream the caller's own draws would see shifted by every call
             self.rng.manual_seed(sampling.seed if sampling.seed is not None else
-                                 int(torch.randint(0, 2**62, (1,)).item()))
+                                 int.from_bytes(os.urandom(8), "little"))
 
     def record(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Append the first ``counts[b]`` of ``new_tokens`` [B, W]; cut at EOS and the budget.

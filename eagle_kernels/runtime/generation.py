@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+from collections.abc import Set as AbstractSet
 from typing import Sequence
 
 import torch
@@ -49,14 +50,16 @@ from .drafting import TreeConfig, causal_tree_mask, commit, draft_tree, gather_r
 from .graphs import GraphedStep
 from .lookup import (LOOKUP_MAX_NGRAM, ContextDrafts, LookupStep, accept_chain, chain_tree,
                      within_drafts)
-from .model import TargetModel
+from .model import TargetModel, sliding_window
 from .tree_budget import AdaptiveTree
 
 
 class Engine:
     """Target model + optional draft head; every call allocates its own static caches.
 
-    ``tree`` and ``cuda_graphs`` are settings read when a call starts. Calls keep no state on
+    ``head``, ``tree``, ``tree_policy``, ``cuda_graphs`` and ``prompt_lookup`` are settings
+    read when a call starts (``stream`` included: changing them before its first item changes
+    nothing for that call, see :class:`_Call`). Calls keep no state on
     the engine (see :class:`_Call`); :attr:`last_output` and :attr:`graph_status` only report
     the call that finished most recently, for interactive use. With several calls in flight,
     use what each call returns (``generate``'s output, ``stream(...).output``).
@@ -166,7 +169,9 @@ class Engine:
         """Generate for a batch of token-id prompts (different lengths allowed).
 
         A sequence stops at an EOS token, after ``max_new_tokens``, or when prompt plus output
-        reach ``max_length`` (default: the target's ``max_position_embeddings``).
+        reach ``max_length`` (default: the target's ``max_position_embeddings``, or its sliding
+        window where that is smaller: sliding-window attention is not implemented, so a call
+        that could pass the window is refused; one past max_position_embeddings warns).
         """
         stream = self._start_call(prompts, max_new_tokens, sampling, eos_token_ids, speculative,
                                   max_length, emit=False)
@@ -190,13 +195,69 @@ class Engine:
 
     def _start_call(self, prompts, max_new_tokens, sampling, eos_token_ids, speculative,
                     max_length, emit) -> GenerationStream:
+        prompts, eos_token_ids, sampling = self._checked_inputs(prompts, eos_token_ids,
+                                                                 sampling, speculative)
+        budgets = self._budgets(prompts, max_new_tokens, max_length)
+        policy = self.tree_policy  # the engine's settings are read here, once (see _Call)
+        # every tree a speculative call of this engine may use (the largest the policy picks)
+        bound = self.tree if policy is None else policy.largest
+        # A speculative call's plainly decoded steps (and eager cycles) may verify context drafts.
+        lookup = speculative and self.prompt_lookup
+        if speculative:
+            width = max(bound.max_depth, LOOKUP_MAX_NGRAM if lookup else 0) + 1
+            stats = GenerationStats("speculative", accepted_histogram=[0] * (bound.max_depth + 1))
+        else:
+            width = 1
+            stats = GenerationStats("autoregressive", accepted_histogram=[0])
+        # Room past prompt + budget: the verify tree (total_tokens), plus max_depth because the
+        # cycle that reaches a budget still advances the cache by its whole accepted path, and
+        # a finished sequence keeps receiving (ignored) trees while others in the batch run.
+        # Plain calls take the same room: kernels may tile by the cache's capacity (the Triton
+        # attention's splits), and plain and speculative calls must compute alike.
+        # A context draft's chain (LOOKUP_MAX_NGRAM + 1 nodes, a draft never longer than the
+        # tokens its row may still record) takes the room of a tree, and its depth.
+        room = (max(bound.total_tokens, LOOKUP_MAX_NGRAM + 1)
+                + max(bound.max_depth, LOOKUP_MAX_NGRAM))
+        max_len = max(map(len, prompts)) + max(budgets) + room
+        with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
+            call = _Call(budgets, width, list(eos_token_ids), sampling, self.tree,
+                         max_new_tokens, stats, self.device)
+            # recorded tokens come from positions below prompt + budget (see allocate_cache)
+            cache = self.target.allocate_cache(len(prompts), max_len,
+                                               used=max(map(len, prompts)) + max(budgets))
+        # Only now, the call's buffers made, does it touch the shared tree budget: a call
+        # refused above (bad input, no memory) leaves the policy as it was.
+        if speculative and policy is not None:
+            speculative = policy.start_call(len(prompts))
+            if speculative:
+                call.policy, call.tree = policy, policy.current
+            else:  # the head accepts too little for any tree to pay here (see policy)
+                stats.fallback = ("plain decoding" + (" with context drafts" if lookup else "")
+                                  + ": no tree is expected to beat it at this acceptance")
+        if speculative and self.device.type == "cuda" and bound.total_tokens > \
+                ORDERED_MAX_TREE_KEYS:
+            warnings.warn(f"tree: {bound.total_tokens} nodes > {ORDERED_MAX_TREE_KEYS} "
+                          f"(attention_triton.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
+                          f"row-invariant only up to that size, so greedy output may differ "
+                          f"from plain decoding at near-ties", stacklevel=3)
+        self._settle(call, prompts, speculative, lookup, policy)
+        if speculative:
+            steps = self._speculative(prompts, call, cache)
+        else:
+            steps = self._autoregressive(prompts, call, cache)
+        chunks = (self._new_tokens(call, counts) for counts in steps) if emit else steps
+        return GenerationStream(chunks, call)
+
+    def _checked_inputs(self, prompts, eos_token_ids, sampling, speculative):
+        """The call's prompts and EOS ids as lists of int, and its SamplingConfig; a bad one
+        refused by name."""
+        if isinstance(prompts, AbstractSet):  # order is what tells the prompts' outputs apart
+            raise TypeError(f"prompts: expected a sequence of token lists, got "
+                            f"{type(prompts).__name__}")
         prompts = [_token_list(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: expected at least one non-empty token list")
-        eos_token_ids = _token_list("eos_token_ids", eos_token_ids)
-        if max_length is not None:
-            check_int("max_length (None: the model's limit)", max_length, 2)
-        check_int("max_new_tokens", max_new_tokens, 1)
+        eos_token_ids = _token_list("eos_token_ids", eos_token_ids, ordered=False)
         vocab = self.target.vocab_size
         if any(t < 0 or t >= vocab for p in prompts for t in p):
             raise ValueError(f"prompts: token ids must lie in [0, {vocab})")
@@ -204,59 +265,53 @@ class Engine:
             raise TypeError(f"speculative: expected a bool, got {type(speculative).__name__}")
         if speculative and self.head is None:
             raise ValueError("speculative: no draft head loaded; pass speculative=False")
-        max_length = max_length or self.target.config.max_position_embeddings
-        budgets = [min(max_new_tokens, max_length - len(p)) for p in prompts]
+        return prompts, eos_token_ids, SamplingConfig.of(sampling)
+
+    def _budgets(self, prompts, max_new_tokens, max_length) -> list[int]:
+        """Each sequence's new tokens under ``max_length`` (None: the target's limit, the
+        smaller of max_position_embeddings and an active sliding window). Past the window the
+        call is refused (sliding-window attention is not implemented); past
+        max_position_embeddings it runs, with a warning (RoPE computes any position, and YaRN
+        configs keep the unscaled limit there; transformers warns alike)."""
+        check_int("max_new_tokens", max_new_tokens, 1)
+        if max_length is not None:
+            check_int("max_length (None: the model's limit)", max_length, 2)
+        positions = getattr(self.target.config, "max_position_embeddings", None)
+        window = sliding_window(self.target.config)
+        limits = [n for n in (positions, window) if n is not None]
+        if max_length is None and not limits:
+            raise ValueError("max_length: expected an int, the target's config sets no "
+                             "max_position_embeddings, got None")
+        limit = max_length or min(limits)
+        budgets = [min(max_new_tokens, limit - len(p)) for p in prompts]
         if min(budgets) < 1:
             raise ValueError(f"prompts: a prompt of {max(map(len, prompts))} tokens leaves no "
-                             f"room under max_length {max_length}")
-        sampling = sampling or SamplingConfig()
-        policy = self.tree_policy if speculative else None
-        plain_instead = policy is not None and not policy.start_call(len(prompts))
-        # A speculative call's plainly decoded steps (and eager cycles) may verify context drafts.
-        lookup = speculative and self.prompt_lookup
-        tree = self.tree if policy is None else policy.current
-        # every tree a speculative call of this engine may use (the largest the policy picks)
-        bound = self.tree if self.tree_policy is None else self.tree_policy.largest
-        if speculative:
-            width = max(bound.max_depth, LOOKUP_MAX_NGRAM if lookup else 0) + 1
-            stats = GenerationStats("speculative", accepted_histogram=[0] * (bound.max_depth + 1))
-        else:
-            width = 1
-            stats = GenerationStats("autoregressive", accepted_histogram=[0])
-        if plain_instead:  # the head accepts too little for any tree to pay here (see policy)
-            speculative, policy = False, None
-        # Room past prompt + budget: the verify tree (total_tokens), plus max_depth because the
-        # cycle that reaches a budget still advances the cache by its whole accepted path, and
-        # a finished sequence keeps receiving (ignored) trees while others in the batch run.
-        # Plain calls take the same room: kernels may tile by the cache's capacity (the Triton
-        # attention's splits), and plain and speculative calls must compute alike.
-        if speculative and self.device.type == "cuda" and bound.total_tokens > \
-                ORDERED_MAX_TREE_KEYS:
-            warnings.warn(f"tree: {bound.total_tokens} nodes > {ORDERED_MAX_TREE_KEYS} "
-                          f"(attention_triton.ORDERED_MAX_TREE_KEYS): the GPU's tree attention is "
-                          f"row-invariant only up to that size, so greedy output may differ "
-                          f"from plain decoding at near-ties", stacklevel=3)
-        # A context draft's chain (LOOKUP_MAX_NGRAM + 1 nodes, a draft never longer than the
-        # tokens its row may still record) takes the room of a tree, and its depth.
-        room = (max(bound.total_tokens, LOOKUP_MAX_NGRAM + 1)
-                + max(bound.max_depth, LOOKUP_MAX_NGRAM))
-        max_len = max(map(len, prompts)) + max(budgets) + room
-        with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
-            call = _Call(budgets, width, list(eos_token_ids), sampling, tree, max_new_tokens,
-                         stats, self.device, policy)
-            cache = self.target.allocate_cache(len(prompts), max_len)
+                             f"room under max_length {limit}"
+                             + ("" if max_length else " (the target's limit)"))
+        end = max(len(p) + budget for p, budget in zip(prompts, budgets))
+        if window is not None and end > window:
+            raise ValueError(f"max_length: expected <= {window}, the target's sliding_window "
+                             f"(sliding-window attention is not implemented; prompt + "
+                             f"max_new_tokens reach {end}), got {max_length}")
+        if positions is not None and end > positions:
+            warnings.warn(f"max_length: {max_length} lets prompt + new tokens reach {end} "
+                          f"positions, past the target's max_position_embeddings {positions} "
+                          f"(output there may degrade)", stacklevel=4)
+        return budgets
+
+    def _settle(self, call: _Call, prompts, speculative: bool, lookup: bool, policy) -> None:
+        """Fix on ``call`` the engine settings its loop reads (see _Call)."""
+        call.head = self.head if speculative else None
+        call.timer = policy  # the wall clock of each step / cycle feeds the tree budget
+        call.graph_plan = self._graph_plan()
+        # Cycles take context drafts only where the loop runs eagerly (not a captured graph);
+        # a sampling call's only where it would run eagerly with cuda_graphs on too (a context
+        # cycle draws its own uniforms, and one seed must sample alike with and without graphs).
+        call.cycle_context = lookup and self._graph_plan(
+            None if call.sampling.greedy else True) is not None
         if lookup:
             call.context = ContextDrafts(call, prompts, verify_steps=getattr(
-                self.tree_policy, "verify_steps", None))
-        if plain_instead:
-            stats.fallback = ("plain decoding" + (" with context drafts" if lookup else "")
-                              + ": no tree is expected to beat it at this acceptance")
-        if speculative:
-            steps = self._speculative(prompts, call, cache)
-        else:
-            steps = self._autoregressive(prompts, call, cache)
-        chunks = (self._new_tokens(call, counts) for counts in steps) if emit else steps
-        return GenerationStream(chunks, call)
+                policy, "verify_steps", None))
 
     def _autoregressive(self, prompts, call: _Call, cache):
         """Plain decoding; in a speculative call the tree budget decodes plainly, with context
@@ -293,7 +348,7 @@ class Engine:
         return root, counts, torch.zeros_like(counts), active.to(torch.int64)
 
     def _speculative(self, prompts, call: _Call, cache):
-        head, tree = self.head, call.tree
+        head, tree = call.head, call.tree
         bound = tree if call.policy is None else call.policy.largest
         draft_cache = head.allocate_cache(len(prompts), cache.max_len + bound.drafted_keys)
         start = _now(self.device)
@@ -307,11 +362,7 @@ class Engine:
                              lengths)
         call.stats.prefill_seconds = _now(self.device) - start
         yield counts
-        # Cycles take context drafts only where the loop runs eagerly (not a captured graph);
-        # a sampling call's only where it would run eagerly with cuda_graphs on too (a context
-        # cycle draws its own uniforms, and one seed must sample alike with and without graphs).
-        eager = self._graph_plan(None if call.sampling.greedy else True) is not None
-        context = call.context if eager else None
+        context = call.context if call.cycle_context else None  # see _settle
         cycle = functools.partial(self._cycle, head, cache, draft_cache, call, context)
         plain_step = self._plain_step(prompts, call, cache)
         yield from self._decode(cycle, [root, root_hidden], tree.total_tokens,
@@ -331,7 +382,7 @@ class Engine:
         start = _now(self.device)
         finished = bool(call.done.all())
         runner = step
-        stats.graph_status = self._graph_plan() or (
+        stats.graph_status = call.graph_plan or (
             "eager (context drafts are proposed on the host)" if isinstance(step, LookupStep)
             else "captured")
         if not finished and stats.graph_status == "captured":
@@ -345,7 +396,7 @@ class Engine:
             stats.capture_seconds = _now(self.device) - start
             start = _now(self.device)  # decode time excludes the one-off capture
         adaptive = call.policy is not None
-        timer = self.tree_policy  # the wall clock of each step / cycle feeds the tree budget
+        timer = call.timer
         batch = len(carry[0])
         while not finished:
             if adaptive:

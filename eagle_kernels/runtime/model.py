@@ -44,6 +44,12 @@ class Backbone(nn.Module):
         self.rotary_emb = RotaryEmbedding(config)
 
 
+def sliding_window(config) -> int | None:
+    """The model's active sliding window; None when attention is full."""
+    window = getattr(config, "sliding_window", None)
+    return window if window is not None and getattr(config, "use_sliding_window", True) else None
+
+
 class TargetModel(nn.Module):
     """A Llama-family causal LM whose attention runs through :mod:`eagle_kernels.ops`."""
 
@@ -85,11 +91,16 @@ class TargetModel(nn.Module):
                              f"(N >= 7), the target has {n} layers")
         return (2, n // 2, n - 3)
 
-    def allocate_cache(self, batch: int, max_len: int) -> KVCache:
-        window = getattr(self.config, "sliding_window", None)
-        if window is not None and getattr(self.config, "use_sliding_window", True) \
-                and max_len > window:
-            raise ValueError(f"max_len: {max_len} exceeds the model's sliding_window {window}; "
+    def allocate_cache(self, batch: int, max_len: int, used: int | None = None) -> KVCache:
+        """A static cache of ``max_len`` positions per sequence. ``used`` (default max_len):
+        the positions whose outputs the caller keeps; past an active sliding window they are
+        refused (sliding-window attention is not implemented: full attention equals it only
+        within the window). The generation loop's room for a verify tree past prompt + budget
+        holds nodes whose outputs decide no recorded token, so it may lie past the window."""
+        window = sliding_window(self.config)
+        used = max_len if used is None else used
+        if window is not None and used > window:
+            raise ValueError(f"max_len: {used} exceeds the model's sliding_window {window}; "
                              f"sliding-window attention is not implemented, keep prompt + new "
                              f"tokens within the window")
         return KVCache.allocate(self.num_layers, batch, max_len, self.config.num_key_value_heads,

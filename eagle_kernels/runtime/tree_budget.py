@@ -257,7 +257,8 @@ class AdaptiveTree:
     _timed_last: TreeConfig | None = None  # the last tree timed often enough to trust
     _step_samples: deque = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
     _timings_seen: int = 0  # timings recorded so far (keys the paired-ratio memo)
-    _paired_memo: tuple = (None, None)  # (key, (ratio per tree, tree timed last among them))
+    # (timings seen, valid from, valid until, (ratio per tree, tree timed last among them))
+    _paired_memo: tuple = (None, 0.0, -1.0, None)
 
     def __post_init__(self):
         if not self.costs:
@@ -326,11 +327,11 @@ class AdaptiveTree:
     def _paired_ratios(self) -> tuple[dict[TreeConfig, float], TreeConfig | None]:
         """Median cycle / plain-step ratio of every tree with TIMINGS_TO_TRUST timings paired
         with steps timed within PAIR_SECONDS, and the one of them timed last (memoized until
-        a new timing comes or a second passes)."""
+        a new timing comes or one it counted ages past TIMING_MAX_AGE)."""
         now = self.clock()
-        key = (self._timings_seen, int(now))
-        if self._paired_memo[0] == key:
-            return self._paired_memo[1]
+        seen, since, until, memo = self._paired_memo
+        if seen == self._timings_seen and since <= now <= until:
+            return memo
         oldest = now - TIMING_MAX_AGE
         steps = sorted({entry for entry in (*self._step_samples, *self._step_timings)
                         if entry[0] >= oldest})
@@ -346,7 +347,10 @@ class AdaptiveTree:
                 ratios[tree] = _median(paired)
                 if last_when is None or timings[-1][0] >= last_when:
                     last, last_when = tree, timings[-1][0]
-        self._paired_memo = (key, (ratios, last))
+        counted = [when for timings in self._cycle_timings.values() for when, _ in timings
+                   if when >= oldest]
+        until = min(times[:1] + counted, default=now) + TIMING_MAX_AGE  # the first to age out
+        self._paired_memo = (self._timings_seen, now, until, (ratios, last))
         return ratios, last
 
     def steps_per_cycle(self, tree: TreeConfig) -> float | None:
@@ -363,8 +367,9 @@ class AdaptiveTree:
         # Relative to the paired tree: its own recent timings where it has them (timed in some
         # state, but so were last's: the state cancels), else the start-up costs.
         timed = self._trusted(self._cycle_timings.get(tree, ()))
-        if timed is not None:
-            return timed / self._trusted(self._cycle_timings[last]) * ratios[last]
+        reference = self._trusted(self._cycle_timings[last])  # None if aged out since the memo
+        if timed is not None and reference is not None:
+            return timed / reference * ratios[last]
         return self.costs[tree].total / self.costs[last].total * ratios[last]
 
     def _has_step(self) -> bool:
