@@ -31,6 +31,7 @@ HELDOUT_MODULUS = 50  # 1 conversation in 50 is held out
 CODE_DOCSTRING_CHARS = (40, 1200)  # docstring lengths a code prompt keeps (a task, not a manual)
 CODE_SKIPPED_PACKAGES = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo",
                          "tkinter", "ensurepip"}  # test suites, GUI code, installed packages
+CODE_HELDOUT_TASKS = {("statistics", "median")}  # (module, function): a HumanEval task (/47)
 
 
 def sharegpt_split(conversation_id: str) -> str:
@@ -143,11 +144,12 @@ def code_prompts(count: int | None = None) -> list[str]:
     CODE_DOCSTRING_CHARS characters, its ``def`` line(s) and docstring as written (decorators
     and body dropped); then the same for the public methods of public top-level classes,
     dedented. Files in sorted order, duplicates dropped: the list is fixed for a Python build
-    (1071 functions then 2092 methods on 3.11.7; a distribution's patches can change it, so
+    (1070 functions then 2092 methods on 3.11.7; a distribution's patches can change it, so
     the training data key holds :func:`prompts_digest`). No text is HumanEval's; some names are
-    HumanEval entry points (functions: encode, unique, search, median; methods: add, compare,
-    encode, is_nested, median, multiply, search), all other tasks but statistics.median (847th,
-    the task of HumanEval/47). Raises ValueError when fewer than ``count`` exist."""
+    HumanEval entry points (functions: encode, unique, search; methods: add, compare, encode,
+    is_nested, median, multiply, search), all other tasks: the one function whose task is
+    HumanEval's, statistics.median (HumanEval/47), is left out (CODE_HELDOUT_TASKS). Raises
+    ValueError when fewer than ``count`` exist."""
     prompts = _stdlib_stubs()
     if count is not None and not 1 <= count <= len(prompts):
         raise ValueError(f"code prompts: {count} asked for, the standard library at "
@@ -160,7 +162,9 @@ def _stdlib_stubs() -> tuple[str, ...]:
     """Every code prompt (see :func:`code_prompts`), each source file parsed once per process
     (a training run asks twice: for its data key and for its data)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    per_file = [_stubs(path) for path in sorted(root.rglob("*.py"))
+    per_file = [_stubs(path, {name for module, name in CODE_HELDOUT_TASKS
+                              if module == ".".join(path.relative_to(root).with_suffix("").parts)})
+                for path in sorted(root.rglob("*.py"))
                 if not CODE_SKIPPED_PACKAGES & set(path.relative_to(root).parts[:-1])]
     ordered = [stub for functions, _ in per_file for stub in functions] + \
         [stub for _, methods in per_file for stub in methods]  # functions first, as always
@@ -172,16 +176,17 @@ def prompts_digest(prompts: list[str]) -> str:
     return f"{zlib.crc32(chr(0).join(prompts).encode()):08x}"
 
 
-def _stubs(path: Path) -> tuple[list[str], list[str]]:
-    """(function stubs, method stubs) of one source file, see :func:`code_prompts`; none when
-    it does not parse."""
+def _stubs(path: Path, heldout: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """(function stubs, method stubs) of one source file, see :func:`code_prompts`, without
+    its top-level functions named in ``heldout``; none when it does not parse."""
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return [], []
     lines = source.split("\n")  # ast counts "\n" only
-    functions = [stub for node in tree.body if (stub := _stub(node, lines))]
+    functions = [stub for node in tree.body
+                 if getattr(node, "name", None) not in heldout and (stub := _stub(node, lines))]
     methods = [stub for cls in tree.body
                if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
                for node in cls.body if (stub := _stub(node, lines))]

@@ -8,9 +8,11 @@ assistant-token frequencies of those conversations, target features computed onl
 runtime's model (one no-grad prefill per batch), the training-time-test loss of
 :mod:`eagle_kernels.runtime.training`, AdamW with warm-up and cosine decay, tqdm progress.
 
-Resumable: ``OUT/trainer_state.pt`` (head, optimiser, step) is written every ``--save-every``
-steps and at the end; running the same command again continues from it (the batch order is a
-function of the seed, so the resumed run sees the batches the first one had not reached).
+Resumable: ``OUT/trainer_state.pt`` (head, optimiser, step, settings, data key) is written every
+``--save-every`` steps and at the end; running the same command again continues from it (the
+batch order and each step's random draws are functions of the seed and the step, so the resumed
+run ends where an uninterrupted one does). A resume with other run-defining settings, data or
+target is refused by name (:func:`check_resume`); the log is cut back to the saved step.
 The head is exported in the official format (``OUT/config.json`` + ``OUT/model.safetensors``)
 at every save, in ``--export-dtype``.
 """
@@ -19,13 +21,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from .ops import op_backends
 from .ops._validate import check_eps, check_int, check_positive, no_value_checks
 from .runtime.draft_heads import EAGLE1, EAGLE3, new_draft_head, save_draft_head
 from .runtime.model import TargetModel
@@ -37,6 +42,13 @@ CACHE_DIR = "target_cache"
 LOG_FILE = "train_log.jsonl"
 INIT_NORM_SCALE = 0.25  # see init_head
 CPU_TTT_STEPS = 4  # see default_ttt_steps
+EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+EAGLE3_ONLY = ("draft_vocab", "ttt_steps", "target_temperature", "cache_target", "loss_backend")
+# settings a resumed run may change: where and how it runs, not what it computes (the target
+# is compared by its weights, not its path)
+RESUME_MAY_CHANGE = ("out", "target", "max_minutes", "save_every", "threads", "data_dir",
+                     "prepare_only", "cache_target", "loss_backend", "export_dtype",
+                     "regenerate_batch", "extra")
 
 
 @dataclass
@@ -92,11 +104,22 @@ class TrainConfig:
         # combinations refused before any data or model loads (nothing silently ignored)
         if self.kind not in (EAGLE1, EAGLE3):
             raise ValueError(f"kind: expected {EAGLE1!r} or {EAGLE3!r}, got {self.kind!r}")
+        if self.export_dtype not in EXPORT_DTYPES:
+            raise ValueError(f"export_dtype: expected one of {sorted(EXPORT_DTYPES)}, got "
+                             f"{self.export_dtype!r}")
+        backends = ("auto", *op_backends()["soft_cross_entropy"])
+        if self.loss_backend not in backends:
+            raise ValueError(f"loss_backend: expected one of {backends}, got {self.loss_backend!r}")
+        if self.init_from is not None and self.kind != EAGLE3:
+            raise ValueError(f"init_from: warm starts take an EAGLE-3 head; kind is {self.kind}")
+        for name in EAGLE3_ONLY if self.kind == EAGLE1 else ():
+            default, value = self.__dataclass_fields__[name].default, getattr(self, name)
+            if value != default:
+                raise ValueError(f"{name}: an EAGLE-3 setting, expected {default!r} (its default) "
+                                 f"with kind {EAGLE1!r}, got {value!r}")
         if self.code_prompts and not self.regenerate:
             raise ValueError("code_prompts: the code prompts have no replies; they need "
                              "regenerate (the target answers them)")
-        if self.init_from is not None and self.kind != EAGLE3:
-            raise ValueError(f"init_from: warm starts take an EAGLE-3 head; kind is {self.kind}")
         if self.conversations == 0 and self.code_prompts == 0:
             raise ValueError("conversations: expected training data; conversations and "
                              "code_prompts are both 0")
@@ -139,14 +162,17 @@ def build_dataset(tokenizer, config: TrainConfig, progress: bool = True, target=
         if target is None:
             raise ValueError("regenerate: needs the target model to generate with")
         conversations = regenerate(target, tokenizer, conversations, config, progress)
-    examples = []
-    counts = torch.zeros(len(tokenizer), dtype=torch.int64)
+    examples = []  # counts: one per row of the target's embedding (it may pad the tokenizer's)
+    counts = torch.zeros(len(tokenizer) if target is None else target.vocab_size, dtype=torch.int64)
     for messages in tqdm(conversations, desc="render conversations", disable=not progress):
         rendered = messages and render_conversation(tokenizer, messages, config.max_length)
         if not rendered or not any(rendered[1][2:]):
             continue
         ids, mask = torch.tensor(rendered[0]), torch.tensor(rendered[1])
-        counts += torch.bincount(ids[mask], minlength=counts.numel())[:counts.numel()]
+        if int(ids.max()) >= counts.numel():
+            raise ValueError(f"tokenizer: expected token ids below the target's vocabulary size "
+                             f"{counts.numel()}, got {int(ids.max())} (another model's tokenizer?)")
+        counts += torch.bincount(ids[mask], minlength=counts.numel())
         examples.append((ids, mask))
     return examples, counts
 
@@ -276,6 +302,9 @@ def init_head(kind: str, target: TargetModel, counts: torch.Tensor, draft_vocab:
         return new_draft_head(EAGLE1, target, seed=seed).float().train()
     if init_from is not None:
         return warm_start_head(init_from, target)
+    if counts.numel() != target.vocab_size:
+        raise ValueError(f"counts: expected one per target token ({target.vocab_size}), got "
+                         f"{counts.numel()}")
     size = min(draft_vocab, target.vocab_size)
     head = new_draft_head(EAGLE3, target, draft_vocab=size, seed=seed).float()
     d2t, t2d = draft_vocabulary(counts, size, always)
@@ -318,8 +347,8 @@ def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig, cached
     if head.kind == EAGLE1:
         hidden, _ = training.target_pass(target, ids)
         loss, regression, cross_entropy = training.eagle1_loss(head, target, hidden, ids, mask)
-        return loss, {"regression": logged(float(regression), None),
-                      "ce": logged(float(cross_entropy), None)}
+        return loss, {"regression": logged(float(regression.detach()), None),
+                      "ce": logged(float(cross_entropy.detach()), None)}
     if cached is not None:
         features, logits, argmax = cached
     else:
@@ -354,13 +383,25 @@ def learning_rate(config: TrainConfig, step: int, total: int) -> float:
 # ------------------------------------------------------------------------------- loop
 
 
-def dataset_key(config: TrainConfig) -> list:
-    """What the examples depend on (a changed key rebuilds the dataset and the target cache)."""
-    key = [config.conversations, config.max_length, config.regenerate]
+def dataset_key(config: TrainConfig, tokenizer, target: TargetModel) -> list:
+    """What the examples depend on (a changed key rebuilds the dataset and the target cache):
+    the data settings, the tokenizer (its vocabulary and chat template), the size of the
+    target's vocabulary (the counts' length), the ShareGPT file, and with ``regenerate`` the
+    target's weights (the replies are its own)."""
+    from .target_cache import target_digest
+
+    key = [config.conversations, config.max_length, config.regenerate,
+           {"tokenizer": tokenizer_digest(tokenizer), "vocab": target.vocab_size}]
+    if config.conversations:
+        from .data import sharegpt_path
+
+        path = sharegpt_path()
+        key.append({"sharegpt": [path.name, path.stat().st_size]})
     if config.skip_conversations:
         key.append({"skip": config.skip_conversations})
     if config.regenerate:
-        key.append({"regenerate_max_new": config.regenerate_max_new})
+        key.append({"regenerate_max_new": config.regenerate_max_new,
+                    "target": target_digest(target)})
     if config.turns:
         key.append({"turns": config.turns})
     if config.code_prompts:  # the list follows the Python build: its digest is part of the key
@@ -373,45 +414,95 @@ def dataset_key(config: TrainConfig) -> list:
     return key
 
 
-def _load_data(out: Path, tokenizer, config: TrainConfig, target: TargetModel):
-    cached = out / DATA_FILE
-    key = dataset_key(config)
+def tokenizer_digest(tokenizer) -> str:
+    """CRC-32 of the tokenizer's vocabulary (token, id pairs) and chat template."""
+    text = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.chat_template])
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def _load_data(data_dir: Path, tokenizer, config: TrainConfig, target: TargetModel, key: list):
+    """(examples, counts) from ``data_dir/dataset.pt`` when its key is ``key``, else built and
+    stored there (atomically: runs may share the directory). Only tensors, lists, tuples,
+    dicts and plain values are stored, so it loads with ``weights_only``."""
+    cached = data_dir / DATA_FILE
     if cached.is_file():
-        data = torch.load(cached, weights_only=False)
-        if data["key"] == key:
+        data = torch.load(cached, weights_only=True)
+        if isinstance(data, dict) and data.get("key") == key:
             return data["examples"], data["counts"]
     examples, counts = build_dataset(tokenizer, config, target=target)
-    torch.save({"key": key, "examples": examples,
-                "counts": counts}, cached)
+    temporary = data_dir / f"{DATA_FILE}.{os.getpid()}.tmp"
+    torch.save({"key": key, "examples": examples, "counts": counts}, temporary)
+    temporary.replace(cached)
     return examples, counts
 
 
 def _target_cache(data_dir: Path, config: TrainConfig, head, target: TargetModel, examples,
-                  pad_id: int, progress: bool):
+                  pad_id: int, progress: bool, key: list):
     """A filled TargetCache when target outputs are reused (EAGLE-3), else None."""
     from .target_cache import TargetCache
 
     wanted = config.epochs > 1 if config.cache_target is None else config.cache_target
     if not wanted or head.kind != EAGLE3:
         return None
-    cache = TargetCache(data_dir / CACHE_DIR, target, head.feature_layers, dataset_key(config),
+    cache = TargetCache(data_dir / CACHE_DIR, target, head.feature_layers, key,
                         training.draft_vocab_ids(head))
     cache.fill(examples, config.batch_tokens, pad_id, progress)
     return cache
 
 
-def _save(out: Path, head, optimizer, step: int, config: TrainConfig):
+def check_resume(state: dict, config: TrainConfig, key: list, target_id: str, path) -> None:
+    """Refuse to continue the run saved in ``state`` with other run-defining settings (all but
+    RESUME_MAY_CHANGE), data (``key``) or target weights (``target_id``), by name."""
+    fields, saved = TrainConfig.__dataclass_fields__, state.get("config") or {}
+    for name in fields:
+        was, now = saved.get(name, fields[name].default), getattr(config, name)
+        if name not in RESUME_MAY_CHANGE and was != now:
+            raise ValueError(f"{name}: {path} continues a run started with {was!r}, got {now!r} "
+                             f"(resume with the same settings, or train into another out)")
+    for name, now in (("dataset_key", key), ("target_digest", target_id)):
+        if name in state and state[name] != now:  # states saved before these were stored: none
+            raise ValueError(f"{name}: {path} continues a run on other "
+                             f"{'data' if name == 'dataset_key' else 'target weights'} "
+                             f"({state[name]!r}), got {now!r}")
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The torch seed of training step ``step`` (EAGLE-1's input noise): a function of the run's
+    seed and the step only, so a resumed run draws what an uninterrupted one would."""
+    return zlib.crc32(f"{seed}/{step}".encode())
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Cut the training log back to ``step``: lines after the last save (or a torn last line)
+    belong to steps the resumed run does again."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            if json.loads(line)["step"] > step or not line.endswith("\n"):
+                break
+        except (ValueError, KeyError, TypeError):
+            break
+        kept.append(line)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(kept))
+    temporary.replace(path)
+
+
+def _save(out: Path, head, optimizer, step: int, config: TrainConfig, key: list, target_id: str):
     torch.save({"step": step, "head": head.state_dict(), "optimizer": optimizer.state_dict(),
-                "config": asdict(config)}, out / (STATE_FILE + ".tmp"))
+                "config": asdict(config), "dataset_key": key, "target_digest": target_id},
+               out / (STATE_FILE + ".tmp"))
     (out / (STATE_FILE + ".tmp")).replace(out / STATE_FILE)
-    export = {"bfloat16": torch.bfloat16, "float16": torch.float16,
-              "float32": torch.float32}[config.export_dtype]
-    save_draft_head(head, out, dtype=export)
+    save_draft_head(head, out, dtype=EXPORT_DTYPES[config.export_dtype])
 
 
 def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = True) -> dict:
     """Train (or resume) a head; returns a summary. Writes everything under ``config.out``."""
     from tqdm import tqdm
+
+    from .target_cache import target_digest
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -422,12 +513,19 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
     target.requires_grad_(False)
     data_dir = Path(config.data_dir) if config.data_dir else out
     data_dir.mkdir(parents=True, exist_ok=True)
-    examples, counts = _load_data(data_dir, tokenizer, config, target)
+    key, target_id = dataset_key(config, tokenizer, target), target_digest(target)
+    state = None
+    if (out / STATE_FILE).is_file():  # checked before any data is built for it
+        state = torch.load(out / STATE_FILE, weights_only=True)
+        check_resume(state, config, key, target_id, out / STATE_FILE)
+    examples, counts = _load_data(data_dir, tokenizer, config, target, key)
     always = sorted({tokenizer.eos_token_id, *_end_of_turn_ids(tokenizer)} - {None})
     head = init_head(config.kind, target, counts, config.draft_vocab, always, config.seed,
                      config.init_from)
+    if state is not None:  # before the cache, which reads the head's draft vocabulary
+        head.load_state_dict(state["head"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    cache = _target_cache(data_dir, config, head, target, examples, pad_id, progress)
+    cache = _target_cache(data_dir, config, head, target, examples, pad_id, progress, key)
     if config.prepare_only:
         return {"examples": len(examples), "tokens": sum(e[0].numel() for e in examples),
                 "assistant_tokens": int(sum(e[1].sum() for e in examples)),
@@ -438,15 +536,14 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
              for epoch in range(config.epochs)]
     schedule = [batch for plan in plans for batch in plan]
     step = 0
-    if (out / STATE_FILE).is_file():
-        state = torch.load(out / STATE_FILE, weights_only=False)
-        head.load_state_dict(state["head"])
+    if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
+    _trim_log(out / LOG_FILE, step)
     started, log = time.time(), open(out / LOG_FILE, "a")
     bar = tqdm(total=len(schedule), initial=step, desc="train", disable=not progress)
-    torch.manual_seed(config.seed + step)
     while step < len(schedule):
+        torch.manual_seed(step_seed(config.seed, step))
         ids, mask = collate(examples, schedule[step], pad_id, target.device)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(config, step, len(schedule))
@@ -470,13 +567,13 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
         bar.update()
         out_of_time = config.max_minutes and time.time() - started > 60 * config.max_minutes
         if step % config.save_every == 0 or step == len(schedule) or out_of_time:
-            _save(out, head, optimizer, step, config)
+            _save(out, head, optimizer, step, config, key, target_id)
         if out_of_time:
             break
     bar.close()
     log.close()
     if step == len(schedule) and not (out / "model.safetensors").is_file():
-        _save(out, head, optimizer, step, config)
+        _save(out, head, optimizer, step, config, key, target_id)
     return {"steps_done": step, "steps_total": len(schedule), "examples": len(examples),
             "finished": step == len(schedule)}
 

@@ -348,8 +348,8 @@ def test_code_prompts_join_the_chats_answered_by_the_target(tokenizer):
     assert len(examples) == 2 and int(counts.sum()) > 0
     fresh = train_config("unused", code_prompts=2, skip_code_prompts=1, regenerate=True)
     assert selected_code_prompts(fresh) == code_prompts(3)[1:]  # a warm start's next prompts
-    assert dataset_key(fresh) != dataset_key(train_config("unused", code_prompts=2,
-                                                          regenerate=True))
+    assert dataset_key(fresh, tokenizer, target) != dataset_key(
+        train_config("unused", code_prompts=2, regenerate=True), tokenizer, target)
     for (ids, mask), prompt in zip(examples, code_prompts(2)):
         text = tokenizer.decode(ids[~mask])
         assert prompt.strip().splitlines()[0] in text  # the stub is the user turn

@@ -10,10 +10,14 @@ EAGLE-3 training-time test (TTT), ``steps`` = K unrolled drafting steps over one
 * step i > 0 at position p: hidden = the head's own step i - 1 output at p, token = x[p + 1 + i];
   it stands for a depth-i draft node, so its RoPE position is p + i (where drafting puts it);
 * the query of step i at p sees the step-0 keys at positions <= p (the real prefix) and the key
-  of each step 1..i at the same position p (its own drafted ancestors): the mask of the current
-  SafeAILab/EAGLE code. :func:`ttt_dense_mask` spells it out over all (step, position) keys;
-  :func:`ttt_attention` computes it without the dense mask (causal scores against step 0 plus one
-  diagonal score per later step);
+  of each step 1..i at the same position p (its own drafted ancestors): what the runtime's own
+  drafting attends to (``test_ttt_forward_equals_the_drafting_path``).
+  :func:`ttt_dense_mask` spells it out over all (step, position) keys; :func:`ttt_attention`
+  computes it without the dense mask (causal scores against step 0 plus one diagonal score per
+  later step). It is not the official mask at steps >= 1: SafeAILab/EAGLE's
+  ``eagle/traineagle3/cnets.py`` (at 9666a81) also hides, at step i, the step-0 keys at
+  positions p - i + 1 .. p (it masks one more diagonal of the step-0 mask after each step),
+  which drafting does not do; SafeAILab/EAGLE issue #247 questions that mask;
 * step i's target is the target's distribution of token p + 2 + i restricted to the draft
   vocabulary (softmax over the target's logits of the draft tokens); the loss is
   ``sum_i decay^i * mean_p soft_CE`` over positions whose token p + 2 + i is a trained
