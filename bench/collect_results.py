@@ -3,6 +3,13 @@ each stage's unpacked tarball, verdict.json (read by the backend registry) and R
 
     python3 bench/collect_results.py FOLDER [FOLDER ...]   # each a stage's files_at ($OUT copy)
     python3 bench/collect_results.py --proof-from RUN_DIR FOLDER ...   # a run without stage 1
+    python3 bench/collect_results.py --run NAME FOLDER ...  # into results/NAME, not <date>_<gpu>
+
+A stage folder already in the run folder is never replaced (a second lease the same day names
+its stages apart with EAGLE_STAGE_TAG, or is collected with ``--run``); stages added to a run
+folder join its verdict, which is rebuilt from every stage there, so ``verdict.json`` always
+stands on the data beside it. A run folder whose verdict leaned on ``--proof-from`` takes no
+more stages without it (the rebuilt verdict would have no stage 1 to read).
 
 ``--proof-from`` (a lease that skipped stage 1 on a GPU proven before): the verdict also reads
 RUN_DIR's stage-1 evidence (GPU tests, memcheck), allowed only on the same GPU and versions and
@@ -39,6 +46,7 @@ def _slug(text: str) -> str:
 # What a stage-1 proof is of: the kernels' sources and how they are built.
 KERNEL_SOURCES = ("eagle_kernels", "csrc", "setup.py", "CMakeLists.txt", "pyproject.toml")
 TARBALLS = ("stage*.tar.gz", "profile*.tar.gz")  # never build.tar.gz (stage 1's build)
+STAGE_PREFIXES = ("stage", "profile")  # the folders those tarballs unpack to
 
 
 def _environment(stage: Path) -> list[str]:
@@ -96,8 +104,46 @@ def proof_stages(run: Path, new_stages: list[Path]) -> list[Path]:
     return proof
 
 
+def _run_stages(run: Path) -> list[Path]:
+    """The stage folders a run folder holds (stage order: stage1 before stage1b), what its
+    verdict reads; never the hand-made notes beside them."""
+    return sorted(p for p in run.iterdir() if p.is_dir() and p.name.startswith(STAGE_PREFIXES)) \
+        if run.is_dir() else []
+
+
+def _next_name(name: str) -> str:
+    """The run folder after ``name`` as results/ names them: 2026-11-26_gpu -> 2026-11-26b_gpu,
+    2026-11-26b_gpu -> 2026-11-26c_gpu."""
+    dated = re.match(r"^(\d{4}-\d\d-\d\d)([a-y]?)_(.+)$", name)
+    if not dated:
+        return f"{name}-b"
+    date, letter, rest = dated.groups()
+    return f"{date}{chr(ord(letter) + 1) if letter else 'b'}_{rest}"
+
+
+def _check_new(run: Path, stages: list[Path], proof: list[Path]) -> None:
+    """Refuse what would leave data and verdict apart: a stage folder replaced (the verdict
+    and RESULTS.md of the first collect would describe data no longer there), or stages added
+    to a run whose verdict came from another run's stage 1 without that proof."""
+    taken = [stage.name for stage in stages if (run / stage.name).exists()]
+    if taken:
+        raise ValueError(
+            f"{run} already holds {', '.join(taken)}: collect into another run folder with "
+            f"--run {_next_name(run.name)} (any NAME under {run.parent}), or name the stages "
+            "apart on the GPU (EAGLE_STAGE_TAG=b -> stage1b, ...)")
+    before = _run_stages(run)
+    if before and verdict._gpu_name(before) != verdict._gpu_name(stages):
+        raise ValueError(f"{run} holds stages of {verdict._gpu_name(before)}, these ran on "
+                         f"{verdict._gpu_name(stages)}: collect them with --run NAME")
+    evidence = [*proof, *before, *stages]
+    if (run / "verdict.json").is_file() and not any(
+            (stage / "gpu-tests.xml").is_file() for stage in evidence):
+        raise ValueError(f"{run}'s verdict read stage-1 evidence from another run: give that "
+                         "run again with --proof-from, or collect with --run NAME")
+
+
 def collect(folders: list[Path], results: Path = make_results.RESULTS,
-            proof_from: Path | None = None) -> Path:
+            proof_from: Path | None = None, name: str | None = None) -> Path:
     staging = results / "local" / "collect"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -107,13 +153,17 @@ def collect(folders: list[Path], results: Path = make_results.RESULTS,
                 tar.extractall(staging, filter="data")
     stages = sorted(p for p in staging.iterdir() if p.is_dir())
     gpu = verdict._gpu_name(stages)
-    proof = proof_stages(proof_from, stages) if proof_from else []  # refused: nothing written
-    run = results / f"{datetime.date.today().isoformat()}_{_slug(gpu)}"
+    run = results / (name or f"{datetime.date.today().isoformat()}_{_slug(gpu)}")
+    try:  # refused: nothing written
+        proof = proof_stages(proof_from, stages) if proof_from else []
+        _check_new(run, stages, proof)
+    except ValueError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     run.mkdir(parents=True, exist_ok=True)
     for stage in stages:
-        shutil.rmtree(run / stage.name, ignore_errors=True)
         shutil.copytree(stage, run / stage.name)
-    evidence = [*proof, *(run / s.name for s in stages)]
+    evidence = [*proof, *_run_stages(run)]  # the stages collected before these too
     if any((stage / "gpu-tests.xml").is_file() for stage in evidence):
         report = verdict.build(evidence, gpu)
         (run / "verdict.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -128,11 +178,12 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    proof_from = None
-    if argv[:1] == ["--proof-from"] and len(argv) > 2:
-        proof_from, argv = Path(argv[1]), argv[2:]
+    options = {"--proof-from": None, "--run": None}
+    while argv[:1] and argv[0] in options and len(argv) > 2:
+        options[argv[0]], argv = argv[1], argv[2:]
+    proof_from = Path(options["--proof-from"]) if options["--proof-from"] else None
     try:
-        run = collect([Path(a) for a in argv], proof_from=proof_from)
+        run = collect([Path(a) for a in argv], proof_from=proof_from, name=options["--run"])
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2

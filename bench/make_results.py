@@ -17,11 +17,16 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# Columns shown for kernel CSVs, when present (every row keeps its full record in the CSV).
-KERNEL_COLUMNS = ("op", "model", "method", "backend", "dtype", "batch", "context", "nodes",
-                  "num_nodes", "vocab", "median_us", "speedup_vs_torch", "x_floor",
-                  "ratio_to_causal", "bw_fraction", "cycle_ms", "step_ms", "cycle_over_step",
-                  "roofline_cycle_over_step")
+# Columns shown for kernel CSVs, when present (every row keeps its full record in the CSV):
+# first every column that tells rows apart (a Llama row from a SmolLM2 one: shape; a weight,
+# a row count, an accepted length, a tree), then the numbers, then what qualifies them (graph
+# capture, floor notes, a variant's note, an error: an errored row has blank timings).
+KERNEL_COLUMNS = ("op", "shape", "model", "method", "weight", "backend", "dtype", "batch",
+                  "rows", "context", "nodes", "num_nodes", "accepted", "vocab", "total_tokens",
+                  "depth", "top_k", "tree", "median_us", "speedup_vs_torch", "x_floor",
+                  "launch_us", "x_launch_floor", "ratio_to_causal", "bw_fraction", "cycle_ms",
+                  "step_ms", "cycle_over_step", "roofline_cycle_over_step", "graph_cycle",
+                  "graph_step", "floor_note", "note", "error")
 
 
 def sweep_lines(report: dict) -> list[str]:
@@ -113,6 +118,11 @@ def cpu_section(run: Path, report: dict) -> list[str]:
     return lines + [""]
 
 
+def _cell(value) -> str:
+    """A CSV value as a table cell: one line, pipes escaped (as an error message may hold)."""
+    return " ".join(str(value or "").split()).replace("|", "\\|")
+
+
 def csv_section(path: Path, run: Path) -> list[str]:
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -124,7 +134,7 @@ def csv_section(path: Path, run: Path) -> list[str]:
              f"{env.get('device', '?')}, torch {env.get('torch', '?')}, triton "
              f"{env.get('triton', '?')}, {env.get('date', '?')}", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(row.get(c, "") for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return lines + [""]
 
 

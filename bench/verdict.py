@@ -8,9 +8,10 @@ its largest error, and its speedup over torch. The backend registry reads it
 Evidence read from the folders given (each stage's unpacked tarball):
 
 * ``kernel-check.json``: bench/sanitize_kernels.py --verdict (every op at every dtype it takes);
-* ``gpu-tests.xml``: pytest -m gpu; a failure in a family's test file counts against that
-  family's ops (against every op for files of no one family), for the backend its parameters
-  name (both GPU backends when they name none);
+* ``gpu-tests.xml``: pytest -m gpu; a case counts for the family of its test file (every op
+  for files of no one family) and for the GPU backend its parameters name, else the one its
+  file name names (``test_acceptance_cuda.py``: cuda). An entry needs a passing case of its
+  backend; a case naming neither backend proves neither, and its failure counts against both;
 * ``memcheck.tsv``: ``op<TAB>clean|failed[<TAB>seconds]`` per op (bench/sanitize_kernels.py
   --memcheck-each);
   without it, ``steps.tsv``'s memcheck step for every op (a step that did not pass proves
@@ -21,7 +22,11 @@ Evidence read from the folders given (each stage's unpacked tarball):
   given (an earlier run's proof, then stage1 before stage1b); the rerun's commit is in its
   ``environment.txt``;
 * ``*.csv`` with ``op``, ``backend``, ``dtype``, ``speedup_vs_torch`` columns: the kernel
-  benchmarks; an entry's speedup is the median over its rows (of its dtype when there are any).
+  benchmarks; an entry's speedup is the median over its rows of its own dtype (an entry
+  ``mixed``, the KV family's one check over every cache dtype: over all its op's rows). An
+  entry of a dtype never timed has no speedup, so it joins ``auto`` only as a row-invariant
+  kernel; its ``speedup_note`` and the text table say why (bench_acceptance and bench_topk time
+  every logits dtype since 2026-11-28; before, only bf16 acceptance and no fp16 top-k).
 
 Schema of ``verdict.json`` (``schema`` 1)::
 
@@ -30,7 +35,7 @@ Schema of ``verdict.json`` (``schema`` 1)::
      "kernels": [{"op", "backend", "dtype", "proven": bool, "check": "correct|wrong|error|not
                   run", "max_error": float|null, "gpu_tests": "P passed, F failed",
                   "memcheck": "clean|failed|not run", "speedup_vs_torch": float|null,
-                  "auto": bool, "detail": str, "revision": int}]}
+                  "speedup_note": str, "auto": bool, "detail": str, "revision": int}]}
 
 ``revision``: the kernel's code revision (``eagle_kernels.ops._backend.KERNEL_REVISIONS``) that
 ran on the GPU, as its kernel check recorded it (a check that recorded none: 1); an entry of an
@@ -43,6 +48,7 @@ import argparse
 import csv
 import datetime
 import json
+import re
 import statistics
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -53,9 +59,11 @@ sys.path.insert(0, str(ROOT))
 
 SCHEMA = 1
 RULE = ("proven: the kernel check matched the torch reference at this dtype on this GPU, the "
-        "GPU tests of the op's family for this backend passed (at least one ran) and the "
-        "memcheck pass was clean; auto: proven and median speedup_vs_torch > 1, or, for linear, "
-        "rms_norm and tree_attention, proven and the row-invariant (triton) backend")
+        "GPU tests of the op's family for this backend passed (at least one that names this "
+        "backend, in its parameters or its file name, ran) and the memcheck pass was clean; "
+        "auto: proven and median speedup_vs_torch over the benchmark rows of this dtype > 1 "
+        "(none of this dtype: no speedup, not auto), or, for linear, rms_norm and "
+        "tree_attention, proven and the row-invariant (triton) backend")
 # Which ops a test file's failures count against, by a word in its name.
 FAMILY_WORDS = {
     "attention": ("tree_attention",),
@@ -91,14 +99,27 @@ def _families(test_file: str) -> tuple[str, ...] | None:
     return tuple(ops) or None
 
 
+def _named_backends(text: str, separators: str) -> tuple[str, ...]:
+    """The GPU backends ``text`` names as words between ``separators``."""
+    words = set(re.split(separators, text))
+    return tuple(b for b in GPU_BACKENDS if b in words)
+
+
+def _backends_of(source: str, name: str) -> tuple[str, ...]:
+    """The backends a test case is of: those its parameters name ("[bf16-cuda]", not
+    "[in_cuda_graph]"), else those its file's name names ("tests/test_tree_cuda.py"); () for a
+    case naming none."""
+    params = name.split("[", 1)[1] if "[" in name else ""
+    return (_named_backends(params, r"[^A-Za-z0-9_]+")
+            or _named_backends(source, r"[^A-Za-z0-9]+"))
+
+
 def _cases(path: Path) -> dict[str, list[tuple[str, tuple]]]:
-    """Test file -> [(case name, (ops or None, backends, passed / failed / skipped))] in one
-    XML."""
+    """Test file -> [(case name, (ops or None, backends named, passed / failed / skipped))] in
+    one XML."""
     by_file: dict[str, list] = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         name = case.get("name", "")
-        backends = tuple(b for b in GPU_BACKENDS if f"{b}" in name.split("[", 1)[-1]) \
-            if "[" in name else ()
         outcome = "passed"
         if case.find("failure") is not None or case.find("error") is not None:
             outcome = "failed"
@@ -106,7 +127,7 @@ def _cases(path: Path) -> dict[str, list[tuple[str, tuple]]]:
             outcome = "skipped"
         source = case.get("file") or case.get("classname", "").replace(".", "/")
         by_file.setdefault(source, []).append(
-            (name, (_families(source), backends or GPU_BACKENDS, outcome)))
+            (name, (_families(source), _backends_of(source, name), outcome)))
     return by_file
 
 
@@ -167,16 +188,33 @@ def speedups(folders: list[Path]) -> dict[tuple[str, str], list[tuple[str, float
     return found
 
 
-def _speedup(rows: list[tuple[str, float]], dtype: str) -> float | None:
-    same = [value for kind, value in rows if kind == dtype]
-    values = same or [value for _, value in rows]
-    return round(statistics.median(values), 3) if values else None
+MIXED = "mixed"  # the dtype label of a check over several dtypes (the KV family's)
+
+
+def _speedup(rows: list[tuple[str, float]], dtype: str) -> tuple[float | None, str]:
+    """The median speedup over the rows of ``dtype`` and, when there are none, why there is no
+    speedup: another dtype's rows say nothing of this one's (an fp32 row reads twice the bytes
+    of a bf16 one)."""
+    # "mixed": one kernel check covering every cache dtype at once (the KV family moves bytes
+    # of any dtype): its rows are all the op's rows, of whatever dtype they were timed at
+    same = [value for kind, value in rows if kind == dtype or dtype == MIXED]
+    if same:
+        return round(statistics.median(same), 3), ""
+    timed = sorted({kind or "?" for kind, _ in rows})
+    return None, (f"no benchmark rows at {dtype}" + (f" (timed: {', '.join(timed)})"
+                                                     if timed else ""))
 
 
 def _tests_for(tally, op: str, backend: str) -> tuple[int, int]:
-    counted = [outcome for ops, backends, outcome in tally
-               if (ops is None or op in ops) and backend in backends]
-    return counted.count("passed"), counted.count("failed")
+    """(passed, failed) of the op's family's cases: passes of cases of this backend; failures
+    of cases of this backend or of none (a failure naming no backend may be either's)."""
+    passed = failed = 0
+    for ops, backends, outcome in tally:
+        if ops is not None and op not in ops:
+            continue
+        passed += outcome == "passed" and backend in backends
+        failed += outcome == "failed" and (backend in backends or not backends)
+    return passed, failed
 
 
 def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dict:
@@ -193,11 +231,12 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
         memcheck = _memcheck_for(memchecks, row["op"])
         proven = (device.startswith("cuda") and row["status"] == "correct" and passed > 0
                   and failed == 0 and memcheck == "clean")
+        speedup, speedup_note = _speedup(timed.get((row["op"], row["backend"]), []),
+                                         row["dtype"])
         entry = dict(op=row["op"], backend=row["backend"], dtype=row["dtype"], proven=proven,
                      check=row["status"], max_error=row["max_error"],
                      gpu_tests=f"{passed} passed, {failed} failed", memcheck=memcheck,
-                     speedup_vs_torch=_speedup(timed.get((row["op"], row["backend"]), []),
-                                               row["dtype"]),
+                     speedup_vs_torch=speedup, speedup_note=speedup_note,
                      detail=row.get("detail", ""), revision=row.get("revision", 1))
         entry["auto"] = verdict_allows(entry)
         kernels.append(entry)
@@ -217,7 +256,10 @@ def table(verdict: dict) -> str:
         lines.append(f"{e['op']:<24} {e['backend']:<7} {e['dtype']:<9} {e['check']:<8} "
                      f"{error:<10} {e['gpu_tests']:<20} {e['memcheck']:<8} {speedup:<8} "
                      f"{'yes' if e['auto'] else 'no'}")
-    return "\n".join(lines)
+    notes = [f"{e['op']} {e['backend']} {e['dtype']}: {e['speedup_note']}, so no speedup"
+             + ("" if e["auto"] else " and not auto")
+             for e in verdict["kernels"] if e.get("speedup_note")]
+    return "\n".join(lines + (["", "speedups:"] + notes if notes else []))
 
 
 def _gpu_name(folders: list[Path]) -> str:

@@ -60,3 +60,20 @@ def test_sweep_and_label_write_a_tau_table_per_tree_size(tmp_path):
     assert all(entry["tree"][2] == int(n) and entry["tau"] >= 1.0 for n, entry in sweep.items())
     text = load("bench/make_results.py", "make_results").build(tmp_path)
     assert "— random" in text and "τ @ 60 (10/6/60)" in text
+
+
+def test_kernel_tables_keep_the_columns_that_tell_rows_apart(tmp_path):
+    """A Llama and a SmolLM2 cycle row differ in their shape column only, and an errored row
+    has blank timings: both columns show, as do a table's own columns only (no blank ones)."""
+    run = tmp_path / "2026-01-03_gpu" / "stage3"
+    run.mkdir(parents=True)
+    (run / "cycle.csv").write_text(
+        "shape,backend,batch,context,cycle_ms,graph_cycle,error,device\n"
+        "llama3.1-8b,triton,1,1024,12.9,captured,,GPU\n"
+        "smollm2-135m,triton,1,1024,6.1,captured,,GPU\n"
+        'smollm2-135m,cuda,,1024,,,"ValueError: no | here\nnor here",GPU\n')
+    text = load("bench/make_results.py", "make_results").build(tmp_path)
+    assert "| shape | backend | batch | context | cycle_ms | graph_cycle | error |" in text
+    assert "| llama3.1-8b | triton | 1 | 1024 | 12.9 | captured |  |" in text
+    assert "| smollm2-135m | triton | 1 | 1024 | 6.1 | captured |  |" in text
+    assert "| smollm2-135m | cuda |  | 1024 |  |  | ValueError: no \\| here nor here |" in text

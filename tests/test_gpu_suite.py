@@ -206,6 +206,77 @@ def test_a_rerun_stage_replaces_only_what_it_reran(tmp_path):
     assert sorted(outcome for _, _, outcome in cut) == ["passed", "passed"]
 
 
+def _checked(folder: Path, rows: list[tuple[str, str, str]], csv_rows: list[str]) -> None:
+    """A kernel check passed by every (op, backend, dtype) and a benchmark CSV of ``csv_rows``
+    ("op,backend,dtype,speedup")."""
+    (folder / "kernel-check.json").write_text(json.dumps({"device": "cuda:0", "rows": [
+        dict(op=op, backend=backend, dtype=dtype, status="correct", max_error=0.0)
+        for op, backend, dtype in rows]}))
+    (folder / "bench.csv").write_text("op,backend,dtype,speedup_vs_torch\n"
+                                      + "".join(f"{row}\n" for row in csv_rows))
+
+
+def test_an_entry_needs_benchmark_rows_of_its_own_dtype_to_join_auto(tmp_path):
+    """Only bf16 logits are timed: the fp32 entry has no speedup (not bf16's) and stays out of
+    auto, saying why; compact_kv's 'mixed' entry (one check over every cache dtype) takes the
+    rows of every dtype."""
+    _stage(tmp_path / "stage1", {("test_acceptance_cuda", "t[1]"): True,
+                                 ("test_kv_kernels", "t[cuda]"): True},
+           {"greedy_accept_tree": "clean", "compact_kv": "clean"})
+    _checked(tmp_path / "stage1", [("greedy_accept_tree", "cuda", "bfloat16"),
+                                   ("greedy_accept_tree", "cuda", "float32"),
+                                   ("compact_kv", "cuda", "mixed")],
+             ["greedy_accept_tree,cuda,bfloat16,20", "greedy_accept_tree,cuda,bfloat16,30",
+              "compact_kv,cuda,bfloat16,400", "compact_kv,cuda,float32,600",
+              "compact_kv,cuda,float16,450"])
+    report = verdict.build([tmp_path / "stage1"], "GPU A")
+    entries = {(e["op"], e["dtype"]): e for e in report["kernels"]}
+    assert all(e["proven"] for e in entries.values())
+    assert entries["greedy_accept_tree", "bfloat16"]["speedup_vs_torch"] == 25
+    assert entries["greedy_accept_tree", "bfloat16"]["auto"]
+    key = ("greedy_accept_tree", "float32")
+    assert entries[key]["speedup_vs_torch"] is None and not entries[key]["auto"]
+    assert entries[key]["speedup_note"] == "no benchmark rows at float32 (timed: bfloat16)"
+    assert entries["compact_kv", "mixed"]["speedup_vs_torch"] == 450  # median of all three
+    assert entries["compact_kv", "mixed"]["auto"]
+    text = verdict.table(report)
+    assert "greedy_accept_tree cuda float32: no benchmark rows at float32" in text
+
+
+def test_a_test_proves_the_backend_its_parameters_or_file_name_name():
+    for source, name, backends in (
+            ("tests/test_kv_kernels.py", "test_gpu_in_cuda_graph[triton]", ("triton",)),
+            ("tests/test_generation_cuda", "t[triton-dtype0-16]", ("triton",)),  # params first
+            ("tests/test_acceptance_cuda", "test_gpu_greedy[1-5-dtype0]", ("cuda",)),
+            ("tests/test_decoder_triton.py", "test_linear", ("triton",)),
+            ("tests/test_sampling_cuda.py", "t[in_cuda_graph]", ("cuda",)),  # by its file
+            ("tests/test_acceptance_kernels.py", "t[in_cuda_graph]", ()),
+            ("tests/test_loss.py", "test_gpu_bf16_large[32000]", ())):
+        assert verdict._backends_of(source, name) == backends, (source, name)
+
+
+def test_a_case_naming_no_backend_proves_neither_but_its_failure_counts_against_both(tmp_path):
+    """tests/test_acceptance_cuda.py passing proves the cuda kernels, not the triton ones; a case
+    naming no backend proves nothing, and when it fails it counts against both."""
+    _stage(tmp_path / "stage1", {("test_acceptance_cuda", "t[1-dtype0]"): True,
+                                 ("test_acceptance_kernels", "t"): True},
+           {"greedy_accept_tree": "clean"})
+    gpu = verdict.GPU_BACKENDS
+    _checked(tmp_path / "stage1", [("greedy_accept_tree", b, "bfloat16") for b in gpu],
+             [f"greedy_accept_tree,{b},bfloat16,20" for b in gpu])
+    entries = {e["backend"]: e for e in verdict.build([tmp_path / "stage1"], "GPU A")["kernels"]}
+    assert entries["cuda"]["proven"] and entries["cuda"]["gpu_tests"] == "1 passed, 0 failed"
+    assert not entries["triton"]["proven"] and not entries["triton"]["auto"]
+    assert entries["triton"]["gpu_tests"] == "0 passed, 0 failed"
+    _stage(tmp_path / "stage1b", {("test_acceptance_kernels", "t"): False,
+                                  ("test_acceptance_kernels", "u[triton]"): True}, {})
+    entries = {e["backend"]: e for e in verdict.build(
+        [tmp_path / "stage1", tmp_path / "stage1b"], "GPU A")["kernels"]}
+    assert entries["triton"]["gpu_tests"] == "1 passed, 1 failed"
+    assert entries["cuda"]["gpu_tests"] == "1 passed, 1 failed"
+    assert not entries["triton"]["proven"] and not entries["cuda"]["proven"]
+
+
 def test_proof_from_an_earlier_run_needs_the_same_kernels_gpu_and_versions(tmp_path):
     """A benchmark-only lease may lean on an earlier run's stage 1 only while no kernel source
     changed since the commit that stage ran, on the same GPU and versions."""
@@ -241,6 +312,53 @@ def test_proof_from_an_earlier_run_needs_the_same_kernels_gpu_and_versions(tmp_p
     stage(old / "stage1", first)  # the kernels were written since
     with pytest.raises(ValueError, match="kernel sources changed"):
         collect_results.proof_stages(old, new)
+
+
+def _tarball(folder: Path, stage: Path) -> None:
+    """``stage`` packed as a GPU stage returns it: ``folder/<name>.tar.gz``."""
+    import tarfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (stage / "environment.txt").write_text("gpu: GPU A\n")
+    with tarfile.open(folder / f"{stage.name}.tar.gz", "w:gz") as tar:
+        tar.add(stage, arcname=stage.name)
+
+
+def test_a_second_collect_never_replaces_a_stage_and_the_verdict_reads_every_stage(tmp_path):
+    """The same stage name collected twice on one day is refused (naming the folder and
+    --run), and a stage added beside earlier ones joins the verdict rebuilt over all of them:
+    a verdict never stands beside data it did not read."""
+    import collect_results
+
+    built, results = tmp_path / "built", tmp_path / "results"
+    _stage(built / "stage1", {("test_acceptance_cuda", "t[1]"): True},
+           {"greedy_accept_tree": "clean"})
+    _checked(built / "stage1", [("greedy_accept_tree", "cuda", "bfloat16")],
+             ["greedy_accept_tree,cuda,bfloat16,0.5"])
+    _tarball(tmp_path / "lease1", built / "stage1")
+    run = collect_results.collect([tmp_path / "lease1"], results, name="2026-01-01_gpu-a")
+    entry = json.loads((run / "verdict.json").read_text())["kernels"][0]
+    assert entry["proven"] and not entry["auto"]  # slower than torch
+    with pytest.raises(ValueError, match=r"already holds stage1: .*--run 2026-01-01b_gpu-a"):
+        collect_results.collect([tmp_path / "lease1"], results, name="2026-01-01_gpu-a")
+    assert not (results / "local" / "collect").exists()
+    (built / "stage2b").mkdir()
+    (built / "stage2b" / "bench.csv").write_text(
+        "op,backend,dtype,speedup_vs_torch\ngreedy_accept_tree,cuda,bfloat16,3.5\n"
+        "greedy_accept_tree,cuda,bfloat16,4.5\n")
+    _tarball(tmp_path / "lease2", built / "stage2b")
+    collect_results.collect([tmp_path / "lease2"], results, name="2026-01-01_gpu-a")
+    entry = json.loads((run / "verdict.json").read_text())["kernels"][0]
+    assert entry["speedup_vs_torch"] == 3.5 and entry["auto"]  # median of 0.5, 3.5, 4.5
+    assert "greedy_accept_tree" in (run / "verdict.txt").read_text()
+    assert collect_results._next_name("2026-01-01b_gpu-a") == "2026-01-01c_gpu-a"
+    # a run whose verdict read another run's stage 1 (--proof-from) takes no stage without it
+    (results / "2026-01-02_gpu-a").mkdir()
+    (results / "2026-01-02_gpu-a" / "verdict.json").write_text("{}")
+    (built / "stage3").mkdir()
+    _tarball(tmp_path / "lease3", built / "stage3")
+    with pytest.raises(ValueError, match="--proof-from"):
+        collect_results.collect([tmp_path / "lease3"], results, name="2026-01-02_gpu-a")
 
 
 NCU_CSV = '''==PROF== Connected to process 4242

@@ -321,8 +321,9 @@ def test_bad_inputs_name_the_argument(backend):
 
 
 @needs_gpu
+@pytest.mark.parametrize("backend", ["triton"])  # the verdict credits the backend a GPU case names
 @pytest.mark.parametrize("vocab", [32000, 128256])
-def test_gpu_bf16_large(gen, vocab):
+def test_gpu_bf16_large(gen, vocab, backend):
     rows = 2048
     x, y, weights = random_case(gen, rows, vocab, torch.bfloat16, device="cuda")
     check_triton_case(x, y, weights, f"GPU T={rows} V={vocab} {seed_note(gen)}")
@@ -334,7 +335,7 @@ def test_gpu_bf16_large(gen, vocab):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    (ops.soft_cross_entropy(leaf, y, backend="triton") * weights).sum().backward()
+    (ops.soft_cross_entropy(leaf, y, backend=backend) * weights).sum().backward()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     assert extra <= leaf.numel() * leaf.element_size() + (4 << 20), extra

@@ -20,6 +20,7 @@ What "matches" means for topk_log_softmax (see the docstring of eagle_kernels/op
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -265,6 +266,13 @@ def test_bench_smoke(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for op in ("topk_log_softmax", "eagle2_expand", "eagle2_rerank", "build_tree"):
         assert (tmp_path / f"{op}.csv").exists() and (tmp_path / f"{op}.png").exists(), op
+        # the floor is the bytes at the measured rate; the empty launch has its own column
+        for row in csv.DictReader((tmp_path / f"{op}.csv").open()):
+            floor = float(row["bytes"]) / (float(row["copy_gbps"]) * 1e3)
+            assert float(row["floor_us"]) == pytest.approx(floor, rel=0.01, abs=0.002), row
+            assert float(row["launch_us"]) >= 0 and "floor_note" in row
+            under = float(row["median_us"]) < float(row["floor_us"])
+            assert ("below its floor" in row["floor_note"]) == under, row
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The issue-6 bar: Llama-3.1-8B shape with random weights, bf16, batch 1, context 1k, EAGLE-3
 head (draft vocabulary 32000), tree total_tokens 60 / depth 7 / top_k 10: one cycle (draft +
 verify + accept + compaction + commit) over one autoregressive step <= 1.5 (memory roofline
-~1.38). Random weights accept nothing, so every cycle yields one token and
+1.45 at context 1k, batch 1). Random weights accept nothing, so every cycle yields one token and
 ``cycle time = decode time / cycles`` exactly; the autoregressive step is timed the same way.
 
 ``--batches 1 8 32``: the same at several batch sizes (every sequence a random prompt of the
@@ -14,8 +14,12 @@ nothing) instead of the fixed 60-node tree.
 
 Rows per (backend, context, batch): median cycle and step time over ``--repeats`` generate calls,
 their ratio, the roofline ratio (bytes a cycle must read over bytes a step must read: target
-weights + KV once per pass, the head's weights once per drafting step), the step's achieved
-fraction of measured copy bandwidth, and whether CUDA-graph capture succeeded. CSV + PNG.
+weights + KV once per pass, the head's weights once per drafting step; of the untied embedding
+table a pass reads only its tokens' rows, left out as bench/e2e/bench_cpu.py's ``step_bytes``
+leaves them: 8 KB a token against 15 GB of Llama-3.1-8B weights), the step's achieved fraction
+of measured copy bandwidth, and whether CUDA-graph capture succeeded. CSV + PNG. (The cycle
+CSVs of 2026-11-26/27 count the whole table per pass, 1.05 GB for Llama: roofline 1.42 for
+Llama and 2.17 for SmolLM2, where these bytes give 1.45 and 2.39.)
 
     python bench/e2e/bench_cycle.py --out bench/results/local         # GPU
     python bench/e2e/bench_cycle.py --smoke --out /tmp/cycle          # anywhere, tiny shapes
@@ -32,6 +36,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu import step_bytes  # noqa: E402  (one definition of what a step reads)
 from common import append_rows, copy_bandwidth, plot_rows  # noqa: E402
 
 from eagle_kernels.ops import BACKEND_ENV, op_backends  # noqa: E402
@@ -91,14 +97,22 @@ def kv_bytes(target, context: int, batch: int) -> int:
             * target.lm_head.weight.element_size())
 
 
+def target_step_bytes(target, context: int, batch: int) -> int:
+    """Bytes one autoregressive step must read: the target's weights as bench_cpu.step_bytes
+    counts them (an untied embedding table is not read whole, only its tokens' rows) and the
+    batch's KV once."""
+    return step_bytes(target) + kv_bytes(target, context, batch)
+
+
 def roofline_ratio(target, head, tree: TreeConfig, context: int, batch: int = 1) -> float:
     """Bytes one cycle must read over bytes one autoregressive step must read.
 
-    A step reads the target's weights and the batch's KV once. A cycle reads them once too
-    (the verify pass), plus the head's layer and lm_head once per drafting pass (the commit,
-    the root's logits, ``depth`` expansion steps) and its fc once (the commit).
+    A step reads the target's weights and the batch's KV once (:func:`target_step_bytes`). A
+    cycle reads them once too (the verify pass), plus the head's layer and lm_head once per
+    drafting pass (the commit, the root's logits, ``depth`` expansion steps) and its fc once
+    (the commit). The head embeds with the target's table (not a parameter of the head).
     """
-    step = weight_bytes(target) + kv_bytes(target, context, batch)
+    step = target_step_bytes(target, context, batch)
     per_pass = weight_bytes(head) - weight_bytes(head.fc)
     return (step + weight_bytes(head.fc) + (tree.depth + 2) * per_pass) / step
 
@@ -165,7 +179,7 @@ def run(args) -> list[dict]:
                 continue
             cycle, step, used = measured["cycle"], measured["step"], measured["tree"]
             roofline = roofline_ratio(target, head, used, context, batch)
-            step_bytes = weight_bytes(target) + kv_bytes(target, context, batch)
+            read = target_step_bytes(target, context, batch)
             rows.append({
                 "shape": shape, "backend": backend, "batch": batch, "context": context,
                 "total_tokens": used.total_tokens, "depth": used.depth, "top_k": used.top_k,
@@ -174,7 +188,7 @@ def run(args) -> list[dict]:
                 "cycle_ms": round(cycle * 1e3, 3), "step_ms": round(step * 1e3, 3),
                 "cycle_over_step": round(cycle / step, 3),
                 "roofline_cycle_over_step": round(roofline, 3),
-                "step_bw_fraction": round(step_bytes / step / 1e9 / bandwidth, 3)
+                "step_bw_fraction": round(read / step / 1e9 / bandwidth, 3)
                 if bandwidth == bandwidth else "",
                 "graph_cycle": measured["graph_cycle"], "graph_step": measured["graph_step"],
                 "ops_off_torch": ops_off_torch(backend), "error": "",

@@ -78,23 +78,28 @@ def time_backend(op, backend, args, device, repeats):
 
 
 def configs(smoke):
+    """([(grid of (batch, nodes, vocab), logits dtype)], repeats): the full grid in bf16 (what
+    a bf16 target gives), a few points in fp16 and fp32 (the verdict lets a dtype into auto only
+    on rows of its own dtype; an fp32 target's logits are fp32)."""
     if smoke:
-        return [(2, 4, 64)], torch.float32, 3
+        return [([(2, 4, 64)], torch.float32)], 3
     grid = [(b, n, v) for v in (32000, 128256, 151936) for b in (1, 16, 64) for n in (8, 64)]
-    grid.append((FLASHINFER["batch"], FLASHINFER["nodes"], FLASHINFER["vocab"]))
-    return grid, torch.bfloat16, 20
+    point = (FLASHINFER["batch"], FLASHINFER["nodes"], FLASHINFER["vocab"])
+    few = [(1, 8, 32000), (16, 64, 32000), point]
+    return [(grid + [point], torch.bfloat16), (few, torch.float16), (few, torch.float32)], 20
 
 
 def main():
     args, device = bench_arguments(__doc__.split("\n")[0])
     torch.manual_seed(0)
-    grid, dtype, repeats = configs(args.smoke)
+    grids, repeats = configs(args.smoke)
     bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
-    print(f"device {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, logits {dtype}")
+    print(f"device {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     rows = []
     for op in ("greedy_accept_chain", "greedy_accept_tree", "stochastic_accept_chain",
                "stochastic_accept_tree"):
-        for batch, nodes, vocab in grid:
+        for (batch, nodes, vocab), dtype in ((case, dtype) for grid, dtype in grids
+                                             for case in grid):
             inputs = make_inputs(op, batch, nodes, vocab, dtype, device)
             floor_us = batch * nodes * vocab * dtype.itemsize / bandwidth * 1e6
             timings = {}
@@ -111,17 +116,19 @@ def main():
                 print(" ".join(f"{k}={v}" for k, v in row.items()))
     out = Path(args.out)
     append_rows(out / "bench_acceptance.csv", rows)
+    plotted = grids[0][1]  # the full grid's dtype
     for op in {row["op"] for row in rows}:
         subset = [dict(row, series=f"{row['backend']} N={row['nodes']} V={row['vocab']}")
-                  for row in rows if row["op"] == op and row["vocab"] in (32000, 64)]
+                  for row in rows if row["op"] == op and row["vocab"] in (32000, 64)
+                  and row["dtype"] == str(plotted).replace("torch.", "")]
         plot_rows(subset, "batch", "median_us", "series", out / f"bench_{op}.png",
-                  f"{op} ({dtype}, {device.type})")
+                  f"{op} ({plotted}, {device.type})")
     point = [r for r in rows if (r["batch"], r["nodes"], r["vocab"]) == (
         FLASHINFER["batch"], FLASHINFER["nodes"], FLASHINFER["vocab"])
         and r["op"] == "stochastic_accept_chain"]
     for row in point:
         print(f"FlashInfer point (B=16, V=32000, chain of 5; FlashInfer 27 us on B200): "
-              f"{row['backend']} {row['median_us']} us, floor {row['floor_us']} us "
+              f"{row['backend']} {row['dtype']} {row['median_us']} us, floor {row['floor_us']} us "
               f"({row['floor_fraction']} of floor)")
 
 

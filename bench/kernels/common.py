@@ -194,18 +194,42 @@ def plot_rows(rows: list[dict], x: str, y: str, series: str, png_path: str | os.
     plt.close(figure)
 
 
-def timing_columns(timing: Timing, baseline: Timing | None, floor_us: float) -> dict:
+def launch_us(device: torch.device | str) -> float:
+    """One graphed launch of a trivial kernel, timed as the kernels are (behind an L2 flush, so
+    the GPU waits on nothing the host does): the fixed cost every graphed kernel pays. 0 off a
+    GPU. Unflushed back-to-back replays time the host's enqueue instead (~17 us on an H200,
+    more than most of these kernels take)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0.0
+    x = torch.zeros(1, device=device)
+    return time_fn(graphed(lambda: x.add_(1)), device=device).median_us
+
+
+def timing_columns(timing: Timing, baseline: Timing | None, floor_us: float,
+                   launch: float | None = None) -> dict:
     """The columns every benchmark row carries: median and spread, speedup over the torch
     reference timed in the same run (blank when it was not timed), and the memory-bound floor
     (``x_floor`` = time / floor, 1.0 is the roofline; ``floor_fraction`` = floor / time, the
-    fraction of the roofline reached). Every kernel CSV also has ``op``, ``backend`` and
-    ``dtype`` columns: bench/verdict.py reads the speedups by them."""
-    return {"median_us": round(timing.median_us, 3), "p20_us": round(timing.p20_us, 3),
-            "p80_us": round(timing.p80_us, 3), "repeats": timing.repeats,
-            "speedup_vs_torch": round(baseline.median_us / timing.median_us, 2)
-            if baseline else "",
-            "floor_us": round(floor_us, 3), "x_floor": round(timing.median_us / floor_us, 2),
-            "floor_fraction": round(floor_us / timing.median_us, 3)}
+    fraction of the roofline reached). ``launch`` (an empty graphed kernel, :func:`launch_us`)
+    adds ``launch_us`` and ``x_launch_floor`` = time / (launch + floor). ``floor_note`` flags a
+    row faster than its floor (or than launch + floor): the bytes, the rate or the launch behind
+    it are off, never a kernel beating physics. Every kernel CSV also has ``op``, ``backend``
+    and ``dtype`` columns: bench/verdict.py reads the speedups by them."""
+    median = timing.median_us
+    columns = {"median_us": round(median, 3), "p20_us": round(timing.p20_us, 3),
+               "p80_us": round(timing.p80_us, 3), "repeats": timing.repeats,
+               "speedup_vs_torch": round(baseline.median_us / median, 2) if baseline else "",
+               "floor_us": round(floor_us, 3), "x_floor": round(median / floor_us, 2),
+               "floor_fraction": round(floor_us / median, 3)}
+    under = [f"below its floor ({floor_us:.3g} us)"] if median < floor_us else []
+    if launch is not None:
+        columns["launch_us"] = round(launch, 3)
+        columns["x_launch_floor"] = round(median / (launch + floor_us), 2)
+        if floor_us <= median < launch + floor_us:
+            under.append(f"below launch + floor ({launch + floor_us:.3g} us)")
+    columns["floor_note"] = "; ".join(under)
+    return columns
 
 
 def bench_arguments(description: str):

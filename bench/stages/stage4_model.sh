@@ -5,8 +5,9 @@
 #   run(command="bash bench/gpu_suite.sh stage4",
 #       carry=[".carry/model/part-NN", ".carry/model/SHA256SUMS", ".carry/wheels",
 #              ".carry/prompts", ".carry/build"])
-# The projected GPU speedup needs no model here: bench/collect_results.py takes τ (measured on
-# CPU, bench/results/*/tau.json) x AR step / cycle time (stage 3, SmolLM2 shape).
+# A projected GPU speedup needs no model here: τ (measured on CPU, bench/results/*/tau.json)
+# x AR step / cycle time (stage 3's SmolLM2 rows in cycle.csv). No script computes it
+# (bench/collect_results.py only unpacks stages, writes the verdict and RESULTS.md).
 STAGE=stage4
 source "$(dirname "$0")/lib.sh"
 environment
