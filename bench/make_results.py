@@ -71,9 +71,13 @@ def e2e_section(run: Path, report: dict) -> list[str]:
              "batch 1, greedy", "",
              "| set | method | tokens/s | EAGLE speedup over it | τ | efficiency | tree | "
              "plain decoding chosen | context drafts: steps / tokens accepted | cycle / AR step | "
-             "EAGLE == ours-ar |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "head's tree: cycles / tokens | tokens / target pass | EAGLE == ours-ar |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
+        # since 2026-11-28: what made ours-eagle's tokens, and efficiency per target pass
+        # (before: per cycle of the tree, > 1 where context drafts made the tokens)
+        tree_made = (f"{row['tree_cycles']} / {row['tree_tokens']} of {row['tokens']}"
+                     if row.get("tree_cycles", "") != "" else "")
         cycle = row.get("cycle_x_ar_step", "")
         if cycle != "":
             cycle = f"{cycle} ({row['speculated_prompts']} prompts)"
@@ -83,10 +87,27 @@ def e2e_section(run: Path, report: dict) -> list[str]:
                      f"{row['tokens_per_second']} | {row['eagle_speedup_over_this']} | "
                      f"{row['tau']} | {row['efficiency']} | {row['tree']} | "
                      f"{row.get('plain_fallback_prompts', '')} | {context} | {cycle} | "
+                     f"{tree_made} | {row.get('tokens_per_pass', '')} | "
                      f"{row['identical_to_ours_ar']} |")
     if report.get("tree_budget"):
         lines += ["", f"Tree budget after the run: {report['tree_budget']}"]
     return lines + [""]
+
+
+def _gemv_sentence(floors: dict) -> str:
+    """Our in-cache one-row GEMV time: runs before 2026-11-28 called it a floor (and their
+    floor column left the K / V out); later ones report it as our kernels' speed."""
+    if floors.get("in_cache_gemv_ms"):
+        return (f" Our one-row GEMVs over in-cache weights take {floors['in_cache_gemv_ms']} ms "
+                f"a step (our kernels' speed, not a floor): the AR step is "
+                f"{floors['ar_x_in_cache_gemv']}x that.")
+    if floors.get("one_row_floor_ms"):
+        return (f" A decode step's one-row GEMVs over in-cache weights take "
+                f"{floors['one_row_floor_ms']} ms (then called the one-row compute floor; "
+                f"our kernels' speed, not a physical floor): the AR step is "
+                f"{floors['ar_x_one_row_floor']}x max(memory floor, that). This run's floors "
+                f"leave the K / V the step reads out.")
+    return ""
 
 
 def cpu_section(run: Path, report: dict) -> list[str]:
@@ -99,15 +120,15 @@ def cpu_section(run: Path, report: dict) -> list[str]:
              f"command `{report['command']}`", "",
              f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
              f"in-cache GEMM {floors['gemm_gflop_s']} GFLOP/s; a decode step reads "
-             f"{floors['weight_bytes'] / 1e6:.0f} MB of weights -> memory floor "
-             f"{floors['memory_floor_ms']} ms"
+             f"{floors['weight_bytes'] / 1e6:.0f} MB of weights"
+             + (f" + {floors['kv_bytes'] / 1e6:.1f} MB of K / V" if "kv_bytes" in floors else "")
+             + f" -> memory floor {floors['memory_floor_ms']} ms"
              + (f" (as packed; in fp32 {floors['fp32_weight_bytes'] / 1e6:.0f} MB -> "
                 f"{floors['fp32_memory_floor_ms']} ms)" if "fp32_weight_bytes" in floors else "")
-             + f"; one token is {floors['token_gflop']} GFLOP."
-             + (f" A decode step's one-row GEMVs over in-cache weights take "
-                f"{floors['one_row_floor_ms']} ms (the one-row compute floor): the AR step is "
-                f"{floors['ar_x_one_row_floor']}x max(memory floor, that)."
-                if floors.get("one_row_floor_ms") else "")
+             + f"; one token is {floors['token_gflop']} GFLOP"
+             + (f" -> compute floor {floors['compute_floor_ms']} ms"
+                if "compute_floor_ms" in floors else "") + "."
+             + _gemv_sentence(floors)
              + (f" Timing: {floors['timing']}, floors included." if "timing" in floors else ""),
              "", "| what | tree | nodes | context | ms | floor ms | x floor | x AR step | "
              "ms / draft step | cycle x AR step |", "|---|---|---|---|---|---|---|---|---|---|"]
