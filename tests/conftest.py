@@ -1,8 +1,10 @@
 """Shared test fixtures: fresh random seeds every run, reproducible on demand.
 
-Each run draws a new base seed (printed in the pytest header); set ``EAGLE_TEST_SEED`` to that
+Each run draws a new base seed, printed in the pytest header, in the terminal summary (which
+``-q`` keeps) and in a section of every failed test's report; set ``EAGLE_TEST_SEED`` to that
 value to replay a failing run exactly. Every test gets its own generator seeded from the base
-seed and its node id.
+seed and its node id. pytest-xdist workers share the controller's base seed (it exports
+``EAGLE_TEST_SEED`` before they start), so one printed value replays every worker's tests.
 """
 
 from __future__ import annotations
@@ -26,8 +28,17 @@ except Exception:  # no (working) triton: the Triton backends are unavailable an
 BASE_SEED = int(os.environ.get("EAGLE_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 
 
-def pytest_report_header(config):
+def seed_line() -> str:
     return f"eagle_kernels test seed: EAGLE_TEST_SEED={BASE_SEED}"
+
+
+def pytest_report_header(config):
+    return seed_line()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The seed again at the end: pytest 9 drops the header under -q (make test, stage 1)."""
+    terminalreporter.write_line(seed_line())
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +111,10 @@ INTERPRETER_ONLY_ERRORS = ("cannot be accessed from Triton (cpu tensor?)",
 
 
 def pytest_configure(config):
+    # The controller (or a plain run) exports its base seed before pytest-xdist starts workers:
+    # they inherit the environment, so each imports this file with the same BASE_SEED.
+    if not hasattr(config, "workerinput"):
+        os.environ["EAGLE_TEST_SEED"] = str(BASE_SEED)
     config.addinivalue_line("markers", "gpu: needs a CUDA device; the lent-GPU stage runs "
                             "exactly these (pytest -m gpu)")
     config.addinivalue_line("markers", "interpreted: a Triton test running in the interpreter "
@@ -120,11 +135,21 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """On a CUDA machine TRITON_INTERPRET is off, so a test that runs Triton kernels on CPU
-    tensors (the interpreter route CI proves them by) cannot run: skip it, naming why. GPU
-    tests are never skipped so: there such an error is a real bug."""
+    """Every failed report gets a section naming the seeds that replay it. And on a CUDA
+    machine TRITON_INTERPRET is off, so a test that runs Triton kernels on CPU tensors (the
+    interpreter route CI proves them by) cannot run: skip it, naming why. GPU tests are never
+    skipped so: there such an error is a real bug."""
     outcome = yield
     report = outcome.get_result()
+    _skip_interpreter_only(item, call, report)
+    if report.failed:
+        seeds = [str(value) for name, value in item.user_properties if name == "seed"]
+        test_seed = f" (test seed {', '.join(seeds)})" if seeds else ""
+        report.sections.append(("eagle_kernels test seed",
+                                f"EAGLE_TEST_SEED={BASE_SEED}{test_seed}"))
+
+
+def _skip_interpreter_only(item, call, report) -> None:
     if (report.failed and call.excinfo is not None and torch.cuda.is_available()
             and os.environ.get("TRITON_INTERPRET", "0") != "1"
             and item.get_closest_marker("gpu") is None

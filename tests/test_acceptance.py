@@ -146,8 +146,13 @@ def test_one_hot_target_stochastic_tree_accepts_whole_path(gen):
                                         torch.rand(4, generator=gen))
     for b in range(4):
         path = [n for n in paths[b, 0].tolist() if n >= 0]
-        assert result.accepted_nodes[b, : len(path)].tolist() == path
-        assert int(result.output_tokens[b, len(path) - 1]) == 20
+        count = len(path) - 1  # every drafted node of the path accepted
+        assert int(result.num_accepted[b]) == count
+        assert result.accepted_nodes[b, : count + 1].tolist() == path
+        assert result.output_tokens[b, :count].tolist() == tokens[b, path[1:]].tolist()
+        assert int(result.output_tokens[b, count]) == 20  # the bonus: the target's only token
+        assert bool((result.output_tokens[b, count + 1:] == -1).all())
+        assert bool((result.accepted_nodes[b, count + 1:] == -1).all())
 
 
 def test_target_probs_temperature_top_k_top_p():

@@ -16,13 +16,13 @@ def make_cache(batch, max_len, kv_heads, head_dim, gen, dtype=torch.float32):
     return k, v
 
 
-def test_golden_visibility_with_uniform_weights():
+def test_golden_visibility_with_uniform_weights(gen):
     # Zero keys make every visible key equally likely, so the output is the mean of the
     # visible values: value at position t is t, which reveals exactly which keys were seen.
     parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)
     _, mask, _ = ops.build_tree(parents)
     prefix, num_nodes = 3, 4
-    q = torch.randn(1, num_nodes, 2, 4)
+    q = torch.randn(1, num_nodes, 2, 4, generator=gen)
     k = torch.zeros(1, 10, 1, 4)
     v = torch.arange(10, dtype=torch.float32).view(1, 10, 1, 1).expand(1, 10, 1, 4).contiguous()
     out = ops.tree_attention(q, k, v, torch.tensor([prefix], dtype=torch.int32), mask)

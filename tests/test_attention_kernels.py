@@ -232,7 +232,9 @@ def test_triton_tree_node_equals_its_decode_step_bit_for_bit(gen, dtype, shape, 
 def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch):
     """Power of the test above: the unordered walk (tree keys in blocks of their own after the
     prefix, as prefill chains run) gives a node other bits than its decode step. Measured over
-    seeds 0-11: all 24 nodes (all 216 query rows) differed every time; one is enough to fail."""
+    seeds 0-11: all 24 nodes (all 216 query rows) differed every time; one is enough to fail,
+    so one is what this asserts (a false failure needs every node's bits to survive the
+    reordered sums)."""
     parents = random_parents(1, 24, gen, "deep")
     q, k, v, lens, mask = make_case(gen, 1, 24, 517, 9, 3, 64, torch.float32, parents=parents,
                                     device=TRITON_DEVICE)
@@ -240,7 +242,7 @@ def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch):
     monkeypatch.setattr(attention_triton, "ORDERED_MAX_TREE_KEYS", 0)
     out = run_triton(q, k, v, lens, mask)
     differ = sum(not torch.equal(out[0, i], want[i]) for i in range(24))
-    assert differ >= 12, (differ, seed_note(gen))
+    assert differ >= 1, (differ, seed_note(gen))
 
 
 @gpu_when_present
@@ -430,7 +432,9 @@ def test_gpu_in_cuda_graph(gen, backend):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out.copy_(ops.tree_attention(q, k, v, lens, mask, backend=backend))
-    lens.sub_(7)  # graph replays read the new lengths from the device
+    # graph replays read the new lengths from the device: 7 fewer keys, none below 0 (make_case
+    # draws lengths in [0, 1000]: P(one < 7) ~ 0.05), sequence 0 (1000 keys) always changed
+    lens.sub_(7).clamp_(min=0)
     graph.replay()
     torch.cuda.synchronize()
     assert not torch.equal(out, eager)

@@ -82,14 +82,14 @@ def test_linear_triton_rows_do_not_depend_on_the_row_count(gen, dtype):
 def test_row_count_check_catches_a_split_that_follows_the_call(gen, monkeypatch):
     """Power of the test above: K splits chosen per call (four for the batch, as the weight's
     shape gives, one pass for a single row) change a row's bits: over seeds 0-19 all 37 rows
-    differed every time; the check needs one."""
+    differed every time; the check needs one, so one is what this asserts."""
     x = _draw(gen, 37, 1000)
     w = _draw(gen, 130, 1000, scale=0.03)
     batched = ops.linear(x, w, backend="triton")
     monkeypatch.setattr(decoder_triton, "linear_splits", lambda cols, width, device: 1)
     differ = sum(not torch.equal(ops.linear(x[i:i + 1].contiguous(), w, backend="triton")[0],
                                  batched[i]) for i in range(37))
-    assert differ >= 19, (differ, seed_note(gen))
+    assert differ >= 1, (differ, seed_note(gen))
 
 
 # Split counts per weight width for the group test: every weight of a launch its own (one of

@@ -15,11 +15,6 @@ from eagle_kernels.runtime.drafting import TreeConfig
 from eagle_kernels.runtime.generation import Engine
 
 
-@pytest.fixture
-def gen():
-    return torch.Generator().manual_seed(5)
-
-
 def _fp16_at_or_above(values: torch.Tensor) -> torch.Tensor:
     """The smallest fp16 >= each value (float64 arithmetic, independent of the code under test)."""
     near = values.half()

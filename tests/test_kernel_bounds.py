@@ -151,7 +151,10 @@ FAR_READS = textwrap.dedent('''
     except ImportError:
         print("no _C: CUDA host twins skipped", flush=True)
     assert not ops.value_checks_enabled()
-    gen = torch.Generator().manual_seed(13)
+    gen = torch.Generator().manual_seed(int(sys.argv[1]))  # the test's seed
+    # fixed: Triton and host twin compared exactly on raw uniforms (fp32 roundings split ~1e-6 of
+    # draws); this draw's decisions lie >= 0.2 from every boundary (checked in fp64)
+    fixed = torch.Generator().manual_seed(13)
 
     def done(name):
         print("ok", name, flush=True)
@@ -166,8 +169,8 @@ FAR_READS = textwrap.dedent('''
     # stochastic tree: a parent far past N, a token far below 0 (masks that only test < V miss it)
     tokens = torch.tensor([[0, -FAR64, 2, 3, 1]])
     parents = torch.tensor([[-1, 0, FAR32, 0, 3]], dtype=torch.int32)
-    logits = torch.randn(1, 5, 8, generator=gen)
-    accept_u = torch.rand(1, 5, generator=gen)
+    logits = torch.randn(1, 5, 8, generator=fixed)
+    accept_u = torch.rand(1, 5, generator=fixed)
     bonus_u = torch.tensor([0.5])
     got = ops.stochastic_accept_tree(tokens, parents, logits, accept_u, bonus_u, max_depth=4,
                                      backend="triton")
@@ -256,12 +259,12 @@ FAR_READS = textwrap.dedent('''
 ''')
 
 
-def test_far_indices_never_fault():
+def test_far_indices_never_fault(gen):
     """Every kernel with index inputs, Triton and CUDA host twin, on indices gigabytes out of
     range with value checks off (see the module docstring)."""
     env = dict(os.environ, TRITON_INTERPRET="1", EAGLE_KERNELS_CHECK_VALUES="0")
-    run = subprocess.run([sys.executable, "-c", FAR_READS], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", FAR_READS, str(gen.initial_seed())], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
     passed = [line for line in run.stdout.splitlines() if line.startswith("ok ")]
     assert run.returncode == 0 and run.stdout.rstrip().endswith("all done"), (
         f"exit {run.returncode} after {passed[-1] if passed else 'no case'}\n"

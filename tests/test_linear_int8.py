@@ -82,7 +82,7 @@ def test_x_is_rounded_as_the_reference_rounds_it(gen, mode, rows, width):
             assert torch.equal(out[1:-1], expected[1:-1]), isa
 
 
-def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> None:
+def _quantized_contract(gen, mode, x, exact, pack_dtype, levels, scales, offsets) -> None:
     """ops.linear over the block pack of ``exact`` (+ a bias) with ``mode`` activations is, on
     every instruction set: row-invariant (each row equals its one-row GEMM), the same bits on
     every instruction set, and within gamma_(B + 4) (sum_k |s q_k| (|d| |L_k| + |o|) + |bias|)
@@ -96,7 +96,7 @@ def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> 
     rounded = reference.rounded_activations(x, MODES[mode])
     per_k = (scales.abs().repeat_interleave(32, 1) * levels.abs()
              + offsets.abs().repeat_interleave(32, 1)).double()
-    bias = torch.randn(exact.shape[0], generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(exact.shape[0], generator=gen)
     terms = exact.shape[1] // 32 + 4
     # + terms * 2^-149: a rounding into fp32's subnormals errs by up to 2^-150 absolutely (rows
     # of tiny x give tiny s and outputs), however small the relative bound
@@ -105,7 +105,7 @@ def _quantized_contract(mode, x, exact, pack_dtype, levels, scales, offsets) -> 
     exact_product = reference.linear_quantized_activations(x.double(), exact, bias, MODES[mode])
     # the mode takes effect: random normal x (unlike x made of zero or one-value blocks) is
     # not exactly an integer grid, so every output moves
-    probe = torch.randn(2, exact.shape[1], generator=torch.Generator().manual_seed(0))
+    probe = torch.randn(2, exact.shape[1], generator=gen)
     fp32_activations = ops.linear(probe, exact, backend="cpu")
     results = []
     with quantized_activations(mode):
@@ -129,7 +129,7 @@ def test_q4_packs_with_quantized_activations(gen, mode, rows, width, out):
     exact = q4_exact_weight(gen, out, width)
     q, d, m = decoder.q4_blocks(exact)
     zero = decoder.Q4_ZERO_LEVEL
-    _quantized_contract(mode, x, exact, torch.uint8, q.float() - zero, d, m + zero * d)
+    _quantized_contract(gen, mode, x, exact, torch.uint8, q.float() - zero, d, m + zero * d)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -140,7 +140,7 @@ def test_q8_packs_with_quantized_activations(gen, mode, rows, width, out):
     x = _awkward_rows(gen, rows, width, reference.ACTIVATION_LEVELS[MODES[mode]])
     exact = q8_exact_weight(gen, out, width)
     q, d = decoder.q8_blocks(exact)
-    _quantized_contract(mode, x, exact, torch.int8, q.float(), d, torch.zeros_like(d))
+    _quantized_contract(gen, mode, x, exact, torch.int8, q.float(), d, torch.zeros_like(d))
 
 
 @pytest.mark.parametrize("mode", MODES)
