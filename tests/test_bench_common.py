@@ -4,7 +4,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "kernels"))
-from common import Timing, timing_columns  # noqa: E402
+import pytest  # noqa: E402
+from common import Timing, timing_columns, written_if_interrupted  # noqa: E402
 
 
 def _timing(us: float) -> Timing:
@@ -28,3 +29,17 @@ def test_the_launch_has_its_own_column_beside_the_memory_floor():
     quick = timing_columns(_timing(2.0), None, floor_us=0.5, launch=2.5)
     assert quick["floor_note"].startswith("below launch + floor")
     assert "launch_us" not in timing_columns(_timing(6.0), None, floor_us=0.5)
+
+
+def test_a_benchmark_cut_short_writes_the_rows_it_timed():
+    """A stage step's timeout interrupts its benchmark (SIGINT): the rows timed so far are
+    written (there were none: no rows, no speedup, the family's kernels out of auto) and the
+    process exits 130."""
+    rows, written = [{"op": "a"}], []
+    with pytest.raises(SystemExit) as stopped:
+        with written_if_interrupted(lambda: written.extend(rows)):
+            raise KeyboardInterrupt
+    assert stopped.value.code == 130 and written == rows
+    with written_if_interrupted(lambda: written.append("again")):
+        pass  # finishing normally writes nothing here: the caller writes once
+    assert written == rows

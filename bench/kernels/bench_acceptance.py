@@ -27,8 +27,8 @@ if not torch.cuda.is_available():
 os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")  # no host syncs inside timed calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
-                    bench_arguments, timing_columns)
+from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
+                    plot_rows, time_fn, timing_columns, written_if_interrupted)
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
@@ -78,28 +78,25 @@ def time_backend(op, backend, args, device, repeats):
 
 
 def configs(smoke):
-    """([(grid of (batch, nodes, vocab), logits dtype)], repeats): the full grid in bf16 (what
-    a bf16 target gives), a few points in fp16 and fp32 (the verdict lets a dtype into auto only
-    on rows of its own dtype; an fp32 target's logits are fp32)."""
+    """([(cases of (batch, nodes, vocab), logits dtype)] in the order they run, repeats): a few
+    points in every logits dtype first (the verdict lets a dtype into auto only on rows of its
+    own dtype, and a stage step cut short keeps the rows timed so far), then the rest of the
+    grid in bf16 (what a bf16 target gives)."""
     if smoke:
         return [([(2, 4, 64)], torch.float32)], 3
-    grid = [(b, n, v) for v in (32000, 128256, 151936) for b in (1, 16, 64) for n in (8, 64)]
     point = (FLASHINFER["batch"], FLASHINFER["nodes"], FLASHINFER["vocab"])
     few = [(1, 8, 32000), (16, 64, 32000), point]
-    return [(grid + [point], torch.bfloat16), (few, torch.float16), (few, torch.float32)], 20
+    grid = [(b, n, v) for v in (32000, 128256, 151936) for b in (1, 16, 64) for n in (8, 64)]
+    rest = [case for case in grid if case not in few]
+    return [(few, torch.bfloat16), (few, torch.float16), (few, torch.float32),
+            (rest, torch.bfloat16)], 20
 
 
-def main():
-    args, device = bench_arguments(__doc__.split("\n")[0])
-    torch.manual_seed(0)
-    grids, repeats = configs(args.smoke)
-    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
-    print(f"device {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    rows = []
-    for op in ("greedy_accept_chain", "greedy_accept_tree", "stochastic_accept_chain",
-               "stochastic_accept_tree"):
-        for (batch, nodes, vocab), dtype in ((case, dtype) for grid, dtype in grids
-                                             for case in grid):
+def measure(args, device, grids, repeats: int, bandwidth: float, rows: list[dict]) -> None:
+    """Time every op over every (grid, dtype), appending rows to ``rows`` as they come."""
+    for (batch, nodes, vocab), dtype in ((case, dtype) for grid, dtype in grids for case in grid):
+        for op in ("greedy_accept_chain", "greedy_accept_tree", "stochastic_accept_chain",
+                   "stochastic_accept_tree"):
             inputs = make_inputs(op, batch, nodes, vocab, dtype, device)
             floor_us = batch * nodes * vocab * dtype.itemsize / bandwidth * 1e6
             timings = {}
@@ -114,9 +111,20 @@ def main():
                            **timing_columns(timing, base, floor_us))
                 rows.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def main():
+    args, device = bench_arguments(__doc__.split("\n")[0])
+    torch.manual_seed(0)
+    grids, repeats = configs(args.smoke)
+    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    print(f"device {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    rows = []
     out = Path(args.out)
+    with written_if_interrupted(lambda: append_rows(out / "bench_acceptance.csv", rows)):
+        measure(args, device, grids, repeats, bandwidth, rows)
     append_rows(out / "bench_acceptance.csv", rows)
-    plotted = grids[0][1]  # the full grid's dtype
+    plotted = grids[-1][1]  # the full grid's dtype
     for op in {row["op"] for row in rows}:
         subset = [dict(row, series=f"{row['backend']} N={row['nodes']} V={row['vocab']}")
                   for row in rows if row["op"] == op and row["vocab"] in (32000, 64)

@@ -35,8 +35,8 @@ if not torch.cuda.is_available():
 os.environ["EAGLE_KERNELS_CHECK_VALUES"] = "0"  # value checks sync the host; not the kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (append_rows, copy_bandwidth, graphed, launch_us, plot_rows,  # noqa: E402
-                    time_fn, bench_arguments, timing_columns)
+from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
+                    launch_us, plot_rows, time_fn, timing_columns, written_if_interrupted)
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
@@ -117,13 +117,9 @@ def input_dtype(op: str, shape: str) -> str:
     return "int32" if op == "build_tree" else "float32"
 
 
-def main() -> None:
-    args, device = bench_arguments(__doc__.split("\n")[0])
-    repeats = 3 if args.smoke else 30
-    bandwidth = copy_bandwidth(device, megabytes=16 if args.smoke else 1024)
-    launch = launch_us(device)
-    print(f"device {device}, copy bandwidth {bandwidth:.0f} GB/s, one launch {launch:.2f} us")
-    rows: dict[str, list[dict]] = {}
+def measure(args, device, repeats: int, bandwidth: float, launch: float,
+            rows: dict[str, list[dict]]) -> None:
+    """Time every case, appending each op's rows to ``rows`` as they come."""
     for op, shape, batch, moved, fns in cases(args.smoke, device):
         timings = {}
         for backend, fn in fns.items():
@@ -138,16 +134,32 @@ def main() -> None:
                 "dtype": input_dtype(op, shape),
                 "mode": "graph" if device.type == "cuda" and backend != "torch" else "eager",
                 **timing_columns(timing, timings["torch"], floor_us, launch),
-                "bytes": moved, "gb_per_s": round(achieved, 2), "copy_gbps": round(bandwidth, 1),
+                "bytes": moved, "gb_per_s": round(achieved, 2), "copy_gbps": round(bandwidth, 3),
                 "roofline_fraction": round(achieved / bandwidth, 4), "smoke": args.smoke})
             row = rows[op][-1]
             print(f"{op:<17} {shape:<28} B={batch:<3} {backend:<7} "
                   f"{timing.median_us:10.1f} us  x{row['speedup_vs_torch']:<7} "
                   f"{achieved:8.1f} GB/s  {row['x_floor']:8.2f}x floor  "
                   f"{row['x_launch_floor']:6.2f}x launch + floor {row['floor_note']}")
+
+
+def main() -> None:
+    args, device = bench_arguments(__doc__.split("\n")[0])
+    repeats = 3 if args.smoke else 30
+    bandwidth = copy_bandwidth(device, megabytes=16 if args.smoke else 1024)
+    launch = launch_us(device)
+    print(f"device {device}, copy bandwidth {bandwidth:.0f} GB/s, one launch {launch:.2f} us")
+    rows: dict[str, list[dict]] = {}
     out = Path(args.out)
+
+    def write() -> None:
+        for op, op_rows in rows.items():
+            append_rows(out / f"{op}.csv", op_rows)
+
+    with written_if_interrupted(write):
+        measure(args, device, repeats, bandwidth, launch, rows)
+    write()
     for op, op_rows in rows.items():
-        append_rows(out / f"{op}.csv", op_rows)
         for row in op_rows:
             row["series"] = f"{row['backend']} {row['shape']}"
         plot_rows(op_rows, "batch", "median_us", "series", out / f"{op}.png",

@@ -11,6 +11,7 @@ from a GPU run (``bench/gpu_suite.sh``).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import os
@@ -140,6 +141,19 @@ def environment() -> dict[str, str]:
     return {"device": device, "torch": torch.__version__, "cuda": str(torch.version.cuda),
             "triton": triton_version, "date": datetime.datetime.now(datetime.timezone.utc)
             .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _git_commit()}
+
+
+@contextlib.contextmanager
+def written_if_interrupted(write: Callable[[], None]):
+    """Run the block; if the stage step's timeout interrupts it (SIGINT, bench/stages/lib.sh),
+    call ``write`` (the rows timed so far) and exit 130: a family cut short still hands the
+    verdict the rows it timed, where it used to write none (no rows, no speedup, no ``auto``)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        write()
+        print("interrupted: the rows timed so far are written", flush=True)
+        raise SystemExit(130) from None
 
 
 def append_rows(csv_path: str | os.PathLike, rows: list[dict]) -> None:
