@@ -249,7 +249,7 @@ def nan_or_posinf(x: torch.Tensor) -> torch.Tensor:
 def check_logits(name: str, logits: torch.Tensor) -> torch.Tensor | None:
     """Rows of at least one entry; value check: no NaN or +inf, and every row has at least one
     finite entry. Returns the rows' maxima where the value check ran (else None)."""
-    if logits.shape[-1] == 0 and logits[..., :1].numel() == 0 and logits.shape[:-1].numel():
+    if logits.shape[-1] == 0 and logits.shape[:-1].numel():
         raise ValueError(f"{name}: expected a vocabulary of at least one entry (last dimension), "
                          f"got shape {tuple(logits.shape)}")
     if not value_checks_enabled() or logits.numel() == 0:
