@@ -8,11 +8,13 @@ assistant-token frequencies of those conversations, target features computed onl
 runtime's model (one no-grad prefill per batch), the training-time-test loss of
 :mod:`eagle_kernels.runtime.training`, AdamW with warm-up and cosine decay, tqdm progress.
 
-Resumable: ``OUT/trainer_state.pt`` (head, optimiser, step, settings, data key) is written every
-``--save-every`` steps and at the end; running the same command again continues from it (the
-batch order and each step's random draws are functions of the seed and the step, so the resumed
-run ends where an uninterrupted one does). A resume with other run-defining settings, data or
-target is refused by name (:func:`check_resume`); the log is cut back to the saved step.
+Resumable: ``OUT/trainer_state.pt`` (head, optimiser, step, settings, the values of the settings
+resolved from the device, data key) is written every ``--save-every`` steps and at the end;
+running the same command again continues from it (the batch order and each step's random draws
+are functions of the seed and the step, so the resumed run ends where an uninterrupted one does).
+A resume with other run-defining settings (``--ttt-steps 0`` compared by the steps it resolves
+to on each device), data or target is refused by name (:func:`check_resume`); the log is cut
+back to the saved step.
 The head is exported in the official format (``OUT/config.json`` + ``OUT/model.safetensors``)
 at every save, in ``--export-dtype``.
 """
@@ -45,7 +47,8 @@ CPU_TTT_STEPS = 4  # see default_ttt_steps
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EAGLE3_ONLY = ("draft_vocab", "ttt_steps", "target_temperature", "cache_target", "loss_backend")
 # settings a resumed run may change: where and how it runs, not what it computes (the target
-# is compared by its weights, not its path)
+# is compared by its weights, not its path; loss_backend "auto" resolves per device to kernels
+# with one contract, threads 0 to torch's default: neither changes what is computed)
 RESUME_MAY_CHANGE = ("out", "target", "max_minutes", "save_every", "threads", "data_dir",
                      "prepare_only", "cache_target", "loss_backend", "export_dtype",
                      "regenerate_batch", "extra")
@@ -333,6 +336,24 @@ def warm_start_head(path: str, target: TargetModel):
     return head.float().train()
 
 
+def resolved_ttt_steps(config: TrainConfig, device) -> int:
+    """The TTT steps an EAGLE-3 run trains on ``device``: ``config.ttt_steps``, or with 0
+    :func:`default_ttt_steps` of the device."""
+    return config.ttt_steps or default_ttt_steps(device)
+
+
+def resolved_settings(config: TrainConfig, device) -> dict:
+    """The run-defining settings whose value the run resolves where it runs, by name: what the
+    trainer state records beside the configured settings and a resume compares
+    (:func:`check_resume`). EAGLE-3's ``ttt_steps`` (0: the drafting depth of ``device``); the
+    other settings resolved at run time are compared otherwise (the default target by its
+    weights, the data files by the dataset key) or only change how a run computes
+    (RESUME_MAY_CHANGE). EAGLE-1 trains no TTT steps: nothing."""
+    if config.kind != EAGLE3:
+        return {}
+    return {"ttt_steps": resolved_ttt_steps(config, device)}
+
+
 def default_ttt_steps(device) -> int:
     """TTT steps matched to the depth the runtime drafts on ``device``.
 
@@ -357,7 +378,7 @@ def batch_loss(head, target: TargetModel, ids, mask, config: TrainConfig, cached
                                                       training.draft_vocab_ids(head))
     with no_value_checks():  # the loss is checked instead (below, in train)
         result = training.eagle3_ttt_loss(head, features.float(), ids, logits, head.t2d[argmax],
-                                          mask, steps=config.ttt_steps or default_ttt_steps(ids.device),
+                                          mask, steps=resolved_ttt_steps(config, ids.device),
                                           loss_backend=config.loss_backend,
                                           target_temperature=config.target_temperature)
     return result.loss, {"step_loss": [logged(x) for x in result.step_losses],
@@ -450,15 +471,39 @@ def _target_cache(data_dir: Path, config: TrainConfig, head, target: TargetModel
     return cache
 
 
-def check_resume(state: dict, config: TrainConfig, key: list, target_id: str, path) -> None:
+def check_resume(state: dict, config: TrainConfig, key: list, target_id: str, path,
+                 resolved: dict) -> None:
     """Refuse to continue the run saved in ``state`` with other run-defining settings (all but
-    RESUME_MAY_CHANGE), data (``key``) or target weights (``target_id``), by name."""
+    RESUME_MAY_CHANGE), data (``key``) or target weights (``target_id``), by name.
+
+    ``resolved``: :func:`resolved_settings` here. A setting resolved from the device is compared
+    by the value the saved run resolved it to (``state["resolved"]``), not as configured: a run
+    started on a CPU with ``--ttt-steps 0`` trained 4 steps, and resumed on a GPU would train 7
+    (refused, naming the ``--ttt-steps 4`` that continues it), while ``--ttt-steps 4`` there
+    continues it (it is the same run)."""
     fields, saved = TrainConfig.__dataclass_fields__, state.get("config") or {}
+    # A state saved before the resolved values were stored (no "resolved") has its settings
+    # compared as configured, as they were then: old checkpoints still resume, but a ttt_steps
+    # of 0 resumed on another kind of device is not caught there (the steps it trained are
+    # not known). The same holds for a setting a state's "resolved" does not name.
+    recorded = {name: value for name, value in (state.get("resolved") or {}).items()
+                if name in resolved}
     for name in fields:
+        if name in RESUME_MAY_CHANGE or name in recorded:  # the resolved ones: below
+            continue
         was, now = saved.get(name, fields[name].default), getattr(config, name)
-        if name not in RESUME_MAY_CHANGE and was != now:
+        if was != now:
             raise ValueError(f"{name}: {path} continues a run started with {was!r}, got {now!r} "
                              f"(resume with the same settings, or train into another out)")
+    for name, was in recorded.items():
+        if was != resolved[name]:
+            flag = "--" + name.replace("_", "-")  # as the train command spells it
+            raise ValueError(
+                f"{name}: {path} continues a run started with {was!r}, got {resolved[name]!r} "
+                f"({name} {getattr(config, name)!r} resolves to {resolved[name]!r} on this "
+                f"device; the saved run's {saved.get(name, fields[name].default)!r} resolved to "
+                f"{was!r} on its own): pass {flag} {was!r} to continue it, or train into another "
+                f"out")
     for name, now in (("dataset_key", key), ("target_digest", target_id)):
         if name in state and state[name] != now:  # states saved before these were stored: none
             raise ValueError(f"{name}: {path} continues a run on other "
@@ -490,9 +535,11 @@ def _trim_log(path: Path, step: int) -> None:
     temporary.replace(path)
 
 
-def _save(out: Path, head, optimizer, step: int, config: TrainConfig, key: list, target_id: str):
+def _save(out: Path, head, optimizer, step: int, config: TrainConfig, key: list, target_id: str,
+          resolved: dict):
     torch.save({"step": step, "head": head.state_dict(), "optimizer": optimizer.state_dict(),
-                "config": asdict(config), "dataset_key": key, "target_digest": target_id},
+                "config": asdict(config), "resolved": resolved, "dataset_key": key,
+                "target_digest": target_id},
                out / (STATE_FILE + ".tmp"))
     (out / (STATE_FILE + ".tmp")).replace(out / STATE_FILE)
     save_draft_head(head, out, dtype=EXPORT_DTYPES[config.export_dtype])
@@ -514,10 +561,11 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
     data_dir = Path(config.data_dir) if config.data_dir else out
     data_dir.mkdir(parents=True, exist_ok=True)
     key, target_id = dataset_key(config, tokenizer, target), target_digest(target)
+    resolved = resolved_settings(config, target.device)  # the batches live on target.device
     state = None
     if (out / STATE_FILE).is_file():  # checked before any data is built for it
         state = torch.load(out / STATE_FILE, weights_only=True)
-        check_resume(state, config, key, target_id, out / STATE_FILE)
+        check_resume(state, config, key, target_id, out / STATE_FILE, resolved)
     examples, counts = _load_data(data_dir, tokenizer, config, target, key)
     always = sorted({tokenizer.eos_token_id, *_end_of_turn_ids(tokenizer)} - {None})
     head = init_head(config.kind, target, counts, config.draft_vocab, always, config.seed,
@@ -567,13 +615,13 @@ def train(config: TrainConfig, target: TargetModel, tokenizer, progress: bool = 
         bar.update()
         out_of_time = config.max_minutes and time.time() - started > 60 * config.max_minutes
         if step % config.save_every == 0 or step == len(schedule) or out_of_time:
-            _save(out, head, optimizer, step, config, key, target_id)
+            _save(out, head, optimizer, step, config, key, target_id, resolved)
         if out_of_time:
             break
     bar.close()
     log.close()
     if step == len(schedule) and not (out / "model.safetensors").is_file():
-        _save(out, head, optimizer, step, config, key, target_id)
+        _save(out, head, optimizer, step, config, key, target_id, resolved)
     return {"steps_done": step, "steps_total": len(schedule), "examples": len(examples),
             "finished": step == len(schedule)}
 

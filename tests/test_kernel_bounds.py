@@ -12,7 +12,9 @@ twin alike:
 * writes: outputs and caches are views into sentinel-filled buffers (``cuda_support.guarded``);
   the sentinels must survive.
 * where the guarded behaviour is observable (a path ending at a non-node, a tree deeper than
-  ``max_depth``), the Triton result must equal the CUDA host twin's.
+  ``max_depth``), the Triton result must equal the CUDA host twin's. The stochastic tree's
+  inputs are fresh draws of the test's seed, its uniforms drawn off the boundaries of the walk
+  the guards make (:func:`guarded_tree_walk`), so both fp32 kernels are compared exactly.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuda_support import DTYPE_CODES
+from conftest import random_parents
+from cuda_support import DTYPE_CODES, seed_note
 from eagle_kernels import ops
 from eagle_kernels.ops import reference
 from eagle_kernels.ops._backend import backend_status
 from eagle_kernels.ops._validate import no_value_checks
 from eagle_kernels.ops.sampling import sampling_arrays
+from test_acceptance_kernels import (NEAR, bonus_margin, node_probs, random_logits, tree_margin,
+                                     uniforms_off_boundaries)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +61,54 @@ def stochastic_tree_host(ext, tokens, parents, logits, accept_u, bonus_u, width)
                                           params[0], *result),
                                     batch, num_nodes, vocab, width, DTYPE_CODES[logits.dtype])
     return result
+
+
+def guarded_tree_walk(tokens, parents, probs, accept_u, bonus_u, b):
+    """(accepted nodes, margin) of sequence b as the kernels walk it with their guards on
+    out-of-contract inputs, in fp64 from the reference's probabilities ``probs`` [B, N, V]: one
+    ascending scan (csrc/sampling.cuh tree_walk, the Triton tree kernel) tries node i iff its
+    parent is the current node, so a parent outside [0, i) is never tried, and a token outside
+    [0, V) has p = 0 (token_prob): rejected whatever its uniform (no boundary), no mass removed.
+    The margin is test_acceptance_kernels.tree_margin's, which it equals on in-contract trees
+    (test_guarded_tree_walk_is_the_references_on_in_contract_trees). The walk's depth is
+    assumed within max_depth (that stop is not modelled)."""
+    num_nodes, vocab = probs.shape[1:]
+    margin, node, nodes = float("inf"), 0, [0]
+    residual = probs[b, 0].double().clone()
+    for child in range(1, num_nodes):
+        token = int(tokens[b, child])
+        if int(parents[b, child]) != node or not 0 <= token < vocab:
+            continue
+        value = float(residual[token] / residual.sum())
+        u = float(accept_u[b, child])
+        margin = min(margin, abs(u - value))
+        if u < value:
+            node, residual = child, probs[b, child].double().clone()
+            nodes.append(child)
+        else:
+            residual[token] = 0.0
+    return nodes, min(margin, bonus_margin(residual, float(bonus_u[b])))
+
+
+def test_guarded_tree_walk_is_the_references_on_in_contract_trees(gen):
+    """The margin model of the far-index stochastic tree case, checked where the reference
+    defines the walk: its accepted nodes and tree_margin's margin, for every sequence."""
+    batch, num_nodes, vocab = 8, 8, 40
+    parents = random_parents(batch, num_nodes, gen)
+    tokens = torch.randint(0, 6, (batch, num_nodes), generator=gen)  # repeated sibling tokens
+    logits = random_logits(batch, num_nodes, vocab, gen)
+    probs = node_probs(logits, {})
+
+    def margin(accept_u, bonus_u, b):
+        return guarded_tree_walk(tokens, parents, probs, accept_u, bonus_u, b)[1]
+
+    accept_u, bonus_u = uniforms_off_boundaries(batch, num_nodes, margin, gen)
+    want = reference.stochastic_accept_tree(tokens, parents, logits, accept_u, bonus_u)
+    for b in range(batch):
+        nodes, got_margin = guarded_tree_walk(tokens, parents, probs, accept_u, bonus_u, b)
+        assert got_margin == tree_margin(tokens, parents, probs, accept_u, bonus_u, b)
+        accepted = int(want.num_accepted[b])
+        assert nodes == want.accepted_nodes[b, :accepted + 1].tolist(), (b, seed_note(gen))
 
 
 def test_stochastic_tree_deeper_than_max_depth_stops_like_cuda(ext):
@@ -142,7 +195,8 @@ FAR_READS = textwrap.dedent('''
     from eagle_kernels import ops
     from eagle_kernels.ops import attention, kv, reference
     from eagle_kernels.ops.sampling import sampling_arrays
-    from test_kernel_bounds import ptrs, stochastic_tree_host
+    from test_acceptance_kernels import NEAR, node_probs, uniforms_off_boundaries
+    from test_kernel_bounds import guarded_tree_walk, ptrs, stochastic_tree_host
 
     FAR32, FAR64 = 2**31 - 1, 2**40
     ext = None
@@ -152,9 +206,6 @@ FAR_READS = textwrap.dedent('''
         print("no _C: CUDA host twins skipped", flush=True)
     assert not ops.value_checks_enabled()
     gen = torch.Generator().manual_seed(int(sys.argv[1]))  # the test's seed
-    # fixed: Triton and host twin compared exactly on raw uniforms (fp32 roundings split ~1e-6 of
-    # draws); this draw's decisions lie >= 0.2 from every boundary (checked in fp64)
-    fixed = torch.Generator().manual_seed(13)
 
     def done(name):
         print("ok", name, flush=True)
@@ -166,15 +217,31 @@ FAR_READS = textwrap.dedent('''
     ops.greedy_accept_tree(tokens, paths, logits, backend="triton")
     done("greedy_accept_tree triton")
 
-    # stochastic tree: a parent far past N, a token far below 0 (masks that only test < V miss it)
+    # stochastic tree: a parent far past N, a token far below 0 (masks that only test < V miss it).
+    # Triton and the host twin are compared exactly, and fp32 roundings split ~1e-6 of raw
+    # draws: the uniforms are drawn off the boundaries of the walk the guards make (fp64,
+    # guarded_tree_walk), again while nearer than NEAR, at most REDRAWS = 512 times
+    # (uniforms_off_boundaries). Here a draw is near with probability ~20 NEAR = 2e-4 (two
+    # acceptance decisions, nodes 3 and 4, and a bonus draw over 8 CDF steps, each 2 NEAR of u
+    # wide; measured 6 of 20000 raw draws): taking 1e-3, all 512 draws are near with
+    # probability < 1e-1500, so the false-failure probability is far below 1e-6.
     tokens = torch.tensor([[0, -FAR64, 2, 3, 1]])
     parents = torch.tensor([[-1, 0, FAR32, 0, 3]], dtype=torch.int32)
-    logits = torch.randn(1, 5, 8, generator=fixed)
-    accept_u = torch.rand(1, 5, generator=fixed)
-    bonus_u = torch.tensor([0.5])
+    logits = torch.randn(1, 5, 8, generator=gen)
+    probs = node_probs(logits, {})
+
+    def walk_margin(accept_u, bonus_u, b):
+        return guarded_tree_walk(tokens, parents, probs, accept_u, bonus_u, b)[1]
+
+    accept_u, bonus_u = uniforms_off_boundaries(1, 5, walk_margin, gen)
+    nodes, margin = guarded_tree_walk(tokens, parents, probs, accept_u, bonus_u, 0)
+    assert margin >= NEAR, margin
     got = ops.stochastic_accept_tree(tokens, parents, logits, accept_u, bonus_u, max_depth=4,
                                      backend="triton")
     done("stochastic_accept_tree triton")
+    # the walk the margins are of: node 1 (p = 0) rejected, node 2 never tried
+    assert got.accepted_nodes[0, :len(nodes)].tolist() == nodes, (got, nodes)
+    assert got.num_accepted.tolist() == [len(nodes) - 1], (got, nodes)
     if ext is not None:
         want = stochastic_tree_host(ext, tokens, parents, logits, accept_u, bonus_u, 5)
         done("stochastic_accept_tree cuda host")

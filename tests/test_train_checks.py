@@ -134,6 +134,62 @@ def test_resume_refuses_other_run_defining_settings_data_or_target(tokenizer, tm
     assert done["finished"]
 
 
+def test_resume_compares_the_ttt_steps_the_device_resolved_not_the_configured_zero(
+        tokenizer, tmp_path, monkeypatch):
+    """Regression: ``ttt_steps=0`` (the drafting depth of the device) was compared as
+    configured, so a run started on a CPU (4 steps) and resumed on a GPU silently trained 7.
+    The state records the resolved steps; a resume that resolves to others is refused, naming
+    the flag that continues the run, and that flag does (the GPU is default_ttt_steps')."""
+    import shlex
+
+    from eagle_kernels import train as train_module
+    from eagle_kernels.cli import parser
+    from eagle_kernels.train import CPU_TTT_STEPS, STATE_FILE, train
+
+    target = frozen_target(tokenizer, 22)
+    assert train(train_config(tmp_path, ttt_steps=0, max_minutes=1e-9), target, tokenizer,
+                 progress=False)["steps_done"] == 1
+    state = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    assert state["config"]["ttt_steps"] == 0 and state["resolved"] == {"ttt_steps": CPU_TTT_STEPS}
+    monkeypatch.setattr(train_module, "default_ttt_steps", lambda device: training.TTT_STEPS)
+    for ttt_steps, now in ((0, training.TTT_STEPS), (3, 3)):  # the "GPU" default, another one
+        with pytest.raises(ValueError, match=rf"ttt_steps: .* started with {CPU_TTT_STEPS}, got "
+                                             rf"{now} .*: pass --ttt-steps {CPU_TTT_STEPS} to "
+                                             rf"continue it") as refused:
+            train(train_config(tmp_path, ttt_steps=ttt_steps), target, tokenizer, progress=False)
+    # the advice is the train command's own flag, and with it the run continues on the "GPU"
+    flag = shlex.split(str(refused.value).split("pass ")[1].split(" to continue")[0])
+    args = parser().parse_args(["train", "--out", str(tmp_path), *flag])
+    done = train(train_config(tmp_path, ttt_steps=args.ttt_steps), target, tokenizer,
+                 progress=False)
+    assert done["finished"] and done["steps_total"] >= 2
+    log = [json.loads(line) for line in open(tmp_path / "train_log.jsonl")]
+    assert [len(r["step_loss"]) for r in log] == [CPU_TTT_STEPS] * done["steps_total"]
+    state = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    assert state["resolved"] == {"ttt_steps": CPU_TTT_STEPS}
+    # EAGLE-1 trains no TTT steps: nothing resolved, nothing refused on another device
+    eagle1 = train_config(tmp_path, kind="eagle1", ttt_steps=0, draft_vocab=8192)
+    assert train_module.resolved_settings(eagle1, "cuda") == {}
+
+
+def test_resume_of_a_state_saved_before_the_resolved_settings_compares_them_as_configured(
+        tokenizer, tmp_path):
+    """Old trainer states (no "resolved") still resume: their ttt_steps compared as configured
+    (the steps they trained are not known), a configured change still refused."""
+    from eagle_kernels.train import STATE_FILE, train
+
+    target = frozen_target(tokenizer, 23)
+    train(train_config(tmp_path, ttt_steps=0, max_minutes=1e-9), target, tokenizer,
+          progress=False)
+    state = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    del state["resolved"]
+    torch.save(state, tmp_path / STATE_FILE)
+    with pytest.raises(ValueError, match=r"ttt_steps: .* started with 0, got 4 \(resume with"):
+        train(train_config(tmp_path, ttt_steps=4), target, tokenizer, progress=False)
+    assert train(train_config(tmp_path, ttt_steps=0), target, tokenizer,
+                 progress=False)["finished"]
+
+
 def test_resume_builds_the_target_cache_for_the_saved_heads_vocabulary(tokenizer, tmp_path,
                                                                      monkeypatch):
     """Regression: the cache was built from the freshly initialised head's draft vocabulary,
