@@ -360,15 +360,17 @@ def _dtype_cases(device, seed: int) -> list[tuple[str, str, Case]]:
 
 def verdict_rows(device: torch.device, seed: int = 0) -> list[dict]:
     """One row per (op, non-torch backend, dtype): status correct / wrong / error / not run,
-    the largest absolute difference from the torch reference, why (not), and the revision of
-    the kernel code that ran (``_backend.KERNEL_REVISIONS``: what a verdict proves)."""
+    the largest absolute difference from the torch reference, why (not), and the revision and
+    source digest of the kernel code that ran (``_backend.KERNEL_REVISIONS``,
+    ``_backend.source_digest``: what a verdict proves)."""
     registered = ops.op_backends()
     rows = []
     for op, label, case in _dtype_cases(device, seed):
         for backend in (name for name in registered.get(op, {}) if name != "torch"):
             row = dict(op=op, backend=backend, dtype=label, status="not run", max_error=None,
                        detail=_skip_reason(backend, device) or "",
-                       revision=_backend.kernel_revision(op, backend))
+                       revision=_backend.kernel_revision(op, backend),
+                       source_digest=_backend.source_digest(op, backend))
             if not row["detail"]:
                 row.update(_run_case(case, backend, device))
             rows.append(row)

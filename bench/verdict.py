@@ -35,11 +35,15 @@ Schema of ``verdict.json`` (``schema`` 1)::
      "kernels": [{"op", "backend", "dtype", "proven": bool, "check": "correct|wrong|error|not
                   run", "max_error": float|null, "gpu_tests": "P passed, F failed",
                   "memcheck": "clean|failed|not run", "speedup_vs_torch": float|null,
-                  "speedup_note": str, "auto": bool, "detail": str, "revision": int}]}
+                  "speedup_note": str, "auto": bool, "detail": str, "revision": int,
+                  "source_digest": str|null}]}
 
 ``revision``: the kernel's code revision (``eagle_kernels.ops._backend.KERNEL_REVISIONS``) that
 ran on the GPU, as its kernel check recorded it (a check that recorded none: 1); an entry of an
-older revision keeps a rewritten kernel out of ``auto``.
+older revision keeps a rewritten kernel out of ``auto``. ``source_digest``: the digest of the
+kernel's source that ran (``eagle_kernels.ops._backend.source_digest``), also as the kernel
+check recorded it on the GPU (null: none recorded, and the revision alone ties the entry to
+the code); an entry counts only while the kernel's source has that digest.
 """
 
 from __future__ import annotations
@@ -217,10 +221,19 @@ def _tests_for(tally, op: str, backend: str) -> tuple[int, int]:
     return passed, failed
 
 
+def _joins_auto(entry: dict) -> bool:
+    """The registry's rule for this checkout; where this checkout has no digest of the kernel
+    (no triton here, an _C built without digests) the recorded one cannot be compared, so the
+    rest of the rule decides (a digest known here and different: evidence of other code)."""
+    from eagle_kernels.ops._backend import source_digest, verdict_allows
+
+    if source_digest(entry["op"], entry["backend"]) is None:
+        entry = {**entry, "source_digest": None}
+    return verdict_allows(entry)
+
+
 def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dict:
     """The verdict from the evidence in ``folders`` (see the module docstring)."""
-    from eagle_kernels.ops._backend import verdict_allows
-
     checks, device = kernel_checks(folders)
     tally, memchecks, timed = test_tally(folders), memcheck_statuses(folders), speedups(folders)
     kernels = []
@@ -237,8 +250,9 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
                      check=row["status"], max_error=row["max_error"],
                      gpu_tests=f"{passed} passed, {failed} failed", memcheck=memcheck,
                      speedup_vs_torch=speedup, speedup_note=speedup_note,
-                     detail=row.get("detail", ""), revision=row.get("revision", 1))
-        entry["auto"] = verdict_allows(entry)
+                     detail=row.get("detail", ""), revision=row.get("revision", 1),
+                     source_digest=row.get("source_digest"))
+        entry["auto"] = _joins_auto(entry)
         kernels.append(entry)
     return {"schema": SCHEMA, "gpu": gpu, "device": device,
             "date": datetime.date.today().isoformat(), "environment": environment or {},

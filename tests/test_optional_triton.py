@@ -40,6 +40,8 @@ NO_TRITON = textwrap.dedent('''
         assert "triton is not installed" in str(error), error
     else:
         raise AssertionError("backend='triton' without triton did not raise")
+    from eagle_kernels.ops import _backend
+    print("digest", _backend.source_digest("topk_log_softmax", "triton"))
     print("no-triton ok")
 ''')
 
@@ -51,3 +53,6 @@ def test_import_and_torch_backend_without_triton():
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "no-triton ok" in run.stdout, (
         f"exit {run.returncode}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr[-4000:]}")
+    # the kernels' source digest is read from their Python source: the same without Triton
+    from eagle_kernels.ops._backend import source_digest
+    assert f"digest {source_digest('topk_log_softmax', 'triton')}\n" in run.stdout, run.stdout

@@ -32,6 +32,12 @@ newest one for this GPU counts. With none for this GPU, ``auto`` stays on torch 
 GPU kernel is reachable by naming its backend explicitly. ``EAGLE_KERNELS_VERDICTS`` names
 another folder to search (``off``: none). The Triton interpreter (CPU tensors under
 ``TRITON_INTERPRET=1``) is never chosen by ``auto``.
+
+A verdict entry proves the code that ran: one that records a ``source_digest`` counts only
+while :func:`source_digest` of the kernel here is the same (:mod:`eagle_kernels.ops._digests`
+says what it covers), so an edited kernel leaves ``auto`` until a GPU run proves the edit;
+entries of the older verdicts, which record none, keep the revision rule of
+:data:`KERNEL_REVISIONS`.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from . import _digests
 from ._triton import HAS_TRITON
 from ._triton import MISSING_REASON as TRITON_MISSING
 
@@ -214,9 +221,12 @@ def _unsupported(impl: _Implementation, facts: dict) -> str | None:
 ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attention": "triton"}
 # Revision of a GPU kernel's code, raised whenever it is rewritten: a verdict entry proves the
 # revision it records (entries that record none: 1), so a rewritten kernel leaves ``auto`` on
-# every GPU until a run proves it there. Revision 2: the two-pass ordered tree attention and
-# the linear's 64-row tile (2026-11-27); the top-k in two passes, chunks then rows, and the
-# stochastic acceptance's statistics and bonus draw over vocabulary chunks (2026-11-28).
+# every GPU until a run proves it there. Entries written since source digests exist are also
+# tied to the kernels' source (source_digest): raise a revision only for what a digest cannot
+# see (a launcher's grid or block sizes; see ops/_digests.py). Revision 2: the two-pass
+# ordered tree attention and the linear's 64-row tile (2026-11-27); the top-k in two passes,
+# chunks then rows, and the stochastic acceptance's statistics and bonus draw over vocabulary
+# chunks (2026-11-28).
 # Revision 3 of the linear: a group's weights in one launch (2026-11-28, seventeenth session).
 KERNEL_REVISIONS = {("tree_attention", "triton"): 2, ("linear", "triton"): 3,
                     ("topk_log_softmax", "triton"): 2, ("stochastic_accept_tree", "triton"): 2,
@@ -227,16 +237,53 @@ def kernel_revision(op: str, backend: str) -> int:
     return KERNEL_REVISIONS.get((op, backend), 1)
 
 
+def _compiled_digests() -> dict[str, str] | None:
+    """What ``_C.source_digests()`` reports: None without ``_C``, or for an ``_C`` built
+    before digests existed."""
+    if not _import_status("eagle_kernels._C").available:
+        return None
+    report = getattr(cuda_extension(), "source_digests", None)
+    return report() if report is not None else None
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest(op: str, backend: str) -> str | None:
+    """Digest of the source of ``backend``'s kernels for ``op`` as they run here (triton: the
+    jit functions its launcher reaches; cuda: the csrc families compiled into ``_C``), or None
+    where nothing vouches for it (cpu / torch, no such implementation, an ``_C`` without
+    digests). Computed on first use and cached: importing eagle_kernels stays cheap."""
+    impl = _REGISTRY.get(op, {}).get(backend)
+    if impl is None:
+        return None
+    if backend == "triton":
+        return _digests.triton_digest(impl.fn)
+    if backend == "cuda":
+        return _digests.cuda_digest(impl.fn, _compiled_digests())
+    return None
+
+
+def source_changed(entry: dict) -> bool:
+    """Whether a verdict entry proved other sources than the kernel's here: it records a
+    digest, and the kernel here has another one, or none (an ``_C`` built without digests:
+    nothing says it is the code the entry proved)."""
+    recorded = entry.get("source_digest")
+    return recorded is not None and recorded != source_digest(entry.get("op"),
+                                                              entry.get("backend"))
+
+
 def verdict_allows(entry: dict) -> bool:
     """The rule by which a verdict entry puts a GPU kernel into ``auto``: proven equal to the
     reference at that dtype on that GPU, and its median speedup over torch above 1; for the ops
     of ROW_INVARIANT_BACKENDS, proven and the row-invariant backend, whatever its speed (greedy
     speculative decoding is then lossless by construction; cuBLAS and the cuda attention are
     not row-invariant). Only an entry of the kernel's current revision counts
-    (:data:`KERNEL_REVISIONS`)."""
+    (:data:`KERNEL_REVISIONS`) and, when it records a ``source_digest``, only while the
+    kernel's source here has that digest (:func:`source_changed`)."""
     if not entry.get("proven"):
         return False
     if entry.get("revision", 1) != kernel_revision(entry.get("op"), entry.get("backend")):
+        return False
+    if source_changed(entry):
         return False
     invariant = ROW_INVARIANT_BACKENDS.get(entry.get("op"))
     if invariant is not None:
@@ -355,6 +402,19 @@ def op_backends() -> dict[str, dict[str, str]]:
             for op, impls in sorted(_REGISTRY.items())}
 
 
+def _set_aside(verdict: dict) -> list[str]:
+    """A report line per (op, backend) whose verdict entries :func:`source_changed` sets
+    aside: the dtypes, the digest the GPU run proved and the one here."""
+    changed: dict[tuple[str, str, str], list[str]] = {}
+    for (op, backend, dtype), entry in sorted(verdict.get("entries", {}).items()):
+        if source_changed(entry):
+            changed.setdefault((op, backend, entry["source_digest"]), []).append(dtype)
+    unknown = {"cuda": "none (this _C was built without digests: rebuild it)"}
+    return [f"    {op} {backend} ({', '.join(dtypes)}): proved {recorded}, here "
+            f"{source_digest(op, backend) or unknown.get(backend, 'none')}"
+            for (op, backend, recorded), dtypes in changed.items()]
+
+
 def backend_report() -> str:
     """Human-readable table of backend availability and each op's implementations."""
     lines = ["backends on this machine:"]
@@ -368,6 +428,11 @@ def backend_report() -> str:
         folder = _verdict_folder()
         verdict = gpu_verdict(name, str(folder)) if folder is not None else {}
         lines.append(f"GPU verdict for {name}: {verdict.get('path', 'none (auto stays torch)')}")
+        stale = _set_aside(verdict)
+        if stale:
+            lines.append("  set aside, source changed since that GPU run (explicit only until "
+                         "a run proves it):")
+            lines += stale
     forced = os.environ.get(BACKEND_ENV)
     if forced:
         lines.append(f"{BACKEND_ENV}={forced} forces that backend for backend='auto'")

@@ -24,6 +24,8 @@ try:
     import triton
     import triton.language as tl
     HAS_TRITON = True
+    # JITFunction, or InterpretedFunction under TRITON_INTERPRET=1 (also autotune's wrappers)
+    KERNEL_TYPES: tuple = (triton.runtime.jit.KernelInterface,)
 except ImportError:  # also raised when sys.modules["triton"] is None (how the tests block it)
     HAS_TRITON = False
 
@@ -74,5 +76,14 @@ except ImportError:  # also raised when sys.modules["triton"] is None (how the t
 
     triton = _Triton()
     tl = _Language()
+    KERNEL_TYPES = (_Kernel,)
 
-__all__ = ["HAS_TRITON", "MISSING_REASON", "tl", "triton"]
+
+def is_kernel(obj) -> bool:
+    """Whether ``obj`` is a ``@triton.jit`` function (without Triton: its stand-in); its
+    ``obj.fn`` is the Python function it was made from (or, for ``triton.autotune``'s
+    wrapper, the jit function it wraps)."""
+    return isinstance(obj, KERNEL_TYPES)
+
+
+__all__ = ["HAS_TRITON", "MISSING_REASON", "is_kernel", "tl", "triton"]

@@ -1,0 +1,154 @@
+"""Source digests: which kernel code a GPU verdict entry proved.
+
+A verdict entry records the digest of the kernels its GPU run proved (``source_digest``,
+written on the GPU by bench/sanitize_kernels.py), and
+:func:`eagle_kernels.ops._backend.verdict_allows` lets it count only while the kernels here
+have that digest: a kernel edited since its run leaves ``auto`` until a run proves the edit,
+with no table to remember to bump (``KERNEL_REVISIONS`` still guards entries that record no
+digest, and changes a digest cannot see).
+
+* ``triton``: over the source of the ``@triton.jit`` functions the op's registered launcher
+  reaches (directly, through Python helpers of eagle_kernels, closures such as
+  ``acceptance._chain_as_tree``'s, partials, and tuples of launchers such as ``loss._TRITON``),
+  the jit helpers those kernels name, transitively, and the module constants they read
+  (``NO_KEY``). A kernel's text is its decorators, signature and body with its docstring left
+  out, so docstrings and everything outside the kernels (launchers included) leave the digest
+  alone, while any edit of a kernel's decorator options, signature or body, comments included,
+  changes it.
+  Computed from the Python source, not Triton's ``JITFunction.src``: the same digest with any
+  Triton version, or none. Limits: what a launcher decides (grid, block sizes, the constexprs
+  it passes) is not covered, so bump ``KERNEL_REVISIONS`` for such a change; kernels an op
+  reaches only through the registry (another public op) belong to that op's entries.
+* ``cuda``: the digests ``_C.source_digests()`` reports for the ``_C`` functions the launcher
+  calls (the csrc files of each op family, embedded at build time by csrc/source_digests.py:
+  an installed package need not carry csrc/, and only the binary says what was compiled). An
+  ``_C`` built before digests existed reports none, and then an entry that records a digest
+  does not count: nothing vouches that the binary is the code it proved.
+
+Nothing is computed at import: ``_backend.source_digest`` computes on first use and caches.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import inspect
+import textwrap
+import types
+from typing import Callable, Iterable
+
+from ._triton import is_kernel
+
+DIGEST_CHARS = 16  # hex digits kept, as csrc/source_digests.py keeps
+_PACKAGE = "eagle_kernels."
+# resolve() and the registry reach every op's launchers: an op's digest stops at them.
+_REGISTRY_MODULE = "eagle_kernels.ops._backend"
+
+
+def _hash(parts: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:DIGEST_CHARS]
+
+
+def _ours(fn: types.FunctionType) -> bool:
+    module = getattr(fn, "__module__", None) or ""
+    return module.startswith(_PACKAGE) and module != _REGISTRY_MODULE
+
+
+def _named_by(fn: types.FunctionType, names: set[str]) -> list:
+    """The values ``fn``'s code (nested functions included) names: its globals and closure
+    cells. Every name it uses goes into ``names``, attribute names too (``_C.build_tree``)."""
+    found = []
+    for cell in fn.__closure__ or ():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            pass
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [const for const in code.co_consts if isinstance(const, types.CodeType)]
+        names.update(code.co_names)
+        found += [fn.__globals__[name] for name in code.co_names if name in fn.__globals__]
+    return found
+
+
+def reached(launcher: Callable) -> tuple[list, set[str]]:
+    """The jit kernels a launcher reaches and every name its Python code uses."""
+    kernels, names, seen, todo = {}, set(), set(), [launcher]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if is_kernel(obj) and is_kernel(obj.fn):  # an autotune wrapper: the kernel is inside
+            todo.append(obj.fn)
+        elif is_kernel(obj):
+            kernels[id(obj)] = obj
+        elif isinstance(obj, functools.partial):
+            todo += [obj.func, *obj.args, *obj.keywords.values()]
+        elif isinstance(obj, tuple):  # a NamedTuple of launchers (loss.py's _Kernels)
+            todo += list(obj)
+        elif isinstance(obj, types.FunctionType) and _ours(obj):
+            todo += _named_by(obj, names)
+            if hasattr(obj, "__wrapped__"):  # functools.wraps decorators
+                todo.append(obj.__wrapped__)
+    return list(kernels.values()), names
+
+
+def _constant(value) -> str | None:
+    """A module constant as a kernel reads it (``tl.constexpr(x)`` holds x; without Triton
+    the stand-in returns x itself), or None for anything else."""
+    value = getattr(value, "value", value)
+    return repr(value) if isinstance(value, (bool, int, float, str)) else None
+
+
+def _kernel_source(kernel) -> tuple[str, list]:
+    """A kernel's text (decorators and body, docstring left out, then the module constants
+    it reads) and the jit helpers it names."""
+    source = textwrap.dedent(inspect.getsource(kernel.fn))
+    node = ast.parse(source).body[0]
+    skip = set()
+    if ast.get_docstring(node, clean=False) is not None:
+        skip = set(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+    first = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
+    text = [line for number, line in enumerate(source.splitlines()[first - 1:], first)
+            if number not in skip]
+    helpers, constants = [], []
+    used = {name.id for part in (node.args, *node.body) for name in ast.walk(part)
+            if isinstance(name, ast.Name)}
+    for name in sorted(used & kernel.fn.__globals__.keys()):
+        value = kernel.fn.__globals__[name]
+        if is_kernel(value):
+            helpers.append(value)
+        elif _constant(value) is not None:
+            constants.append(f"{name} = {_constant(value)}")
+    return "\n".join(text + constants), helpers
+
+
+def triton_digest(launcher: Callable) -> str | None:
+    """Digest of the Triton kernels ``launcher`` runs (see the module docstring); None when
+    it reaches none or their source cannot be read."""
+    todo, texts = reached(launcher)[0], {}
+    try:
+        while todo:
+            kernel = todo.pop()
+            key = f"{kernel.fn.__module__}.{kernel.fn.__name__}"
+            if key not in texts:
+                texts[key], helpers = _kernel_source(kernel)
+                todo += helpers
+    except (OSError, TypeError):  # no source here (a bytecode-only install): cannot vouch
+        return None
+    return _hash(f"{key}\n{texts[key]}" for key in sorted(texts)) if texts else None
+
+
+def cuda_digest(launcher: Callable, compiled: dict[str, str] | None) -> str | None:
+    """Digest of the ``_C`` functions ``launcher`` calls, from ``compiled`` (what
+    ``_C.source_digests()`` reports); None when it reports none or the launcher calls none."""
+    if not compiled:
+        return None
+    used = sorted(name for name in reached(launcher)[1] if name in compiled)
+    return _hash(f"{name} {compiled[name]}" for name in used) if used else None
