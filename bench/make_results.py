@@ -151,9 +151,14 @@ def csv_section(path: Path, run: Path) -> list[str]:
         return []
     columns = [c for c in KERNEL_COLUMNS if c in rows[0]] or list(rows[0])[:8]
     env = rows[0]
+    # the rate the floors used (bench/kernels/common.py floor_us); older CSVs lack the columns:
+    # their floors were over the copy bandwidth alone
+    rates = (f"; floors over {env['floor_gbps']} GB/s, the fastest of read {env.get('read_gbps')}"
+             f", write {env.get('write_gbps')} and copy {env.get('copy_gbps')} GB/s measured in "
+             f"the run" if env.get("floor_gbps") else "")
     lines = [f"### `{run.name}/{path.relative_to(run)}`", "",
              f"{env.get('device', '?')}, torch {env.get('torch', '?')}, triton "
-             f"{env.get('triton', '?')}, {env.get('date', '?')}", "",
+             f"{env.get('triton', '?')}, {env.get('date', '?')}{rates}", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return lines + [""]

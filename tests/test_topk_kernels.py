@@ -268,7 +268,7 @@ def test_bench_smoke(tmp_path):
         assert (tmp_path / f"{op}.csv").exists() and (tmp_path / f"{op}.png").exists(), op
         # the floor is the bytes at the measured rate; the empty launch has its own column
         for row in csv.DictReader((tmp_path / f"{op}.csv").open()):
-            floor = float(row["bytes"]) / (float(row["copy_gbps"]) * 1e3)
+            floor = float(row["bytes"]) / (float(row["floor_gbps"]) * 1e3)
             assert float(row["floor_us"]) == pytest.approx(floor, rel=0.01, abs=0.002), row
             assert float(row["launch_us"]) >= 0 and "floor_note" in row
             under = float(row["median_us"]) < float(row["floor_us"])

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import step_bytes  # noqa: E402  (one definition of what a step reads)
-from common import append_rows, copy_bandwidth, plot_rows  # noqa: E402
+from common import append_rows, memory_bandwidth, plot_rows  # noqa: E402
 
 from eagle_kernels.ops import BACKEND_ENV, op_backends  # noqa: E402
 from eagle_kernels.runtime import Engine, TreeConfig  # noqa: E402
@@ -163,7 +163,8 @@ def run(args) -> list[dict]:
     target = random_target(shape, dtype, device)
     head = new_draft_head(EAGLE3, target, draft_vocab=None if args.smoke else 32000)
     _randomise(head)
-    bandwidth = copy_bandwidth(device) if device.type == "cuda" else float("nan")
+    # the rate the kernel floors divide by (common.floor_us): the fastest stream measured here
+    bandwidth = memory_bandwidth(device).floor_gbps if device.type == "cuda" else float("nan")
     rows = []
     picked = "fixed" if args.budget_alpha is None else f"budget at alpha {args.budget_alpha}"
     for backend in args.backends:

@@ -4,12 +4,15 @@
 
 For each op (greedy / stochastic, tree / chain), batch, node count N and vocabulary: the median
 time of every backend that runs here, its speedup over the torch reference measured in the
-same run, and the fraction of the memory floor it reaches (floor = bytes of target logits the op
-must read / measured copy bandwidth; a kernel at the floor scores 1.0). Kernels are timed as
-CUDA-graph replays (what the runtime sees; see common.graphed). The torch reference loops over
-sequences in Python with host syncs, so it is timed eagerly and only where batch <= 16 and
-vocab == 32000 (speedup is blank elsewhere). The FlashInfer comparison point (batch 16, vocab
-32000, chain of 5 draft tokens: 27 us on B200, published) is printed at the end.
+same run, and the fraction of the memory floor it reaches (floor = the bytes the op must move,
+op_bytes.acceptance_bytes: every node's target logits, the per-node inputs, the outputs and, for
+stochastic_accept_chain, q(x) of every draft token plus the whole draft row of each sequence
+that rejects one; over the fastest bandwidth measured in the run, common.floor_us; a kernel at
+the floor scores 1.0). Kernels are timed as CUDA-graph replays (what the runtime sees; see
+common.graphed). The torch reference loops over sequences in Python with host syncs, so it is
+timed eagerly and only where batch <= 16 and vocab == 32000 (speedup is blank elsewhere). The
+FlashInfer comparison point (batch 16, vocab 32000, chain of 5 draft tokens: 27 us on B200,
+published) is printed at the end.
 ``--smoke`` runs tiny sizes (torch + the Triton interpreter on CPU) to prove the script works.
 Results: ``<out>/bench_acceptance.csv`` and PNGs.
 """
@@ -27,8 +30,10 @@ if not torch.cuda.is_available():
 os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")  # no host syncs inside timed calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
-                    plot_rows, time_fn, timing_columns, written_if_interrupted)
+from common import (Bandwidth, append_rows, bench_arguments, floor_us, graphed,  # noqa: E402
+                    memory_bandwidth, plot_rows, time_fn, timing_columns,
+                    written_if_interrupted)
+from op_bytes import acceptance_bytes, rejected_chains  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
@@ -92,13 +97,27 @@ def configs(smoke):
             (rest, torch.bfloat16)], 20
 
 
-def measure(args, device, grids, repeats: int, bandwidth: float, rows: list[dict]) -> None:
+def moved_bytes(op, inputs, batch, nodes, vocab, dtype) -> int:
+    """The bytes one call of ``op`` on ``inputs`` (make_inputs) must move."""
+    if op == "greedy_accept_tree":
+        paths = inputs[1]
+        return acceptance_bytes(op, batch, nodes, vocab, dtype.itemsize, width=paths.shape[2],
+                                path_entries=int((paths >= 0).sum()))
+    if op == "stochastic_accept_chain":
+        tokens, draft, logits, uniforms, _ = inputs
+        return acceptance_bytes(op, batch, nodes, vocab, dtype.itemsize,
+                                rejected=rejected_chains(tokens, draft, logits, uniforms))
+    return acceptance_bytes(op, batch, nodes, vocab, dtype.itemsize)
+
+
+def measure(args, device, grids, repeats: int, bandwidth: Bandwidth, rows: list[dict]) -> None:
     """Time every op over every (grid, dtype), appending rows to ``rows`` as they come."""
     for (batch, nodes, vocab), dtype in ((case, dtype) for grid, dtype in grids for case in grid):
         for op in ("greedy_accept_chain", "greedy_accept_tree", "stochastic_accept_chain",
                    "stochastic_accept_tree"):
             inputs = make_inputs(op, batch, nodes, vocab, dtype, device)
-            floor_us = batch * nodes * vocab * dtype.itemsize / bandwidth * 1e6
+            moved = moved_bytes(op, inputs, batch, nodes, vocab, dtype)
+            floor = floor_us(moved, bandwidth)
             timings = {}
             for backend in runnable_backends(op, device):
                 if backend == "torch" and not args.smoke and (batch > 16 or vocab != 32000):
@@ -108,7 +127,8 @@ def measure(args, device, grids, repeats: int, bandwidth: float, rows: list[dict
             for backend, timing in timings.items():
                 row = dict(op=op, backend=backend, batch=batch, nodes=nodes, vocab=vocab,
                            dtype=str(dtype).replace("torch.", ""),
-                           **timing_columns(timing, base, floor_us))
+                           **timing_columns(timing, base, floor), bytes=moved,
+                           **bandwidth.columns())
                 rows.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()))
 
@@ -117,8 +137,8 @@ def main():
     args, device = bench_arguments(__doc__.split("\n")[0])
     torch.manual_seed(0)
     grids, repeats = configs(args.smoke)
-    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
-    print(f"device {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    bandwidth = memory_bandwidth(device, 64 if args.smoke else 1024)
+    print(f"device {device}, {bandwidth}")
     rows = []
     out = Path(args.out)
     with written_if_interrupted(lambda: append_rows(out / "bench_acceptance.csv", rows)):

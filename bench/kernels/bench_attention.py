@@ -26,10 +26,12 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
 
 Columns: median time, ``speedup_vs_torch`` (sdpa_dense / method), ``ratio_to_causal``,
 ``ratio_to_decode``, ``max_err_vs_dense`` (kernels only: a wrong kernel cannot post a time
-unseen), and ``bw_fraction``: K and V bytes read (+ q and out) per second over the measured
-copy bandwidth (bar: >= 0.85 at contexts >= 4k). SDPA runs with ``enable_gqa`` (no KV
-expansion); where this torch lacks it the KV heads are expanded outside the timing and the row
-says so. ``--smoke``: a tiny shape on CPU (torch + the Triton interpreter) in seconds.
+unseen), and ``bw_fraction`` = floor / time: K and V bytes read (+ q, out and the packed tree
+mask; a decode row: one query over the prefix and one key) per second over the fastest
+bandwidth measured in the run (``floor_gbps``, common.floor_us; bar: >= 0.85 at contexts
+>= 4k). SDPA runs with ``enable_gqa`` (no KV expansion); where this torch lacks it the KV heads
+are expanded outside the timing and the row says so. ``--smoke``: a tiny shape on CPU (torch +
+the Triton interpreter) in seconds.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ if not torch.cuda.is_available():
 os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
-                    plot_rows, time_fn, timing_columns, with_constants)
+from common import (append_rows, bench_arguments, floor_us, graphed,  # noqa: E402
+                    memory_bandwidth, plot_rows, time_fn, timing_columns, with_constants)
+from op_bytes import attention_bytes  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import attention_triton, reference  # noqa: E402
@@ -170,15 +173,21 @@ def main():
         grid = [(m, b, c) for m in ("llama3-8b", "smollm2") for b in (1, 8, 32)
                 for c in (512, 1024, 2048, 4096, 8192, 16384)]
         num_nodes, repeats = NUM_NODES, 30
-    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    bandwidth = memory_bandwidth(device, 64 if args.smoke else 1024)
+    print(f"device {device}, {bandwidth}")
     rows = []
     for model, batch, context in grid:
         q_heads, kv_heads, dim = MODELS[model]
         case = make_case(model, batch, context, num_nodes, device, gen)
-        # bytes a single pass must move: K and V rows of the prefix + tree, q in and out
-        moved = 2 * (2 * batch * (context + num_nodes) * kv_heads * dim
-                     + 2 * batch * num_nodes * q_heads * dim)
-        floor_us = moved / bandwidth * 1e6
+        # bytes a single pass must move: K and V rows of the prefix + tree, q in and out, the
+        # packed mask (tree rows); causal: no mask; decode: one query over the prefix + 1 key
+        tree_mask = case[4]
+        moved = {"tree": attention_bytes(batch, num_nodes, context + num_nodes, q_heads, kv_heads,
+                                         dim, 2, tree_mask.numel() * tree_mask.element_size()),
+                 "causal": attention_bytes(batch, num_nodes, context + num_nodes, q_heads,
+                                           kv_heads, dim, 2),
+                 "decode": attention_bytes(batch, 1, context + 1, q_heads, kv_heads, dim, 2)}
+        floors = {kind: floor_us(value, bandwidth) for kind, value in moved.items()}
         timings, notes, errors = {}, {}, {}
         found = methods(case, context, device, (model, batch, context) in VARIANT_SHAPES)
         dense = found["sdpa_dense"][0]().transpose(1, 2).float()
@@ -191,15 +200,18 @@ def main():
             timings[name], notes[name] = time_method(fn, device, repeats), note
         base, causal = timings["sdpa_dense"], timings["causal_sdpa"]
         for name, timing in timings.items():
+            kind = ("decode" if name in ("decode_sdpa", "triton_decode")
+                    else "causal" if name == "causal_sdpa" else "tree")
+            floor = floors[kind]
             row = dict(op="tree_attention", model=model, method=name, backend=name,
                        dtype="bfloat16", batch=batch,
                        context=context, num_nodes=num_nodes,
-                       **timing_columns(timing, base, floor_us),
+                       **timing_columns(timing, base, floor),
                        ratio_to_causal=round(timing.median_us / causal.median_us, 3),
                        ratio_to_decode=round(timing.median_us
                                              / timings["decode_sdpa"].median_us, 3),
-                       bw_fraction=round(floor_us / timing.median_us, 3),
-                       copy_gbps=round(bandwidth / 1e9, 1),
+                       bw_fraction=round(floor / timing.median_us, 3), bytes=moved[kind],
+                       **bandwidth.columns(),
                        max_err_vs_dense=errors.get(name, ""), note=notes[name])
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()))

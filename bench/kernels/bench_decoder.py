@@ -13,8 +13,9 @@ greedy speculative decoding is lossless by construction only with these kernels
 (ops/decoder_triton.py), so they run whatever their speed. ``triton_m16`` / ``triton_m32``: the
 linear with its fixed row tile (LINEAR_BLOCK_M, 64) at 16 / 32 rows, still row-invariant (one
 tile for every M): fewer weight reads at 60-240 rows against padded rows at 1; which fixed tile
-to ship, measured. Floor: the weight (and the rows in and out) read once over the measured copy
-bandwidth. Timed as CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the Triton
+to ship, measured. Floor: the weights (and the rows in and out; RoPE's table rows) read once
+(op_bytes.py) over the fastest bandwidth measured in the run (common.floor_us). Timed as
+CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the Triton
 interpreter on CPU.
 """
 
@@ -31,8 +32,9 @@ if not torch.cuda.is_available():
 os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
-                    plot_rows, time_fn, timing_columns, with_constants)
+from common import (append_rows, bench_arguments, floor_us, graphed,  # noqa: E402
+                    memory_bandwidth, plot_rows, time_fn, timing_columns, with_constants)
+from op_bytes import linear_bytes, rms_norm_bytes, rope_bytes, silu_mul_bytes  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import decoder_triton  # noqa: E402
@@ -56,10 +58,13 @@ def _time(call, device, repeats):
     return time_fn(fn, repeats=repeats, warmup=1 if device.type == "cpu" else 3)
 
 
-def _rows(op, weight, m, timings, floor_us) -> list[dict]:
-    """One printed row per backend of ``timings`` (bf16, m rows), each against torch's."""
+def _rows(op, weight, m, timings, moved, bandwidth) -> list[dict]:
+    """One printed row per backend of ``timings`` (bf16, m rows), each against torch's, with
+    the floor of ``moved`` bytes."""
+    floor = floor_us(moved, bandwidth)
     rows = [dict(op=op, weight=weight, backend=backend, dtype="bfloat16", rows=m,
-                 **timing_columns(timing, timings["torch"], floor_us))
+                 **timing_columns(timing, timings["torch"], floor), bytes=moved,
+                 **bandwidth.columns())
             for backend, timing in timings.items()]
     for row in rows:
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
@@ -73,7 +78,7 @@ def linear_rows(device, gen, shapes, row_counts, bandwidth, repeats) -> list[dic
         weight = weight.to(device)
         for m in row_counts:
             x = torch.randn(m, width, generator=gen).to(torch.bfloat16).to(device)
-            floor_us = 2 * (out * width + m * (width + out)) / bandwidth * 1e6
+            moved = linear_bytes(m, width, (out,), 2)
             timings = {backend: _time(lambda b=backend: ops.linear(x, weight, backend=b),
                                       device, repeats) for backend in _backends(device)}
             if "triton" in timings:
@@ -81,7 +86,7 @@ def linear_rows(device, gen, shapes, row_counts, bandwidth, repeats) -> list[dic
                     timings[variant] = _time(lambda c=constants: with_constants(
                         decoder_triton, c, lambda: ops.linear(x, weight, backend="triton")),
                         device, repeats)
-            rows += _rows("linear", name, m, timings, floor_us)
+            rows += _rows("linear", name, m, timings, moved, bandwidth)
         del weight
     return rows
 
@@ -95,15 +100,14 @@ def group_rows(device, gen, groups, row_counts, bandwidth, repeats) -> list[dict
                    .to(device) for out in outs]
         for m in row_counts:
             x = torch.randn(m, width, generator=gen).to(torch.bfloat16).to(device)
-            read_write = m * width + sum(out * width + m * out for out in outs)
-            floor_us = 2 * read_write / bandwidth * 1e6
+            moved = linear_bytes(m, width, outs, 2)
             timings = {backend: _time(lambda b=backend: ops.linear_group(x, weights, backend=b),
                                       device, repeats) for backend in _backends(device)}
             if "triton" in timings:
                 timings["triton_per_weight"] = _time(
                     lambda: [ops.linear(x, w, backend="triton") for w in weights], device,
                     repeats)
-            rows += _rows("linear_group", name, m, timings, floor_us)
+            rows += _rows("linear_group", name, m, timings, moved, bandwidth)
     return rows
 
 
@@ -113,11 +117,11 @@ def rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats) -> list[di
     for m in row_counts:
         x, residual = (torch.randn(m, width, generator=gen).to(torch.bfloat16).to(device)
                        for _ in range(2))
-        floor_us = 2 * 4 * m * width / bandwidth * 1e6  # x, residual in; normed, sum out
+        moved = rms_norm_bytes(m, width, 2)  # x, residual, weight in; normed, sum out
         timings = {backend: _time(lambda b=backend: ops.rms_norm(x, weight, 1e-5, residual,
                                                                  backend=b), device, repeats)
                    for backend in _backends(device)}
-        rows += _rows("rms_norm", f"width {width}", m, timings, floor_us)
+        rows += _rows("rms_norm", f"width {width}", m, timings, moved, bandwidth)
     return rows
 
 
@@ -130,17 +134,19 @@ def elementwise_rows(device, gen, hidden, heads, head_dim, row_counts, bandwidth
     for m in row_counts:
         x = torch.randn(1, m, heads, head_dim, generator=gen).to(torch.bfloat16).to(device)
         positions = torch.randint(0, 8192, (1, m), generator=gen).to(device)
-        floor_us = 2 * (2 * x.numel() + 2 * m * head_dim) / bandwidth * 1e6
+        # cos and sin are one table here: its rows at the distinct positions, read once
+        moved = rope_bytes(x.numel(), 0, positions.numel(), positions.unique().numel(),
+                           head_dim, 1, 2)
         timings = {backend: _time(lambda b=backend: ops.apply_rope(x, positions, table, table,
                                                                    backend=b), device, repeats)
                    for backend in _backends(device)}
-        rows += _rows("apply_rope", f"{heads} x {head_dim}", m, timings, floor_us)
+        rows += _rows("apply_rope", f"{heads} x {head_dim}", m, timings, moved, bandwidth)
         gate, up = (torch.randn(m, hidden, generator=gen).to(torch.bfloat16).to(device)
                     for _ in range(2))
-        floor_us = 2 * 3 * m * hidden / bandwidth * 1e6
+        moved = silu_mul_bytes(m, hidden, 2)
         timings = {backend: _time(lambda b=backend: ops.silu_mul(gate, up, backend=b), device,
                                   repeats) for backend in _backends(device)}
-        rows += _rows("silu_mul", f"width {hidden}", m, timings, floor_us)
+        rows += _rows("silu_mul", f"width {hidden}", m, timings, moved, bandwidth)
     return rows
 
 
@@ -151,7 +157,8 @@ def main():
         shapes, groups, row_counts, width, repeats = SMOKE, SMOKE_GROUPS, (1, 5), 48, 3
     else:
         shapes, groups, row_counts, width, repeats = LLAMA_8B, GROUPS, (1, 16, 60, 240), 4096, 20
-    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    bandwidth = memory_bandwidth(device, 64 if args.smoke else 1024)
+    print(f"device {device}, {bandwidth}")
     rows = linear_rows(device, gen, shapes, row_counts, bandwidth, repeats)
     rows += group_rows(device, gen, groups, row_counts, bandwidth, repeats)
     rows += rms_norm_rows(device, gen, width, row_counts, bandwidth, repeats)

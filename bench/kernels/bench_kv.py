@@ -5,13 +5,15 @@ the memory floor.
 
 Caches shaped like Llama-3.1-8B (32 layers x K and V, 8 KV heads x 128, bf16) and Vicuna-7B
 (32 x 2, 32 x 128); accepted paths of n = 1..N nodes. Floor: the accepted rows read and written
-once (2 x B x (n - 1) x row bytes x caches) over the measured copy bandwidth. Kernels are timed
-as CUDA-graph replays; the torch reference (a Python loop over sequences and caches) eagerly,
-only for batch <= 16. write_kv: one layer's new K and V rows of a decode step (T = 1) and a
-verify pass (T = 60), floor the rows read and written once; torch (index arithmetic and two
-indexed stores) and Triton (one launch) both as CUDA-graph replays, as a decode loop runs them.
-rope_write_kv: the same rows with 32 q heads, RoPE of q and k in the same launch (Triton)
-against the reference (seven launches per rotation) and the Triton kernels launched apart.
+once (2 x B x (n - 1) x row bytes x caches, op_bytes.py) over the fastest bandwidth measured in
+the run (common.floor_us). Kernels are timed as CUDA-graph replays; the torch reference (a
+Python loop over sequences and caches) eagerly, only for batch <= 16. write_kv: one layer's new
+K and V rows of a decode step (T = 1) and a verify pass (T = 60), floor the rows read and
+written once; torch (index arithmetic and two indexed stores) and Triton (one launch) both as
+CUDA-graph replays, as a decode loop runs them. rope_write_kv: the same rows with 32 q heads,
+RoPE of q and k in the same launch (Triton) against the reference (seven launches per rotation)
+and the Triton kernels launched apart; floor q, k and v read and written once plus the
+positions and their cos / sin rows.
 ``--smoke``: tiny caches, torch + Triton interpreter on CPU.
 """
 
@@ -28,8 +30,9 @@ if not torch.cuda.is_available():
 os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (append_rows, copy_bandwidth, graphed, plot_rows, time_fn,  # noqa: E402
-                    bench_arguments, timing_columns)
+from common import (append_rows, floor_us, graphed, memory_bandwidth, plot_rows,  # noqa: E402
+                    time_fn, bench_arguments, timing_columns)
+from op_bytes import kv_copy_bytes, rope_bytes  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops._backend import backend_status  # noqa: E402
@@ -76,9 +79,11 @@ def write_kv_rows(device, gen, smoke, max_len, bandwidth, repeats) -> list[dict]
                 ops.apply_rope(q, positions, cos, sin, backend="triton"),
                 ops.write_kv(ops.apply_rope(k, positions, cos, sin, backend="triton"), v,
                              *caches, lens, 0, backend="triton"))
-        # rows read and written once: k and v (and q, rotated) in, cache rows (and q) out
-        floors = {"write_kv": 2 * 2 * k.numel() * 2 / bandwidth * 1e6,
-                  "rope_write_kv": 2 * (2 * k.numel() + q.numel()) * 2 / bandwidth * 1e6}
+        # rows read and written once: k and v (and q, rotated) in, cache rows (and q) out; the
+        # rotation reads the positions and one cos and one sin row per distinct position
+        moved = {"write_kv": kv_copy_bytes(batch * count, heads * dim * 2, 2),
+                 "rope_write_kv": rope_bytes(q.numel() + k.numel(), v.numel(), positions.numel(),
+                                             positions.unique().numel(), dim, 2, 2)}
         for op, by_backend in calls.items():
             timings = {backend: time_fn(graphed(call) if device.type == "cuda" else call,
                                         repeats=repeats, warmup=1 if device.type == "cpu" else 3)
@@ -86,7 +91,9 @@ def write_kv_rows(device, gen, smoke, max_len, bandwidth, repeats) -> list[dict]
             for backend, timing in timings.items():
                 row = dict(op=op, model=model, backend=backend, dtype="bfloat16", batch=batch,
                            accepted=count, caches=2,
-                           **timing_columns(timing, timings.get("torch"), floors[op]))
+                           **timing_columns(timing, timings.get("torch"),
+                                            floor_us(moved[op], bandwidth)),
+                           bytes=moved[op], **bandwidth.columns())
                 rows.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()))
     return rows
@@ -101,12 +108,14 @@ def main():
         grid = [(m, b, n) for m in ("llama3-8b", "vicuna-7b") for b in (1, 16, 64)
                 for n in (2, 8)]
         max_len, repeats = 512, 20
-    bandwidth = copy_bandwidth(device, 64 if args.smoke else 1024) * 1e9
+    bandwidth = memory_bandwidth(device, 64 if args.smoke else 1024)
+    print(f"device {device}, {bandwidth}")
     rows = []
     for model, batch, accepted in grid:
         caches, lens, nodes, count = make_case(model, batch, accepted, max_len, device, gen)
         row_bytes = caches[0][0, 0].numel() * 2
-        floor_us = 2 * batch * (accepted - 1) * row_bytes * len(caches) / bandwidth * 1e6
+        moved = kv_copy_bytes(batch * (accepted - 1), row_bytes, len(caches))
+        floor = floor_us(moved, bandwidth)
         timings = {}
         for backend in ("torch", "triton", "cuda"):
             if not backend_status(backend).available or (backend == "cuda" and
@@ -126,7 +135,8 @@ def main():
             row = dict(op="compact_kv", model=model, backend=backend, dtype="bfloat16",
                        batch=batch,
                        accepted=accepted, caches=len(caches),
-                       **timing_columns(timing, base, floor_us))
+                       **timing_columns(timing, base, floor), bytes=moved,
+                       **bandwidth.columns())
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()))
     rows += write_kv_rows(device, gen, args.smoke, max_len, bandwidth, repeats)

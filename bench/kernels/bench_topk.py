@@ -6,8 +6,10 @@ N = total_tokens nodes, whole tree) and ``build_tree``, at EAGLE-2 defaults (top
 and 7, total_tokens 60) and EAGLE-3 vocabularies (draft 32000, target 128256), batch 1 to 64.
 
 Per row of ``$OUT/<op>.csv``: median / p20 / p80 microseconds, speedup over torch measured in
-the same run, bytes moved, achieved GB/s and its fraction of the measured copy bandwidth,
-``floor_us`` = bytes / copy bandwidth (the memory floor) with ``x_floor`` = median / floor,
+the same run, bytes moved (what the op must read and write once), achieved GB/s and its
+fraction of the floor bandwidth (``floor_gbps``: the fastest of the read / write / copy rates
+measured in the run, common.floor_us; each is a column too), ``floor_us`` = bytes / floor
+bandwidth (the memory floor) with ``x_floor`` = median / floor,
 ``launch_us`` = one empty graphed kernel timed as the kernels are (behind an L2 flush) with
 ``x_launch_floor`` = median / (launch + floor), and ``floor_note`` on a row under either. The
 bar (issue #4) is x_launch_floor <= 2 and speedup >= 10 at batch 1: these ops move kilobytes,
@@ -35,8 +37,9 @@ if not torch.cuda.is_available():
 os.environ["EAGLE_KERNELS_CHECK_VALUES"] = "0"  # value checks sync the host; not the kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (append_rows, bench_arguments, copy_bandwidth, graphed,  # noqa: E402
-                    launch_us, plot_rows, time_fn, timing_columns, written_if_interrupted)
+from common import (Bandwidth, append_rows, bench_arguments, floor_us, graphed,  # noqa: E402
+                    launch_us, memory_bandwidth, plot_rows, time_fn, timing_columns,
+                    written_if_interrupted)
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
@@ -97,13 +100,16 @@ def cases(smoke: bool, device):
             tree = reference.eagle2_rerank(*(a.cpu() for a in args), num_nodes, depth + 1)[0]
             candidates = args[1].shape[1]
             tree_bytes = sum(t.numel() * t.element_size() for t in tree)
-            moved = batch * candidates * 16 + tree_bytes + batch * (num_nodes - 1) * 8
+            # read: the roots, every candidate's score, the kept candidates' tokens (int64) and
+            # parents (int32); written: the tree and the selected indices (int64)
+            kept = batch * (num_nodes - 1)
+            moved = batch * 8 + batch * candidates * 4 + kept * 12 + tree_bytes + kept * 8
             yield ("eagle2_rerank", f"depth={depth} M={candidates} N={num_nodes}", batch, moved,
                    {b: (lambda b=b: ops.eagle2_rerank(*args, num_nodes, depth + 1, backend=b))
                     for b in backends()})
             parents = tree.parents.to(device)
-            moved = parents.numel() * 4 + tree_bytes - tree.tokens.numel() * 8 \
-                - tree.scores.numel() * 4
+            # parents read; depth, mask and paths written: the tree's bytes but tokens / scores
+            moved = tree_bytes - tree.tokens.numel() * 8 - tree.scores.numel() * 4
             yield ("build_tree", f"N={num_nodes} depth<={depth + 1}", batch, moved,
                    {b: (lambda b=b: ops.build_tree(parents, depth + 1, backend=b))
                     for b in backends()})
@@ -117,7 +123,7 @@ def input_dtype(op: str, shape: str) -> str:
     return "int32" if op == "build_tree" else "float32"
 
 
-def measure(args, device, repeats: int, bandwidth: float, launch: float,
+def measure(args, device, repeats: int, bandwidth: Bandwidth, launch: float,
             rows: dict[str, list[dict]]) -> None:
     """Time every case, appending each op's rows to ``rows`` as they come."""
     for op, shape, batch, moved, fns in cases(args.smoke, device):
@@ -126,16 +132,17 @@ def measure(args, device, repeats: int, bandwidth: float, launch: float,
             kernel = device.type == "cuda" and backend != "torch"
             timings[backend] = time_fn(graphed(fn) if kernel else fn, repeats=repeats,
                                        warmup=1 if args.smoke else 5, device=device)
-        floor_us = moved / (bandwidth * 1e3)  # the launch has its own column
+        floor = floor_us(moved, bandwidth)  # the launch has its own column
         for backend, timing in timings.items():
             achieved = moved / (timing.median_us * 1e3)
             rows.setdefault(op, []).append({
                 "op": op, "shape": shape, "batch": batch, "backend": backend,
                 "dtype": input_dtype(op, shape),
                 "mode": "graph" if device.type == "cuda" and backend != "torch" else "eager",
-                **timing_columns(timing, timings["torch"], floor_us, launch),
-                "bytes": moved, "gb_per_s": round(achieved, 2), "copy_gbps": round(bandwidth, 3),
-                "roofline_fraction": round(achieved / bandwidth, 4), "smoke": args.smoke})
+                **timing_columns(timing, timings["torch"], floor, launch),
+                "bytes": moved, "gb_per_s": round(achieved, 2), **bandwidth.columns(),
+                "roofline_fraction": round(achieved / bandwidth.floor_gbps, 4),
+                "smoke": args.smoke})
             row = rows[op][-1]
             print(f"{op:<17} {shape:<28} B={batch:<3} {backend:<7} "
                   f"{timing.median_us:10.1f} us  x{row['speedup_vs_torch']:<7} "
@@ -146,9 +153,9 @@ def measure(args, device, repeats: int, bandwidth: float, launch: float,
 def main() -> None:
     args, device = bench_arguments(__doc__.split("\n")[0])
     repeats = 3 if args.smoke else 30
-    bandwidth = copy_bandwidth(device, megabytes=16 if args.smoke else 1024)
+    bandwidth = memory_bandwidth(device, megabytes=16 if args.smoke else 1024)
     launch = launch_us(device)
-    print(f"device {device}, copy bandwidth {bandwidth:.0f} GB/s, one launch {launch:.2f} us")
+    print(f"device {device}, {bandwidth}, one launch {launch:.2f} us")
     rows: dict[str, list[dict]] = {}
     out = Path(args.out)
 

@@ -2,7 +2,8 @@
 
 Every benchmark script in this folder (``bench_<family>.py``) times each backend of an op with
 :func:`time_fn`, reports medians over repeats next to the torch reference measured in the same
-run, expresses speed as a fraction of the measured copy bandwidth (:func:`copy_bandwidth`), and
+run, expresses speed against its memory floor (:func:`floor_us`: the bytes it must move,
+``op_bytes.py``, over the fastest bandwidth :func:`memory_bandwidth` measured in the run), and
 appends rows to a CSV with :func:`append_rows` (device, versions, date and commit are added to
 every row), then draws PNGs with :func:`plot_rows`. On a machine without a GPU the scripts run
 in a tiny ``--smoke`` configuration so CI can prove they work; the numbers that matter come
@@ -103,15 +104,69 @@ def with_constants(module, constants: dict, fn: Callable[[], object]):
             setattr(module, name, value)
 
 
+def _stream_gbps(fn: Callable[[], object], moved_bytes: int, device) -> float:
+    """GB/s of ``fn`` moving ``moved_bytes`` (a buffer far larger than L2: no flush needed)."""
+    timing = time_fn(fn, repeats=20, flush_l2=False, device=device)
+    return moved_bytes / (timing.median_us * 1e-6) / 1e9
+
+
 def copy_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024) -> float:
-    """Measured device-to-device copy bandwidth in GB/s (bytes read + written per second): the
-    memory roofline the benchmarks report fractions of."""
+    """Measured device-to-device copy bandwidth in GB/s (bytes read + written per second)."""
     # Random bytes: pages never written (or of repeated content) can be served faster than
     # real data on some machines (a VM read a buffer of ones at twice the rate of random ones).
     source = torch.randint(0, 256, (megabytes << 20,), dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
-    timing = time_fn(lambda: target.copy_(source), repeats=20, flush_l2=False, device=device)
-    return 2 * source.numel() / (timing.median_us * 1e-6) / 1e9
+    return _stream_gbps(lambda: target.copy_(source), 2 * source.numel(), device)
+
+
+class Bandwidth(NamedTuple):
+    """Memory bandwidths in GB/s measured in one run (:func:`memory_bandwidth`): a copy (bytes
+    read + written per second), a read-only reduction and a write-only fill."""
+
+    copy_gbps: float
+    read_gbps: float
+    write_gbps: float
+
+    @property
+    def floor_gbps(self) -> float:
+        """The rate every floor divides by: the fastest of the three (see :func:`floor_us`)."""
+        return max(self.copy_gbps, self.read_gbps, self.write_gbps)
+
+    def columns(self) -> dict:
+        """The CSV columns that say which rate a row's floor used."""
+        return {"floor_gbps": round(self.floor_gbps, 3), "read_gbps": round(self.read_gbps, 3),
+                "write_gbps": round(self.write_gbps, 3), "copy_gbps": round(self.copy_gbps, 3)}
+
+    def __str__(self) -> str:
+        return (f"floor bandwidth {self.floor_gbps:.0f} GB/s (read {self.read_gbps:.0f}, write "
+                f"{self.write_gbps:.0f}, copy {self.copy_gbps:.0f} GB/s)")
+
+
+def memory_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024) -> Bandwidth:
+    """Copy (:func:`copy_bandwidth`), read and write bandwidth over ``megabytes`` buffers (far
+    larger than L2), each timed as the copy always was: CUDA events, 5 warm-up calls, the median
+    of 20. Read: a float32 sum (a read stream; random values, no NaN or denormal to slow a
+    CPU); write: a fill of the copy's target. HBM reads run a few % to ~10 % faster than a copy,
+    which is what most of these kernels do (read logits, a KV cache, weights)."""
+    copy = copy_bandwidth(device, megabytes)
+    values = torch.rand(megabytes << 18, device=device)  # megabytes MiB of float32
+    moved = values.numel() * values.element_size()
+    read = _stream_gbps(lambda: values.sum(), moved, device)
+    write = _stream_gbps(lambda: values.fill_(0.5), moved, device)
+    return Bandwidth(copy, read, write)
+
+
+def floor_us(moved_bytes: float, bandwidth: Bandwidth) -> float:
+    """The memory floor in microseconds of a call that must move ``moved_bytes`` (read plus
+    written, each at least once; op_bytes.py): every benchmark row's floor is this.
+
+    floor = (bytes read + bytes written) / max(read, write, copy bandwidth measured in the run).
+    A lower bound on the time: HBM's data bus carries reads and writes in turn, so no mix of
+    them moves bytes faster than the fastest pure stream (reads / read rate + writes / write
+    rate >= their sum / the faster rate), and a copy measured faster only lowers the floor.
+    Not reads / read + writes / copy: a copy's rate averages its reads and writes, so writes
+    over it could overstate a write stream's time, and the floor would no longer bound."""
+    return moved_bytes / (bandwidth.floor_gbps * 1e3)
 
 
 def _git_commit() -> str:
