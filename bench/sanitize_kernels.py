@@ -358,6 +358,13 @@ def _dtype_cases(device, seed: int) -> list[tuple[str, str, Case]]:
     return cases
 
 
+def _run_digest(op: str, backend: str) -> str:
+    """The source digest of the kernel code that runs here (``_backend.source_digest``), or
+    "unknown" where nothing here vouches for it (no source, an _C without digests): a digest
+    that never matches, so its entry cannot join auto on the revision alone."""
+    return _backend.source_digest(op, backend) or "unknown"
+
+
 def verdict_rows(device: torch.device, seed: int = 0) -> list[dict]:
     """One row per (op, non-torch backend, dtype): status correct / wrong / error / not run,
     the largest absolute difference from the torch reference, why (not), and the revision and
@@ -370,7 +377,7 @@ def verdict_rows(device: torch.device, seed: int = 0) -> list[dict]:
             row = dict(op=op, backend=backend, dtype=label, status="not run", max_error=None,
                        detail=_skip_reason(backend, device) or "",
                        revision=_backend.kernel_revision(op, backend),
-                       source_digest=_backend.source_digest(op, backend))
+                       source_digest=_run_digest(op, backend))
             if not row["detail"]:
                 row.update(_run_case(case, backend, device))
             rows.append(row)

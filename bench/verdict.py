@@ -227,7 +227,8 @@ def _joins_auto(entry: dict) -> bool:
     rest of the rule decides (a digest known here and different: evidence of other code)."""
     from eagle_kernels.ops._backend import source_digest, verdict_allows
 
-    if source_digest(entry["op"], entry["backend"]) is None:
+    if source_digest(entry["op"], entry["backend"]) is None and (
+            entry.get("source_digest") != "unknown"):  # unknown on the GPU: never vouched for
         entry = {**entry, "source_digest": None}
     return verdict_allows(entry)
 
@@ -250,8 +251,9 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
                      check=row["status"], max_error=row["max_error"],
                      gpu_tests=f"{passed} passed, {failed} failed", memcheck=memcheck,
                      speedup_vs_torch=speedup, speedup_note=speedup_note,
-                     detail=row.get("detail", ""), revision=row.get("revision", 1),
-                     source_digest=row.get("source_digest"))
+                     detail=row.get("detail", ""), revision=row.get("revision", 1))
+        if "source_digest" in row:  # a check of before digests: its entry proves their day's
+            entry["source_digest"] = row["source_digest"]  # (_backend.LEGACY_SOURCE_DIGESTS)
         entry["auto"] = _joins_auto(entry)
         kernels.append(entry)
     return {"schema": SCHEMA, "gpu": gpu, "device": device,

@@ -44,9 +44,12 @@ def _kernel(x_ptr, BLOCK: tl.constexpr):
     tl.store(x_ptr + offsets, _helper(tl.load(x_ptr + offsets)) + {term} * SCALE)
 
 
+LAUNCH_BLOCK = {block}
+
+
 def _launch(x):
     """{launcher_doc}"""
-    _kernel[(1,)](x, BLOCK={block})
+    _kernel[{grid}](x, BLOCK=LAUNCH_BLOCK)
     return x
 
 
@@ -57,7 +60,7 @@ def _op(x):  # the registered implementation: reaches _launch through a tuple, a
     return LAUNCHERS[0](x)
 '''
 BASE = dict(scale=2, factor=3, doc="Adds.", term=1, launcher_doc="Runs it.", block=16,
-            options="")
+            options="", grid="(1,)")
 
 
 def _fixture_digest(tmp_path: Path, **edits) -> str:
@@ -76,10 +79,11 @@ def test_a_triton_digest_follows_the_kernels_not_their_docs_or_launcher(tmp_path
     assert re.fullmatch(r"[0-9a-f]{16}", base) and _fixture_digest(tmp_path) == base
     # docstrings and launcher code are not the kernel (a launcher change: bump the revision)
     assert _fixture_digest(tmp_path, doc="Adds, documented better.", launcher_doc="x") == base
-    assert _fixture_digest(tmp_path, block=32) == base
-    # the kernel's body and jit options, a jit helper it calls and a module constant it reads
+    assert _fixture_digest(tmp_path, grid="(1, 1)") == base
+    # the kernel's body and jit options, a jit helper it calls, a module constant it reads and
+    # one the launcher passes it
     for edit in (dict(term=2), dict(options='(do_not_specialize=["x_ptr"])'), dict(factor=4),
-                 dict(scale=5)):
+                 dict(scale=5), dict(block=32)):
         assert _fixture_digest(tmp_path, **edit) != base, edit
 
 
@@ -170,15 +174,64 @@ def test_an_entry_with_a_digest_counts_only_for_those_sources(monkeypatch):
     assert not allows(_entry("build_tree", source_digest=here))
 
 
-def test_entries_without_a_digest_keep_the_revision_rule(monkeypatch):
-    """The committed verdicts of 2026-11-26/27 record no digest: revisions alone decide."""
+def test_entries_without_a_digest_prove_the_code_of_their_day(monkeypatch):
+    """The committed verdicts of 2026-11-26/27 record no digest: their entries prove the code
+    of b5ae095 (LEGACY_SOURCE_DIGESTS), and the revision rule still holds. An entry that
+    records None (a check whose digest was unknown) has the revision rule alone."""
+    assert _backend.LEGACY_SOURCE_DIGESTS[("build_tree", "triton")] == _backend.source_digest(
+        "build_tree", "triton")  # unchanged since b5ae095
     assert _backend.verdict_allows(_entry("build_tree"))
-    assert _backend.verdict_allows(_entry("build_tree", source_digest=None))
     monkeypatch.setitem(_backend.KERNEL_REVISIONS, ("build_tree", "triton"), 7)
     assert not _backend.verdict_allows(_entry("build_tree", revision=1))
+    monkeypatch.delitem(_backend.KERNEL_REVISIONS, ("build_tree", "triton"))
+    # edited since b5ae095 with no revision bump: out
+    monkeypatch.setitem(_backend.LEGACY_SOURCE_DIGESTS, ("build_tree", "triton"), "0" * 16)
+    assert not _backend.verdict_allows(_entry("build_tree"))
+    assert _backend.verdict_allows(_entry("build_tree", source_digest=None))
     for path in sorted(_backend.DEFAULT_VERDICTS.glob("2026-11-2[67]*/verdict.json")):
         kernels = json.loads(path.read_text())["kernels"]
         assert all("source_digest" not in entry for entry in kernels), path
+
+
+def test_every_launch_site_names_a_kernel_of_its_ops_digest():
+    """Kernels are found through plain names, closures, partials and tuples: every
+    ``kernel[grid](...)`` in the code an op's launcher reaches must name a kernel its digest
+    covers, and every jit function of eagle_kernels.ops must be covered by some op's digest
+    (a kernel launched through a dict, getattr or a class would be missed, and its edits
+    would keep a verdict entry)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from eagle_kernels import ops
+    from eagle_kernels.ops._triton import is_kernel
+
+    covered = set()
+    for op, impls in sorted(_backend._REGISTRY.items()):
+        if "triton" not in impls:
+            continue
+        found = _digests.reached(impls["triton"].fn)
+        ids = {id(kernel) for kernel in found.kernels}
+        todo = list(found.kernels)
+        while todo:  # the kernels and the jit helpers they call
+            kernel = todo.pop()
+            if id(kernel) not in covered:
+                covered.add(id(kernel))
+                todo += _digests._kernel_source(kernel)[1]
+        for fn in found.functions:
+            scope = {**fn.__globals__, **inspect.getclosurevars(fn).nonlocals}
+            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                    target = node.func.value
+                    named = scope.get(target.id) if isinstance(target, ast.Name) else None
+                    assert named is not None and id(named) in ids, (
+                        op, fn.__qualname__, ast.unparse(node.func))
+    modules = [module for name, module in sorted(vars(ops).items())
+               if getattr(module, "__name__", "").startswith("eagle_kernels.ops.")]
+    kernels = {f"{module.__name__}.{name}": value for module in modules
+               for name, value in vars(module).items() if is_kernel(value)}
+    assert kernels and not [name for name, kernel in kernels.items()
+                            if id(kernel) not in covered]
 
 
 def test_the_report_names_entries_set_aside_for_changed_sources(monkeypatch, tmp_path):
@@ -221,12 +274,13 @@ def test_the_verdict_records_the_digest_its_gpu_check_recorded(tmp_path):
     here = _backend.source_digest("build_tree", "triton")
     row = dict(op="build_tree", backend="triton", dtype="int32", status="correct",
                max_error=0.0, revision=_backend.kernel_revision("build_tree", "triton"))
-    for recorded, joins in ((here, True), ("0" * 16, False), (None, True)):
+    for recorded, joins in ((here, True), ("0" * 16, False), ("unknown", False), (None, True)):
         rows = [row if recorded is None else {**row, "source_digest": recorded}]
         (stage / "kernel-check.json").write_text(json.dumps({"device": "cuda:0",
                                                              "rows": rows}))
         entry = verdict.build([stage], "GPU A")["kernels"][0]
-        assert entry["proven"] and entry["source_digest"] == recorded
+        assert entry["proven"] and entry.get("source_digest") == recorded
+        assert ("source_digest" in entry) == (recorded is not None)  # old checks: legacy
         assert entry["auto"] == joins, entry
 
 
@@ -239,5 +293,6 @@ def test_the_kernel_check_records_each_backends_digest(monkeypatch):
                                                                           None)])
     monkeypatch.setattr(sanitize, "_run_case", lambda case, backend, device: {})
     rows = {row["backend"]: row for row in sanitize.verdict_rows(torch.device("cpu"))}
-    assert rows["triton"]["source_digest"] == _backend.source_digest("build_tree", "triton")
-    assert rows["cuda"]["source_digest"] == _backend.source_digest("build_tree", "cuda")
+    for backend in ("triton", "cuda"):  # "unknown" where nothing vouches (no _C digests)
+        want = _backend.source_digest("build_tree", backend) or "unknown"
+        assert rows[backend]["source_digest"] == want, backend

@@ -17,9 +17,10 @@ their ratio, the roofline ratio (bytes a cycle must read over bytes a step must 
 weights + KV once per pass, the head's weights once per drafting step; of the untied embedding
 table a pass reads only its tokens' rows, left out as bench/e2e/bench_cpu.py's ``step_bytes``
 leaves them: 8 KB a token against 15 GB of Llama-3.1-8B weights), the step's achieved fraction
-of measured copy bandwidth, and whether CUDA-graph capture succeeded. CSV + PNG. (The cycle
-CSVs of 2026-11-26/27 count the whole table per pass, 1.05 GB for Llama: roofline 1.42 for
-Llama and 2.17 for SmolLM2, where these bytes give 1.45 and 2.39.)
+of the measured bandwidth (``floor_gbps``: the fastest of read, write and copy, as the kernel
+floors take it; copy alone before 2026-11-28), and whether CUDA-graph capture succeeded. CSV +
+PNG. (The cycle CSVs of 2026-11-26/27 count the whole table per pass, 1.05 GB for Llama:
+roofline 1.42 for Llama and 2.17 for SmolLM2, where these bytes give 1.45 and 2.39.)
 
     python bench/e2e/bench_cycle.py --out bench/results/local         # GPU
     python bench/e2e/bench_cycle.py --smoke --out /tmp/cycle          # anywhere, tiny shapes
@@ -191,6 +192,7 @@ def run(args) -> list[dict]:
                 "roofline_cycle_over_step": round(roofline, 3),
                 "step_bw_fraction": round(read / step / 1e9 / bandwidth, 3)
                 if bandwidth == bandwidth else "",
+                "floor_gbps": round(bandwidth, 1) if bandwidth == bandwidth else "",
                 "graph_cycle": measured["graph_cycle"], "graph_step": measured["graph_step"],
                 "ops_off_torch": ops_off_torch(backend), "error": "",
             })

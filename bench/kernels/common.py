@@ -146,7 +146,7 @@ def memory_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024)
     """Copy (:func:`copy_bandwidth`), read and write bandwidth over ``megabytes`` buffers (far
     larger than L2), each timed as the copy always was: CUDA events, 5 warm-up calls, the median
     of 20. Read: a float32 sum (a read stream; random values, no NaN or denormal to slow a
-    CPU); write: a fill of the copy's target. HBM reads run a few % to ~10 % faster than a copy,
+    CPU); write: a fill of the summed buffer. HBM reads run a few % to ~10 % faster than a copy,
     which is what most of these kernels do (read logits, a KV cache, weights)."""
     copy = copy_bandwidth(device, megabytes)
     values = torch.rand(megabytes << 18, device=device)  # megabytes MiB of float32

@@ -33,11 +33,11 @@ GPU kernel is reachable by naming its backend explicitly. ``EAGLE_KERNELS_VERDIC
 another folder to search (``off``: none). The Triton interpreter (CPU tensors under
 ``TRITON_INTERPRET=1``) is never chosen by ``auto``.
 
-A verdict entry proves the code that ran: one that records a ``source_digest`` counts only
-while :func:`source_digest` of the kernel here is the same (:mod:`eagle_kernels.ops._digests`
-says what it covers), so an edited kernel leaves ``auto`` until a GPU run proves the edit;
-entries of the older verdicts, which record none, keep the revision rule of
-:data:`KERNEL_REVISIONS`.
+A verdict entry proves the code that ran: it counts only while :func:`source_digest` of the
+kernel here is the digest it recorded (entries of the verdicts written before digests: the
+digest of the code they proved, :data:`LEGACY_SOURCE_DIGESTS`; :mod:`eagle_kernels.ops._digests`
+says what a digest covers), so an edited kernel leaves ``auto`` until a GPU run proves the
+edit; :data:`KERNEL_REVISIONS` also guards launcher changes a digest cannot see.
 """
 
 from __future__ import annotations
@@ -221,9 +221,10 @@ def _unsupported(impl: _Implementation, facts: dict) -> str | None:
 ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attention": "triton"}
 # Revision of a GPU kernel's code, raised whenever it is rewritten: a verdict entry proves the
 # revision it records (entries that record none: 1), so a rewritten kernel leaves ``auto`` on
-# every GPU until a run proves it there. Entries written since source digests exist are also
-# tied to the kernels' source (source_digest): raise a revision only for what a digest cannot
-# see (a launcher's grid or block sizes; see ops/_digests.py). Revision 2: the two-pass
+# every GPU until a run proves it there. Every entry is also tied to the kernels' source
+# (source_digest; older entries through LEGACY_SOURCE_DIGESTS): raise a revision for what a
+# digest cannot see, a launcher's own code (its grid, the arguments it passes; ops/_digests.py
+# says what a digest covers). Revision 2: the two-pass
 # ordered tree attention and the linear's 64-row tile (2026-11-27); the top-k in two passes,
 # chunks then rows, and the stochastic acceptance's statistics and bonus draw over vocabulary
 # chunks (2026-11-28).
@@ -231,6 +232,43 @@ ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attent
 KERNEL_REVISIONS = {("tree_attention", "triton"): 2, ("linear", "triton"): 3,
                     ("topk_log_softmax", "triton"): 2, ("stochastic_accept_tree", "triton"): 2,
                     ("stochastic_accept_chain", "triton"): 2}
+
+
+# The digests (ops/_digests.py) of the code the verdicts written before digests existed proved:
+# the kernels at b5ae095, whose kernel check is the 2026-11-27 H200 verdict's (the newest that
+# records none; of the older H100 one only the row-invariant trio joined auto, all rewritten
+# since). An entry that records no digest counts only while the kernel here still has this
+# one, so an edit without a KERNEL_REVISIONS bump cannot keep it in auto. Recomputed with
+# `git archive b5ae095 | tar -x -C OLD`, this module's _digests.py and _triton.py copied there,
+# triton_digest / cuda_digest of each registered launcher (csrc digests from OLD/csrc); a change
+# to how digests are computed sets these aside with every recorded digest.
+LEGACY_SOURCE_DIGESTS = {
+    ("build_tree", "cuda"): "8a6392bbe5ef16f8",
+    ("build_tree", "triton"): "097411d655d22de4",
+    ("compact_kv", "cuda"): "173ee47ffb8f9e45",
+    ("compact_kv", "triton"): "72c67e0efd82e287",
+    ("eagle2_expand", "cuda"): "58ebe5a1e002a6f4",
+    ("eagle2_expand", "triton"): "fea6c174c309ff5a",
+    ("eagle2_rerank", "cuda"): "4a99689511e9bef9",
+    ("eagle2_rerank", "triton"): "48c8e7bf21416d50",
+    ("greedy_accept_chain", "cuda"): "6c21d61d14d60ab8",
+    ("greedy_accept_chain", "triton"): "5bf100eb966d610a",
+    ("greedy_accept_tree", "cuda"): "6c21d61d14d60ab8",
+    ("greedy_accept_tree", "triton"): "5bf100eb966d610a",
+    ("linear", "triton"): "2ff7f937a027a2fa",
+    ("rms_norm", "triton"): "3c77a73d0b1a9710",
+    ("soft_cross_entropy", "triton"): "937f34c03cf992b5",
+    ("stochastic_accept_chain", "cuda"): "1ca25a5f19beb99d",
+    ("stochastic_accept_chain", "triton"): "11c0985d83d145ab",
+    ("stochastic_accept_tree", "cuda"): "0570d1716706a4a8",
+    ("stochastic_accept_tree", "triton"): "c1e2f41c95b7de5b",
+    ("target_probs", "cuda"): "ba0afeb4f48eed1b",
+    ("target_probs", "triton"): "e4865632ecf883f6",
+    ("topk_log_softmax", "cuda"): "43cb97abc1cd64eb",
+    ("topk_log_softmax", "triton"): "00a29689242f89ae",
+    ("tree_attention", "cuda"): "7fcabf274c42fe4d",
+    ("tree_attention", "triton"): "26e7a011355ab36b",
+}
 
 
 def kernel_revision(op: str, backend: str) -> int:
@@ -262,11 +300,19 @@ def source_digest(op: str, backend: str) -> str | None:
     return None
 
 
+def proved_digest(entry: dict) -> str | None:
+    """The source digest a verdict entry proved: the one it records, or for an entry written
+    before digests existed (no ``source_digest`` key) :data:`LEGACY_SOURCE_DIGESTS`'."""
+    if "source_digest" in entry:
+        return entry["source_digest"]
+    return LEGACY_SOURCE_DIGESTS.get((entry.get("op"), entry.get("backend")))
+
+
 def source_changed(entry: dict) -> bool:
-    """Whether a verdict entry proved other sources than the kernel's here: it records a
-    digest, and the kernel here has another one, or none (an ``_C`` built without digests:
-    nothing says it is the code the entry proved)."""
-    recorded = entry.get("source_digest")
+    """Whether a verdict entry proved other sources than the kernel's here: it proved a known
+    digest (:func:`proved_digest`), and the kernel here has another one, or none (an ``_C``
+    built without digests: nothing says it is the code the entry proved)."""
+    recorded = proved_digest(entry)
     return recorded is not None and recorded != source_digest(entry.get("op"),
                                                               entry.get("backend"))
 
@@ -277,8 +323,8 @@ def verdict_allows(entry: dict) -> bool:
     of ROW_INVARIANT_BACKENDS, proven and the row-invariant backend, whatever its speed (greedy
     speculative decoding is then lossless by construction; cuBLAS and the cuda attention are
     not row-invariant). Only an entry of the kernel's current revision counts
-    (:data:`KERNEL_REVISIONS`) and, when it records a ``source_digest``, only while the
-    kernel's source here has that digest (:func:`source_changed`)."""
+    (:data:`KERNEL_REVISIONS`), and only while the kernel's source here has the digest the
+    entry proved (:func:`source_changed`)."""
     if not entry.get("proven"):
         return False
     if entry.get("revision", 1) != kernel_revision(entry.get("op"), entry.get("backend")):
@@ -408,8 +454,8 @@ def _set_aside(verdict: dict) -> list[str]:
     changed: dict[tuple[str, str, str], list[str]] = {}
     for (op, backend, dtype), entry in sorted(verdict.get("entries", {}).items()):
         if source_changed(entry):
-            changed.setdefault((op, backend, entry["source_digest"]), []).append(dtype)
-    unknown = {"cuda": "none (this _C was built without digests: rebuild it)"}
+            changed.setdefault((op, backend, proved_digest(entry)), []).append(dtype)
+    unknown = {"cuda": "none (no _C built with source digests here)"}
     return [f"    {op} {backend} ({', '.join(dtypes)}): proved {recorded}, here "
             f"{source_digest(op, backend) or unknown.get(backend, 'none')}"
             for (op, backend, recorded), dtypes in changed.items()]

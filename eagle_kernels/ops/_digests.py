@@ -3,24 +3,28 @@
 A verdict entry records the digest of the kernels its GPU run proved (``source_digest``,
 written on the GPU by bench/sanitize_kernels.py), and
 :func:`eagle_kernels.ops._backend.verdict_allows` lets it count only while the kernels here
-have that digest: a kernel edited since its run leaves ``auto`` until a run proves the edit,
-with no table to remember to bump (``KERNEL_REVISIONS`` still guards entries that record no
-digest, and changes a digest cannot see).
+have that digest: a kernel edited since its run leaves ``auto`` until a run proves the edit
+(entries written before digests existed: ``_backend.LEGACY_SOURCE_DIGESTS``;
+``KERNEL_REVISIONS`` still guards the changes a digest cannot see).
 
 * ``triton``: over the source of the ``@triton.jit`` functions the op's registered launcher
   reaches (directly, through Python helpers of eagle_kernels, closures such as
   ``acceptance._chain_as_tree``'s, partials, and tuples of launchers such as ``loss._TRITON``),
-  the jit helpers those kernels name, transitively, and the module constants they read
-  (``NO_KEY``). A kernel's text is its decorators, signature and body with its docstring left
-  out, so docstrings and everything outside the kernels (launchers included) leave the digest
-  alone, while any edit of a kernel's decorator options, signature or body, comments included,
-  changes it.
+  the jit helpers those kernels name, transitively, the module constants they read
+  (``NO_KEY``) and the module constants the launcher's code reads (block sizes and limits it
+  passes them: ``LINEAR_BLOCK_M``, ``TOPK_CHUNK``, ...). A kernel's text is its decorators,
+  signature and body with its docstring left out, so docstrings and the launchers' code leave
+  the digest alone, while any edit of a kernel's decorator options, signature or body,
+  comments included, or of a constant either reads, changes it.
   Computed from the Python source, not Triton's ``JITFunction.src``: the same digest with any
-  Triton version, or none. Limits: what a launcher decides (grid, block sizes, the constexprs
-  it passes) is not covered, so bump ``KERNEL_REVISIONS`` for such a change; kernels an op
-  reaches only through the registry (another public op) belong to that op's entries.
+  Triton version, or none. Limits: a launcher's own code (its grid, the arguments it passes)
+  is not covered, so bump ``KERNEL_REVISIONS`` for such a change; kernels are found through
+  plain names, closures, partials and tuples (tests/test_kernel_digests.py checks that every
+  launch site of every op's code names a kernel of its digest); kernels an op reaches only
+  through the registry (another public op) belong to that op's entries.
 * ``cuda``: the digests ``_C.source_digests()`` reports for the ``_C`` functions the launcher
-  calls (the csrc files of each op family, embedded at build time by csrc/source_digests.py:
+  calls, and the module constants its code reads (the csrc files of each op family, embedded
+  at build time by csrc/source_digests.py:
   an installed package need not carry csrc/, and only the binary says what was compiled). An
   ``_C`` built before digests existed reports none, and then an entry that records a digest
   does not count: nothing vouches that the binary is the code it proved.
@@ -36,7 +40,7 @@ import hashlib
 import inspect
 import textwrap
 import types
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from ._triton import is_kernel
 
@@ -58,9 +62,11 @@ def _ours(fn: types.FunctionType) -> bool:
     return module.startswith(_PACKAGE) and module != _REGISTRY_MODULE
 
 
-def _named_by(fn: types.FunctionType, names: set[str]) -> list:
+def _named_by(fn: types.FunctionType, names: set[str], constants: dict[str, str]) -> list:
     """The values ``fn``'s code (nested functions included) names: its globals and closure
-    cells. Every name it uses goes into ``names``, attribute names too (``_C.build_tree``)."""
+    cells. Every name it uses goes into ``names``, attribute names too (``_C.build_tree``),
+    and every module constant it reads into ``constants`` (``"module.NAME": repr``): block
+    sizes and limits a launcher passes to its kernels decide what they compute."""
     found = []
     for cell in fn.__closure__ or ():
         try:
@@ -72,13 +78,30 @@ def _named_by(fn: types.FunctionType, names: set[str]) -> list:
         code = codes.pop()
         codes += [const for const in code.co_consts if isinstance(const, types.CodeType)]
         names.update(code.co_names)
-        found += [fn.__globals__[name] for name in code.co_names if name in fn.__globals__]
+        for name in code.co_names:
+            if name not in fn.__globals__:
+                continue
+            value = fn.__globals__[name]
+            found.append(value)
+            if not name.startswith("__") and not is_kernel(value) and _constant(value) is not None:
+                constants[f"{fn.__module__}.{name}"] = _constant(value)
     return found
 
 
-def reached(launcher: Callable) -> tuple[list, set[str]]:
-    """The jit kernels a launcher reaches and every name its Python code uses."""
-    kernels, names, seen, todo = {}, set(), set(), [launcher]
+class Reached(NamedTuple):
+    """What a launcher reaches (:func:`reached`)."""
+
+    kernels: list            # the jit kernels it launches
+    names: set[str]          # every name its Python code uses (the _C functions it calls)
+    constants: dict[str, str]  # "module.NAME" -> repr of each module constant its code reads
+    functions: list          # the Python functions of eagle_kernels it went through
+
+
+def reached(launcher: Callable) -> Reached:
+    """The jit kernels a launcher reaches, every name its Python code uses and the module
+    constants it reads."""
+    kernels, names, constants, functions = {}, set(), {}, []
+    seen, todo = set(), [launcher]
     while todo:
         obj = todo.pop()
         if id(obj) in seen:
@@ -93,10 +116,11 @@ def reached(launcher: Callable) -> tuple[list, set[str]]:
         elif isinstance(obj, tuple):  # a NamedTuple of launchers (loss.py's _Kernels)
             todo += list(obj)
         elif isinstance(obj, types.FunctionType) and _ours(obj):
-            todo += _named_by(obj, names)
+            functions.append(obj)
+            todo += _named_by(obj, names, constants)
             if hasattr(obj, "__wrapped__"):  # functools.wraps decorators
                 todo.append(obj.__wrapped__)
-    return list(kernels.values()), names
+    return Reached(list(kernels.values()), names, constants, functions)
 
 
 def _constant(value) -> str | None:
@@ -132,7 +156,8 @@ def _kernel_source(kernel) -> tuple[str, list]:
 def triton_digest(launcher: Callable) -> str | None:
     """Digest of the Triton kernels ``launcher`` runs (see the module docstring); None when
     it reaches none or their source cannot be read."""
-    todo, texts = reached(launcher)[0], {}
+    found = reached(launcher)
+    todo, texts = list(found.kernels), {}
     try:
         while todo:
             kernel = todo.pop()
@@ -142,7 +167,13 @@ def triton_digest(launcher: Callable) -> str | None:
                 todo += helpers
     except (OSError, TypeError):  # no source here (a bytecode-only install): cannot vouch
         return None
-    return _hash(f"{key}\n{texts[key]}" for key in sorted(texts)) if texts else None
+    if not texts:
+        return None
+    return _hash([f"{key}\n{texts[key]}" for key in sorted(texts)] + _constant_lines(found))
+
+
+def _constant_lines(found: Reached) -> list[str]:
+    return [f"{name} = {value}" for name, value in sorted(found.constants.items())]
 
 
 def cuda_digest(launcher: Callable, compiled: dict[str, str] | None) -> str | None:
@@ -150,5 +181,8 @@ def cuda_digest(launcher: Callable, compiled: dict[str, str] | None) -> str | No
     ``_C.source_digests()`` reports); None when it reports none or the launcher calls none."""
     if not compiled:
         return None
-    used = sorted(name for name in reached(launcher)[1] if name in compiled)
-    return _hash(f"{name} {compiled[name]}" for name in used) if used else None
+    found = reached(launcher)
+    used = sorted(name for name in found.names if name in compiled)
+    if not used:
+        return None
+    return _hash([f"{name} {compiled[name]}" for name in used] + _constant_lines(found))
