@@ -36,7 +36,7 @@ from eagle_kernels.ops import reference
 from eagle_kernels.ops._backend import backend_status
 from eagle_kernels.ops._validate import no_value_checks
 from eagle_kernels.ops.sampling import sampling_arrays
-from test_acceptance_kernels import (NEAR, bonus_margin, node_probs, random_logits, tree_margin,
+from test_acceptance_kernels import (bonus_margin, node_probs, random_logits, tree_margin,
                                      uniforms_off_boundaries)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ say which backends run on this machine and why the others do not.
 
 from . import reference
 from ._backend import BACKEND_ENV, BACKENDS, available_backends, backend_report, op_backends
-from ._validate import CHECK_VALUES_ENV, value_checks_enabled
+from ._validate import CHECK_VALUES_ENV, value_checks_enabled, weights_unchanged
 from .acceptance import (greedy_accept_chain, greedy_accept_tree, stochastic_accept_chain,
                          stochastic_accept_tree)
 from .attention import tree_attention
@@ -16,8 +16,7 @@ from . import attention_triton  # noqa: F401,E402  registers the triton tree_att
 from .decoder import (apply_rope, cpu_activations, linear, linear_group, rms_norm,
                       set_cpu_activations, silu_mul)
 from . import decoder_triton  # noqa: F401,E402  registers the triton decoder ops
-from .layer import (DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend,
-                    weights_unchanged)
+from .layer import DecoderStep, LayerWeights, decoder_layer, decoder_layer_backend
 from .kv import compact_kv, rope_write_kv, write_kv
 from .loss import soft_cross_entropy
 from .reference import AcceptResult, DraftTree

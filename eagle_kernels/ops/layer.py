@@ -31,8 +31,7 @@ import torch
 from . import reference
 from ._backend import cpu_extension, cpu_float32_only, register, resolve
 from ._validate import (_UNCHANGED, block_memo, check_eps, check_int, check_positive,
-                        check_range, check_tensor, recall, remember, value_checks_enabled,
-                        weights_unchanged)
+                        check_range, check_tensor, recall, remember, value_checks_enabled)
 from .decoder import _PACKS, _check_input, pack_address
 
 LAYER_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")

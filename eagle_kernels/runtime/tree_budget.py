@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 
 from ..ops._validate import no_value_checks
-from ..ops.layer import weights_unchanged
+from ..ops._validate import weights_unchanged
 from .drafting import TreeConfig, draft_tree
 
 # The shapes a CPU or GPU may pick from: chains and small trees (compute-bound devices, weak
