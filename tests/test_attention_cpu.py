@@ -4,6 +4,22 @@ on every instruction set this processor has, and bounds whatever the lengths say
 
 Caches hold NaN past ``cache_lens[b] + T`` (see ``make_case``), so a kernel that reads a key it
 must not see fails the comparison.
+
+Tolerance (``assert_close_to_fp64``; the project's rule, as assert_flash_close applies it to
+fp16 / bf16): the kernel takes float32 only, so its truth is the same attention computed in
+float64 on the exactly upcast inputs, and its error (the max over the whole output) must be at
+most twice the error of torch's fp32 attention (the reference) plus NOISE = 2e-6 of the
+output's scale (16 ulps: the kernel's polynomial exp and blockwise sums reach 8 ulps where
+torch's error is 1-4; assert_flash_close's noise is 1e-6 absolute + 2 ulps). Given the run's
+seed the verdict is deterministic (seeded inputs; the kernel's sums run in a fixed order
+whatever the thread count: see the bit-for-bit tests). Over seeds, measured on every case of
+the four tests that use it (600 seeds, every ISA: 33720 comparisons): error / budget max 0.31,
+log-mean -2.6, log-sd 0.44; an exponential tail fitted to the top 5% (far heavier than the
+data's) puts error > budget at <= 7e-8 a comparison, <= 2e-7 per test run (3 ISAs). Power
+(the binding wrapped): its softmax scale 1 + 1e-5 off fails 17 of the 19 value-checking cases
+(the two that pass see one key), its output 1 + 1e-5 off all 19; the old fixed rtol=1e-4 /
+atol=2e-5 against the fp32 reference passed both everywhere. An output row left holding its
+neighbour's values fails every case (old and new).
 """
 
 from __future__ import annotations
@@ -17,7 +33,7 @@ from eagle_kernels.ops import reference
 from conftest import random_parents
 from cpu_support import each_cpu_isa, needs_cpu_backend
 from cuda_support import seed_note
-from test_attention_kernels import assert_flash_close, make_case
+from test_attention_kernels import assert_flash_close, low_precision_attention, make_case
 
 pytestmark = needs_cpu_backend
 
@@ -34,20 +50,37 @@ def cpu_attention(q, k, v, lens, mask, tree_keys=None):
     return ops.tree_attention(q, k, v, lens, mask, num_tree_keys=tree_keys, backend="cpu")
 
 
+NOISE = 2e-6  # of the output's scale (see the module note)
+
+
+def assert_close_to_fp64(out, q, k, v, lens, mask, tree_keys, note):
+    """fp32 ``out`` against float64 attention (the same math, test_attention_kernels'
+    low_precision_attention, on the exactly upcast inputs): within 2x the error of torch's fp32
+    attention (reference.tree_attention) + NOISE x max |exact| (see the module note)."""
+    assert out.dtype == q.dtype == torch.float32 and out.shape == q.shape, note
+    exact = low_precision_attention(q.double(), k.double(), v.double(), lens, mask, tree_keys)
+    torch_fp32 = reference.tree_attention(q, k, v, lens, mask, num_tree_keys=tree_keys)
+    scale = float(exact.abs().max()) if exact.numel() else 1.0
+    error = float((out.double() - exact).abs().max()) if exact.numel() else 0.0
+    torch_error = float((torch_fp32.double() - exact).abs().max()) if exact.numel() else 0.0
+    assert error <= 2 * torch_error + NOISE * scale, \
+        f"error {error:.3g} > 2 x torch fp32 {torch_error:.3g} + {NOISE} x {scale:.3g}: {note}"
+
+
 @pytest.mark.parametrize("batch,num_queries,prefix,q_heads,kv_heads,head_dim", GRID,
                          ids=[f"B{c[0]}-N{c[1]}-L{c[2]}-H{c[3]}/{c[4]}-D{c[5]}" for c in GRID])
 def test_cpu_matches_reference(gen, batch, num_queries, prefix, q_heads, kv_heads, head_dim):
     case = make_case(gen, batch, num_queries, prefix, q_heads, kv_heads, head_dim, torch.float32)
     for isa in each_cpu_isa():
-        assert_flash_close(cpu_attention(*case), *case, num_queries, f"{isa} {seed_note(gen)}")
+        assert_close_to_fp64(cpu_attention(*case), *case, num_queries, f"{isa} {seed_note(gen)}")
 
 
 def test_cpu_draft_frontier_over_more_tree_keys(gen):
     """Drafting: the last Nq of T tree nodes query all T tree keys (tree_offset in the head)."""
     case = make_case(gen, 2, 4, 23, 4, 2, 64, torch.float32, tree_keys=13)
     for isa in each_cpu_isa():
-        assert_flash_close(cpu_attention(*case, tree_keys=13), *case, 13,
-                           f"{isa} {seed_note(gen)}")
+        assert_close_to_fp64(cpu_attention(*case, tree_keys=13), *case, 13,
+                             f"{isa} {seed_note(gen)}")
 
 
 def _ancestors(parents: torch.Tensor, node: int) -> list[int]:
@@ -130,8 +163,7 @@ def test_split_plan_equals_task_plan_bit_for_bit(gen, batch, num_queries, prefix
         for threads in (2, 3):
             split = _raw_attention(q, k, v, lens, mask, tree_keys, threads=threads)
             assert torch.equal(split, tasks), (isa, threads, seed_note(gen))
-        want = reference.tree_attention(q, k, v, lens, mask, num_tree_keys=tree_keys)
-        torch.testing.assert_close(tasks, want, rtol=1e-4, atol=2e-5)
+        assert_close_to_fp64(tasks, q, k, v, lens, mask, tree_keys, f"{isa} {seed_note(gen)}")
 
 
 @pytest.mark.parametrize("count", [2, 4], ids=["split-plan", "task-plan"])
@@ -149,18 +181,22 @@ def test_cpu_stays_in_bounds_whatever_the_lengths(gen, count):
 
     with no_value_checks():
         out = cpu_attention(q, k, v, lens, mask)
-    want = reference.tree_attention(q, k, v, clamped, mask, num_tree_keys=count)
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=2e-5)
+    assert_close_to_fp64(out, q, k, v, clamped, mask, count, seed_note(gen))
     for threads in (1, 2):  # the task plan, and the split plan where count allows it
-        torch.testing.assert_close(_raw_attention(q, k, v, lens, mask, count, threads), want,
-                                   rtol=1e-4, atol=2e-5)
+        assert_close_to_fp64(_raw_attention(q, k, v, lens, mask, count, threads), q, k, v,
+                             clamped, mask, count, f"threads={threads} {seed_note(gen)}")
 
 
 def test_auto_picks_cpu_for_float32_and_torch_otherwise(gen):
+    """Which backend auto picks is discrete: its output is that backend's, bit for bit. The
+    bf16 answer is then held to the flash-attention rule (assert_flash_close: within 2x the
+    error of PyTorch's bf16 attention against the fp32-upcast reference, plus fp32 noise)."""
     case = make_case(gen, 1, 3, 5, 4, 2, 64, torch.float32)
-    assert torch.equal(ops.tree_attention(*case), cpu_attention(*case))
+    assert torch.equal(ops.tree_attention(*case), cpu_attention(*case)), seed_note(gen)
     low = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in case]
-    torch.testing.assert_close(ops.tree_attention(*low), reference.tree_attention(*low))
+    auto = ops.tree_attention(*low)
+    assert torch.equal(auto, ops.tree_attention(*low, backend="torch")), seed_note(gen)
+    assert_flash_close(auto, *low, 3, f"auto bf16 {seed_note(gen)}")
     with pytest.raises(ValueError, match="float32"):
         cpu_attention(*low)
 
