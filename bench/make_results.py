@@ -155,7 +155,8 @@ def csv_section(path: Path, run: Path) -> list[str]:
     # their floors were over the copy bandwidth alone
     rates = (f"; floors over {env['floor_gbps']} GB/s, the fastest of read {env.get('read_gbps')}"
              f", write {env.get('write_gbps')} and copy {env.get('copy_gbps')} GB/s measured in "
-             f"the run" if env.get("floor_gbps") else "")
+             f"the run" if all(env.get(f"{kind}_gbps") for kind in ("floor", "read", "write",
+                                                                      "copy")) else "")
     lines = [f"### `{run.name}/{path.relative_to(run)}`", "",
              f"{env.get('device', '?')}, torch {env.get('torch', '?')}, triton "
              f"{env.get('triton', '?')}, {env.get('date', '?')}{rates}", "",

@@ -36,14 +36,17 @@ Schema of ``verdict.json`` (``schema`` 1)::
                   run", "max_error": float|null, "gpu_tests": "P passed, F failed",
                   "memcheck": "clean|failed|not run", "speedup_vs_torch": float|null,
                   "speedup_note": str, "auto": bool, "detail": str, "revision": int,
-                  "source_digest": str|null}]}
+                  "source_digest": str (absent: before digests)}]}
 
 ``revision``: the kernel's code revision (``eagle_kernels.ops._backend.KERNEL_REVISIONS``) that
 ran on the GPU, as its kernel check recorded it (a check that recorded none: 1); an entry of an
 older revision keeps a rewritten kernel out of ``auto``. ``source_digest``: the digest of the
 kernel's source that ran (``eagle_kernels.ops._backend.source_digest``), also as the kernel
-check recorded it on the GPU (null: none recorded, and the revision alone ties the entry to
-the code); an entry counts only while the kernel's source has that digest.
+check recorded it on the GPU ("unknown" where nothing vouched for it there: never counts);
+absent from entries of checks older than digests, which prove the digests of b5ae095
+(``_backend.LEGACY_SOURCE_DIGESTS``); null only where written by hand (the revision alone
+then ties the entry to the code). An entry counts only while the kernel's source has the
+digest it proved.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ RULE = ("proven: the kernel check matched the torch reference at this dtype on t
         "backend, in its parameters or its file name, ran) and the memcheck pass was clean; "
         "auto: proven and median speedup_vs_torch over the benchmark rows of this dtype > 1 "
         "(none of this dtype: no speedup, not auto), or, for linear, rms_norm and "
-        "tree_attention, proven and the row-invariant (triton) backend")
+        "tree_attention, proven and the row-invariant (triton) backend; at run time an "
+        "entry counts only while the kernel's revision and source digest are those it proved")
 # Which ops a test file's failures count against, by a word in its name.
 FAMILY_WORDS = {
     "attention": ("tree_attention",),

@@ -93,7 +93,8 @@ def test_a_rewritten_kernel_leaves_auto_until_a_run_proves_its_revision(monkeypa
     """A verdict proves the code it ran: an entry without a revision (read as 1) or of an older
     one does not let a kernel rewritten since into auto; the current revision does."""
     allows = _backend.verdict_allows
-    entry = {"op": "tree_attention", "backend": "triton", "proven": True}
+    entry = {"op": "tree_attention", "backend": "triton", "proven": True,
+             "source_digest": _backend.source_digest("tree_attention", "triton")}
     monkeypatch.setitem(_backend.KERNEL_REVISIONS, ("tree_attention", "triton"), 3)
     assert not allows(entry) and not allows({**entry, "revision": 2})
     assert allows({**entry, "revision": 3})
@@ -108,7 +109,8 @@ def test_row_invariant_ops_join_auto_by_invariance_not_speed():
     for op in ("linear", "rms_norm", "tree_attention"):
         revision = _backend.kernel_revision(op, "triton")
         assert allows({"op": op, "backend": "triton", "proven": True, "speedup_vs_torch": 0.7,
-                       "revision": revision})
+                       "revision": revision,
+                       "source_digest": _backend.source_digest(op, "triton")})
         assert not allows({"op": op, "backend": "triton", "proven": False,
                            "speedup_vs_torch": 3.0})
         assert not allows({"op": op, "backend": "cuda", "proven": True, "speedup_vs_torch": 3.0})
@@ -123,7 +125,8 @@ def test_row_invariant_ops_join_auto_together_or_not_at_all(monkeypatch, tmp_pat
     def write(proven_norm: bool, date: str):
         kernels = [dict(op=op, backend="triton", dtype="bfloat16", speedup_vs_torch=0.8,
                         proven=proven_norm or op != "rms_norm",
-                        revision=_backend.kernel_revision(op, "triton"))
+                        revision=_backend.kernel_revision(op, "triton"),
+                        source_digest=_backend.source_digest(op, "triton"))
                    for op in ("linear", "rms_norm", "tree_attention")]
         (tmp_path / f"{date}_x").mkdir()
         (tmp_path / f"{date}_x" / "verdict.json").write_text(json.dumps(
@@ -174,7 +177,8 @@ def test_a_verdict_proves_the_revision_its_gpu_check_ran_not_the_checkout_s(tmp_
     _stage(tmp_path / "stage1", {("test_attention_kernels", "t[triton-1]"): True},
            {"tree_attention": "clean"})
     row = dict(op="tree_attention", backend="triton", dtype="bfloat16", status="correct",
-               max_error=0.0, detail="")
+               max_error=0.0, detail="",
+               source_digest=_backend.source_digest("tree_attention", "triton"))
     current = _backend.kernel_revision("tree_attention", "triton")
     for recorded, joins in ((None, current == 1), (current, True)):
         rows = [row if recorded is None else {**row, "revision": recorded}]

@@ -45,11 +45,14 @@ def _kernel(x_ptr, BLOCK: tl.constexpr):
 
 
 LAUNCH_BLOCK = {block}
+ROUNDING = {rounding}
+_MEMO = {{}}  # module state the launcher fills: never part of a digest
 
 
 def _launch(x):
     """{launcher_doc}"""
-    _kernel[{grid}](x, BLOCK=LAUNCH_BLOCK)
+    _MEMO.setdefault(x.shape, len(_MEMO))
+    _kernel[{grid}](x, BLOCK=LAUNCH_BLOCK, **ROUNDING)
     return x
 
 
@@ -60,18 +63,22 @@ def _op(x):  # the registered implementation: reaches _launch through a tuple, a
     return LAUNCHERS[0](x)
 '''
 BASE = dict(scale=2, factor=3, doc="Adds.", term=1, launcher_doc="Runs it.", block=16,
-            options="", grid="(1,)")
+            options="", grid="(1,)", rounding='{"enable_fp_fusion": False}')
 
 
-def _fixture_digest(tmp_path: Path, **edits) -> str:
-    """The triton digest of FIXTURE with ``edits``, loaded as an eagle_kernels module (a new
-    file per call: no stale source cache)."""
+def _fixture(tmp_path: Path, **edits):
+    """FIXTURE with ``edits``, loaded as an eagle_kernels module (a new file per call: no
+    stale source cache)."""
     path = tmp_path / f"fixture_{len(list(tmp_path.iterdir()))}.py"
     path.write_text(FIXTURE.format(**{**BASE, **edits}))
     spec = importlib.util.spec_from_file_location("eagle_kernels._digest_fixture", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return _digests.triton_digest(module._op)
+    return module
+
+
+def _fixture_digest(tmp_path: Path, **edits) -> str:
+    return _digests.triton_digest(_fixture(tmp_path, **edits)._op)
 
 
 def test_a_triton_digest_follows_the_kernels_not_their_docs_or_launcher(tmp_path):
@@ -83,8 +90,13 @@ def test_a_triton_digest_follows_the_kernels_not_their_docs_or_launcher(tmp_path
     # the kernel's body and jit options, a jit helper it calls, a module constant it reads and
     # one the launcher passes it
     for edit in (dict(term=2), dict(options='(do_not_specialize=["x_ptr"])'), dict(factor=4),
-                 dict(scale=5), dict(block=32)):
+                 dict(scale=5), dict(block=32), dict(rounding='{"enable_fp_fusion": True}')):
         assert _fixture_digest(tmp_path, **edit) != base, edit
+    # module state (a private memo the launcher fills) is not a constant: what ran before a
+    # digest is computed must not change it
+    module = _fixture(tmp_path)
+    module._MEMO.update({(4,): 0, (8,): 1})
+    assert _digests.triton_digest(module._op) == base
 
 
 def test_every_triton_op_has_a_stable_digest_over_the_kernels_it_launches():

@@ -165,7 +165,8 @@ def run(args) -> list[dict]:
     head = new_draft_head(EAGLE3, target, draft_vocab=None if args.smoke else 32000)
     _randomise(head)
     # the rate the kernel floors divide by (common.floor_us): the fastest stream measured here
-    bandwidth = memory_bandwidth(device).floor_gbps if device.type == "cuda" else float("nan")
+    rates = memory_bandwidth(device) if device.type == "cuda" else None
+    bandwidth = rates.floor_gbps if rates is not None else float("nan")
     rows = []
     picked = "fixed" if args.budget_alpha is None else f"budget at alpha {args.budget_alpha}"
     for backend in args.backends:
@@ -192,7 +193,7 @@ def run(args) -> list[dict]:
                 "roofline_cycle_over_step": round(roofline, 3),
                 "step_bw_fraction": round(read / step / 1e9 / bandwidth, 3)
                 if bandwidth == bandwidth else "",
-                "floor_gbps": round(bandwidth, 1) if bandwidth == bandwidth else "",
+                **(rates.columns() if rates is not None else {}),
                 "graph_cycle": measured["graph_cycle"], "graph_step": measured["graph_step"],
                 "ops_off_torch": ops_off_torch(backend), "error": "",
             })

@@ -11,8 +11,9 @@ have that digest: a kernel edited since its run leaves ``auto`` until a run prov
   reaches (directly, through Python helpers of eagle_kernels, closures such as
   ``acceptance._chain_as_tree``'s, partials, and tuples of launchers such as ``loss._TRITON``),
   the jit helpers those kernels name, transitively, the module constants they read
-  (``NO_KEY``) and the module constants the launcher's code reads (block sizes and limits it
-  passes them: ``LINEAR_BLOCK_M``, ``TOPK_CHUNK``, ...). A kernel's text is its decorators,
+  (``NO_KEY``) and the module constants the launcher's code reads (block sizes, limits and
+  compile options it passes them: ``LINEAR_BLOCK_M``, ``TOPK_CHUNK``, ``EXACT_ROUNDING``; a
+  constant is a number, string, dtype, or a tuple or public dict of those: :func:`_constant`). A kernel's text is its decorators,
   signature and body with its docstring left out, so docstrings and the launchers' code leave
   the digest alone, while any edit of a kernel's decorator options, signature or body,
   comments included, or of a constant either reads, changes it.
@@ -41,6 +42,8 @@ import inspect
 import textwrap
 import types
 from typing import Callable, Iterable, NamedTuple
+
+import torch
 
 from ._triton import is_kernel
 
@@ -83,8 +86,9 @@ def _named_by(fn: types.FunctionType, names: set[str], constants: dict[str, str]
                 continue
             value = fn.__globals__[name]
             found.append(value)
-            if not name.startswith("__") and not is_kernel(value) and _constant(value) is not None:
-                constants[f"{fn.__module__}.{name}"] = _constant(value)
+            text = None if name.startswith("__") or is_kernel(value) else _constant(name, value)
+            if text is not None:
+                constants[f"{fn.__module__}.{name}"] = text
     return found
 
 
@@ -123,11 +127,28 @@ def reached(launcher: Callable) -> Reached:
     return Reached(list(kernels.values()), names, constants, functions)
 
 
-def _constant(value) -> str | None:
-    """A module constant as a kernel reads it (``tl.constexpr(x)`` holds x; without Triton
-    the stand-in returns x itself), or None for anything else."""
+def _constant(name: str, value) -> str | None:
+    """A module constant as launchers and kernels read it, as text, or None for anything
+    else: a number, bool or string (``tl.constexpr(x)`` holds x; without Triton the stand-in
+    returns x itself), a torch dtype, a tuple or frozenset of those, or a dict of those under a
+    public name (``EXACT_ROUNDING``, ``LOGIT_DTYPE_CODES``). Lists, sets and private dicts are
+    module state, not constants (``_LAYOUTS`` is a memo, ``_VALUE_CHECKS_OFF`` a counter): a
+    digest that read them would change with what ran before it."""
     value = getattr(value, "value", value)
-    return repr(value) if isinstance(value, (bool, int, float, str)) else None
+    if isinstance(value, (bool, int, float, str, torch.dtype)):
+        return repr(value)
+    if isinstance(value, (tuple, frozenset)):
+        items = [_constant(name, item) for item in value]
+        if None in items:
+            return None
+        items = sorted(items) if isinstance(value, frozenset) else items
+        return f"{type(value).__name__}({', '.join(items)})"
+    if isinstance(value, dict) and not name.startswith("_"):
+        items = [(_constant(name, key), _constant(name, item)) for key, item in value.items()]
+        if any(None in pair for pair in items):
+            return None
+        return "{" + ", ".join(f"{key}: {item}" for key, item in items) + "}"
+    return None
 
 
 def _kernel_source(kernel) -> tuple[str, list]:
@@ -148,8 +169,8 @@ def _kernel_source(kernel) -> tuple[str, list]:
         value = kernel.fn.__globals__[name]
         if is_kernel(value):
             helpers.append(value)
-        elif _constant(value) is not None:
-            constants.append(f"{name} = {_constant(value)}")
+        elif _constant(name, value) is not None:
+            constants.append(f"{name} = {_constant(name, value)}")
     return "\n".join(text + constants), helpers
 
 
