@@ -8,8 +8,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "kernels"
 import pytest  # noqa: E402
 from common import (Bandwidth, Timing, floor_us, memory_bandwidth, timing_columns,  # noqa: E402
                     written_if_interrupted)
-from op_bytes import (acceptance_bytes, attention_bytes, kv_copy_bytes, linear_bytes,  # noqa: E402
-                      rejected_chains, rms_norm_bytes, rope_bytes, silu_mul_bytes)
+from op_bytes import (acceptance_bytes, attention_bytes, build_tree_bytes,  # noqa: E402
+                      expand_bytes, kv_copy_bytes, linear_bytes, rejected_chains, rerank_bytes,
+                      rms_norm_bytes, rope_bytes, silu_mul_bytes, topk_bytes)
 
 
 def _timing(us: float) -> Timing:
@@ -143,6 +144,27 @@ def test_the_other_ops_bytes():
     assert rms_norm_bytes(3, 8, 2, residual=False) == (2 * 3 * 8 + 8) * 2
     assert silu_mul_bytes(60, 14336, 2) == 3 * 60 * 14336 * 2
     assert kv_copy_bytes(16 * 7, 8 * 128 * 2, 64) == 2 * 16 * 7 * 2048 * 64
+    # the drafting ops: top-k over bf16 rows, expand of 10 x 10 candidates, rerank into 60 nodes
+    assert topk_bytes(10, 32000, 2, 10) == 10 * 32000 * 2 + 10 * 10 * (4 + 8)
+    assert expand_bytes(2, 10, 10) == 2 * 10 * 4 + 2 * 2 * 100 * 4 + 2 * 10 * 12
+    assert rerank_bytes(2, 1000, 2 * 59, 5000) == 2 * 8 + 2 * 1000 * 4 + 118 * 12 + 5000 + 118 * 8
+
+
+def test_build_tree_bytes_are_the_trees_but_its_tokens_and_scores(gen):
+    """build_tree reads the parents and writes depth, mask and paths: a DraftTree's tensors
+    but the tokens (int64) and scores (fp32) it neither reads nor writes."""
+    import torch
+
+    from conftest import random_parents
+    from eagle_kernels.ops import reference
+
+    parents = random_parents(2, 12, gen)
+    depth, tree_mask, paths = reference.build_tree(parents)
+    tree = reference.DraftTree(tokens=torch.zeros(2, 12, dtype=torch.long), parents=parents,
+                               depth=depth, scores=torch.zeros(2, 12), tree_mask=tree_mask,
+                               paths=paths)
+    written = (parents, depth, tree_mask, paths)
+    assert build_tree_bytes(tree) == sum(t.numel() * t.element_size() for t in written)
 
 
 def test_results_tables_name_the_rate_their_floors_used(tmp_path):

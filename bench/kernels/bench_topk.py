@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (Bandwidth, append_rows, bench_arguments, floor_us, graphed,  # noqa: E402
                     launch_us, memory_bandwidth, plot_rows, time_fn, timing_columns,
                     written_if_interrupted)
+from op_bytes import build_tree_bytes, expand_bytes, rerank_bytes, topk_bytes  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops import reference  # noqa: E402
@@ -84,13 +85,13 @@ def cases(smoke: bool, device):
         rows = batch * TOP_K
         for vocab, dtype in vocabs:
             logits = (torch.randn(rows, vocab, generator=gen) * 3).to(device, dtype)
-            moved = logits.numel() * logits.element_size() + rows * TOP_K * 12
+            moved = topk_bytes(rows, vocab, logits.element_size(), TOP_K)
             yield ("topk_log_softmax", f"V={vocab} {str(dtype)[6:]}", batch, moved,
                    {b: (lambda b=b, x=logits: ops.topk_log_softmax(x, TOP_K, backend=b))
                     for b in backends()})
         frontier = -torch.rand(batch, TOP_K, generator=gen).to(device)
         children = -torch.rand(batch, TOP_K, TOP_K, generator=gen).to(device)
-        moved = batch * TOP_K * 4 + 2 * batch * TOP_K * TOP_K * 4 + batch * TOP_K * 12
+        moved = expand_bytes(batch, TOP_K, TOP_K)
         yield ("eagle2_expand", f"K=C={TOP_K}", batch, moved,
                {b: (lambda b=b: ops.eagle2_expand(frontier, children, TOP_K, backend=b))
                 for b in backends()})
@@ -100,16 +101,12 @@ def cases(smoke: bool, device):
             tree = reference.eagle2_rerank(*(a.cpu() for a in args), num_nodes, depth + 1)[0]
             candidates = args[1].shape[1]
             tree_bytes = sum(t.numel() * t.element_size() for t in tree)
-            # read: the roots, every candidate's score, the kept candidates' tokens (int64) and
-            # parents (int32); written: the tree and the selected indices (int64)
-            kept = batch * (num_nodes - 1)
-            moved = batch * 8 + batch * candidates * 4 + kept * 12 + tree_bytes + kept * 8
+            moved = rerank_bytes(batch, candidates, batch * (num_nodes - 1), tree_bytes)
             yield ("eagle2_rerank", f"depth={depth} M={candidates} N={num_nodes}", batch, moved,
                    {b: (lambda b=b: ops.eagle2_rerank(*args, num_nodes, depth + 1, backend=b))
                     for b in backends()})
             parents = tree.parents.to(device)
-            # parents read; depth, mask and paths written: the tree's bytes but tokens / scores
-            moved = tree_bytes - tree.tokens.numel() * 8 - tree.scores.numel() * 4
+            moved = build_tree_bytes(tree)
             yield ("build_tree", f"N={num_nodes} depth<={depth + 1}", batch, moved,
                    {b: (lambda b=b: ops.build_tree(parents, depth + 1, backend=b))
                     for b in backends()})

@@ -105,3 +105,34 @@ def kv_copy_bytes(rows: int, row_bytes: int, caches: int) -> int:
     (compact_kv: only the entries that move). The small index tensors (cache_lens, 4 bytes a
     sequence; compact_kv's accepted_nodes and num_accepted) are left out: a lower bound still."""
     return 2 * rows * row_bytes * caches
+
+
+def topk_bytes(rows: int, vocab: int, logit_bytes: int, top_k: int) -> int:
+    """topk_log_softmax: every logits row read, its top ``top_k`` written (fp32 log-probability
+    and int64 index each)."""
+    return rows * vocab * logit_bytes + rows * top_k * (FP32 + INT64)
+
+
+def expand_bytes(batch: int, top_k: int, children: int) -> int:
+    """eagle2_expand over ``top_k`` frontier nodes of ``children`` children each: the frontier
+    scores and the children's log-probabilities read, every candidate's cumulative score
+    written (fp32), the next frontier written (fp32 score and int64 index)."""
+    return (batch * top_k * FP32 + 2 * batch * top_k * children * FP32
+            + batch * top_k * (FP32 + INT64))
+
+
+def rerank_bytes(batch: int, candidates: int, kept: int, tree_bytes: int) -> int:
+    """eagle2_rerank keeping ``kept`` nodes in all (batch x (N - 1)): the roots (int64) and
+    every candidate's score read, the kept candidates' tokens (int64) and parents (int32) read;
+    the tree (``tree_bytes``, all its tensors) and the kept candidates' indices (int64)
+    written."""
+    return (batch * INT64 + batch * candidates * FP32 + kept * (INT64 + INT32) + tree_bytes
+            + kept * INT64)
+
+
+def build_tree_bytes(tree) -> int:
+    """build_tree of a reference DraftTree: its parents read; its depth, mask and paths
+    written (every tensor of the tree but the tokens and scores, which it neither reads nor
+    writes)."""
+    return sum(t.numel() * t.element_size() for t in tree) - tree.tokens.numel() * INT64 \
+        - tree.scores.numel() * FP32
