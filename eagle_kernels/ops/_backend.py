@@ -224,10 +224,9 @@ ROW_INVARIANT_BACKENDS = {"linear": "triton", "rms_norm": "triton", "tree_attent
 # every GPU until a run proves it there. Every entry is also tied to the kernels' source
 # (source_digest; older entries through LEGACY_SOURCE_DIGESTS): raise a revision for what a
 # digest cannot see, a launcher's own code (its grid, the arguments it passes; ops/_digests.py
-# says what a digest covers). Revision 2: the two-pass
-# ordered tree attention and the linear's 64-row tile (2026-11-27); the top-k in two passes,
-# chunks then rows, and the stochastic acceptance's statistics and bonus draw over vocabulary
-# chunks (2026-11-28).
+# says what a digest covers). Revision 2: the two-pass ordered tree attention and the linear's
+# 64-row tile (2026-11-27); the top-k in two passes, chunks then rows, and the stochastic
+# acceptance's statistics and bonus draw over vocabulary chunks (2026-11-28).
 # Revision 3 of the linear: a group's weights in one launch (2026-11-28, seventeenth session).
 KERNEL_REVISIONS = {("tree_attention", "triton"): 2, ("linear", "triton"): 3,
                     ("topk_log_softmax", "triton"): 2, ("stochastic_accept_tree", "triton"): 2,

@@ -169,23 +169,31 @@ def _kernel_source(kernel) -> tuple[str, list]:
         value = kernel.fn.__globals__[name]
         if is_kernel(value):
             helpers.append(value)
-        elif _constant(name, value) is not None:
-            constants.append(f"{name} = {_constant(name, value)}")
+        elif (constant := _constant(name, value)) is not None:
+            constants.append(f"{name} = {constant}")
     return "\n".join(text + constants), helpers
+
+
+def kernel_texts(kernels: list) -> dict[str, str]:
+    """The text (:func:`_kernel_source`) of each of ``kernels`` and of the jit helpers they
+    call, transitively, by ``"module.name"``. Raises OSError / TypeError where a source
+    cannot be read."""
+    todo, texts = list(kernels), {}
+    while todo:
+        kernel = todo.pop()
+        key = f"{kernel.fn.__module__}.{kernel.fn.__name__}"
+        if key not in texts:
+            texts[key], helpers = _kernel_source(kernel)
+            todo += helpers
+    return texts
 
 
 def triton_digest(launcher: Callable) -> str | None:
     """Digest of the Triton kernels ``launcher`` runs (see the module docstring); None when
     it reaches none or their source cannot be read."""
     found = reached(launcher)
-    todo, texts = list(found.kernels), {}
     try:
-        while todo:
-            kernel = todo.pop()
-            key = f"{kernel.fn.__module__}.{kernel.fn.__name__}"
-            if key not in texts:
-                texts[key], helpers = _kernel_source(kernel)
-                todo += helpers
+        texts = kernel_texts(found.kernels)
     except (OSError, TypeError):  # no source here (a bytecode-only install): cannot vouch
         return None
     if not texts:
