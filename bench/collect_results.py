@@ -23,6 +23,7 @@ evidence, RESULTS.md from bench/make_results.py.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import re
@@ -152,6 +153,10 @@ def collect(folders: list[Path], results: Path = make_results.RESULTS,
             with tarfile.open(tarball) as tar:
                 tar.extractall(staging, filter="data")
     stages = sorted(p for p in staging.iterdir() if p.is_dir())
+    if not stages:  # refused: nothing written (else a bogus "<date>_no-gpu-dry-run" run)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ValueError(f"no stage in {', '.join(map(str, folders))}: each FOLDER is a stage's "
+                         f"files_at holding {' or '.join(TARBALLS)}")
     gpu = verdict._gpu_name(stages)
     run = results / (name or f"{datetime.date.today().isoformat()}_{_slug(gpu)}")
     try:  # refused: nothing written
@@ -174,16 +179,35 @@ def collect(folders: list[Path], results: Path = make_results.RESULTS,
     return run
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The stage folders and options; a mistyped option, a folder or RUN_DIR that is not a
+    directory, or folders without a stage tarball are refused (usage + one line, exit 2)
+    before anything is written."""
+    parser = argparse.ArgumentParser(prog="collect_results.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=Path, metavar="FOLDER")
+    parser.add_argument("--proof-from", type=Path, metavar="RUN_DIR")
+    parser.add_argument("--run", metavar="NAME")
+    args = parser.parse_args(argv)
+    if args.run is not None and (args.run in ("", ".", "..") or "/" in args.run
+                                 or "\\" in args.run):
+        parser.error(f"--run {args.run!r}: NAME is one folder name under {make_results.RESULTS}")
+    checked = [("--proof-from", args.proof_from)] if args.proof_from else []
+    for label, path in checked + [("FOLDER", folder) for folder in args.folders]:
+        if not path.is_dir():
+            parser.error(f"{label} {str(path)!r} "
+                         f"{'is not a directory' if path.exists() else 'does not exist'}")
+    if not any(next(f.glob(pattern), None) for f in args.folders for pattern in TARBALLS):
+        parser.error(f"no stage tarball ({', '.join(TARBALLS)}) in "
+                     f"{', '.join(repr(str(f)) for f in args.folders)}")
+    return args
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    options = {"--proof-from": None, "--run": None}
-    while argv[:1] and argv[0] in options and len(argv) > 2:
-        options[argv[0]], argv = argv[1], argv[2:]
-    proof_from = Path(options["--proof-from"]) if options["--proof-from"] else None
+    args = parse_args(argv)  # exits 2 on a bad command line, 0 after --help
     try:
-        run = collect([Path(a) for a in argv], proof_from=proof_from, name=options["--run"])
+        run = collect(args.folders, make_results.RESULTS, proof_from=args.proof_from,
+                      name=args.run)
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2

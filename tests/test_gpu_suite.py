@@ -365,6 +365,87 @@ def test_a_second_collect_never_replaces_a_stage_and_the_verdict_reads_every_sta
         collect_results.collect([tmp_path / "lease3"], results, name="2026-01-02_gpu-a")
 
 
+def _tree(folder: Path) -> list[tuple[str, int, int]]:
+    return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")) \
+        if folder.is_dir() else []
+
+
+@pytest.fixture
+def collect_main(monkeypatch, tmp_path):
+    """collect_results.main writing into tmp_path/results, never bench/results (checked)."""
+    import collect_results
+    import make_results
+
+    real = make_results.RESULTS
+    before = _tree(real)
+    monkeypatch.setattr(make_results, "RESULTS", tmp_path / "results")
+
+    def status(argv):  # main's return value, or the status argparse exits with
+        try:
+            return collect_results.main(argv)
+        except SystemExit as done:
+            return done.code
+    yield status
+    assert _tree(real) == before, "collect_results.main wrote into bench/results"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_collect_help_prints_the_usage_and_writes_nothing(collect_main, tmp_path, capsys, flag):
+    assert collect_main([flag]) == 0
+    out = capsys.readouterr().out
+    assert "collect_results.py --run NAME FOLDER" in out
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--bogus", "{lease}"], "unrecognized arguments: --bogus"),
+    (["{lease}", "--proof-from"], "--proof-from: expected one argument"),
+    (["--run", "../escape", "{lease}"], "--run '../escape'"),
+    (["{tmp}/missing"], "FOLDER '{tmp}/missing' does not exist"),
+    (["{lease}", "{lease}/stage1.tar.gz"], "FOLDER '{lease}/stage1.tar.gz' is not a directory"),
+    (["--proof-from", "{tmp}/gone", "{lease}"], "--proof-from '{tmp}/gone' does not exist"),
+    (["{tmp}/empty"], "no stage tarball"),
+])
+def test_collect_refuses_a_bad_argument_before_writing(collect_main, tmp_path, capsys, argv,
+                                                        named):
+    """--help read as a stage folder once wrote a bogus <date>_no-gpu-dry-run run and
+    RESULTS.md: an unknown option or a folder that is no directory is refused (usage, a line
+    naming it, status 2) before anything is written."""
+    (tmp_path / "stage1").mkdir()
+    _tarball(tmp_path / "lease", tmp_path / "stage1")
+    (tmp_path / "empty").mkdir()
+    fill = dict(lease=tmp_path / "lease", tmp=tmp_path)
+    assert collect_main([a.format(**fill) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: collect_results.py")
+    assert named.format(**fill) in err.splitlines()[-1] and "Traceback" not in err
+    assert not (tmp_path / "results").exists()
+
+
+def test_collect_of_no_stage_writes_no_run(tmp_path):
+    """A folder holding no stage tarball is no dry run: collect() refuses it, writing no run."""
+    import collect_results
+
+    (tmp_path / "lease").mkdir()
+    with pytest.raises(ValueError, match="no stage in"):
+        collect_results.collect([tmp_path / "lease"], tmp_path / "results")
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["local"]
+    assert not (tmp_path / "results" / "local" / "collect").exists()
+
+
+def test_collect_main_takes_options_around_the_folders(collect_main, tmp_path, monkeypatch):
+    """Valid arguments still collect (here into tmp_path/results/NAME) and rewrite RESULTS.md."""
+    import make_results
+
+    written = []
+    monkeypatch.setattr(make_results, "main", lambda: written.append("RESULTS.md") or 0)
+    (tmp_path / "stage2").mkdir()
+    _tarball(tmp_path / "lease", tmp_path / "stage2")
+    assert collect_main([str(tmp_path / "lease"), "--run", "2026-01-01_gpu-a"]) == 0
+    assert (tmp_path / "results" / "2026-01-01_gpu-a" / "stage2").is_dir()
+    assert written == ["RESULTS.md"]
+
+
 NCU_CSV = '''==PROF== Connected to process 4242
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
 "0","4242","python3","127.0.0.1","_tree_attention_kernel","1","7","(128, 1, 1)","(120, 1, 17)","0","9.0","GPU Speed Of Light Throughput","Duration","usecond","189.12"
