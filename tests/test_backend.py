@@ -126,6 +126,60 @@ def test_auto_falls_through_what_a_backend_cannot_take(monkeypatch):
     assert _backend.resolve("build_tree", "auto", torch.device("cpu"), num_nodes=4)[0] == "triton"
 
 
+def _two_proven_kernels(monkeypatch, tmp_path, speedups: dict) -> None:
+    """Pretend this machine has a GPU called "GPU A" on which cuda and triton both run, and
+    whose verdict proves both top-k kernels with ``speedups`` {(backend, dtype): speedup}."""
+    import json
+    kernels = [{"op": "topk_log_softmax", "backend": backend, "dtype": dtype, "proven": True,
+                "speedup_vs_torch": speedup,
+                "revision": _backend.kernel_revision("topk_log_softmax", backend)}
+               for (backend, dtype), speedup in speedups.items()]
+    (tmp_path / "2026-12-01_gpu-a").mkdir()
+    (tmp_path / "2026-12-01_gpu-a" / "verdict.json").write_text(json.dumps(
+        {"schema": _backend.VERDICT_SCHEMA, "gpu": "GPU A", "date": "2026-12-01",
+         "kernels": kernels}))
+    monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))
+    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU A")
+    monkeypatch.setattr(_backend, "_available", lambda name: True)
+    monkeypatch.setattr(_backend, "source_changed", lambda entry: False)  # digests: their tests
+    _backend.gpu_verdict.cache_clear()
+
+
+def test_auto_takes_the_faster_of_two_proven_gpu_kernels(monkeypatch, tmp_path):
+    """Both kernels proven and faster than torch: auto runs the one the verdict measured
+    faster at the inputs' dtype (on the 2026-11-28 H200 the cuda top-k was 9x slower than the
+    triton one, and auto, taking cuda first, ran it); an op passing no dtype takes the faster
+    at the slowest dtype; a tie keeps cuda (BACKENDS' order)."""
+    _two_proven_kernels(monkeypatch, tmp_path, {
+        ("cuda", "bfloat16"): 6.7, ("triton", "bfloat16"): 62.3,
+        ("cuda", "float32"): 9.0, ("triton", "float32"): 4.0})
+    gpu = torch.device("cuda")
+    try:
+        pick = lambda **facts: _backend.resolve("topk_log_softmax", "auto", gpu, k=10,
+                                                **facts)[0]
+        assert pick(dtype=torch.bfloat16) == "triton"
+        assert pick(dtype=torch.float32) == "cuda"
+        assert pick() == "cuda"  # top-k passes no dtype: cuda's 6.7 against triton's 4.0
+        assert ops.op_backends()["topk_log_softmax"] == {
+            "cuda": "auto", "torch": "auto", "triton": "explicit only",
+            **{name: how for name, how in ops.op_backends()["topk_log_softmax"].items()
+               if name not in ("cuda", "torch", "triton")}}
+    finally:
+        _backend.gpu_verdict.cache_clear()
+
+
+def test_auto_keeps_backends_order_between_equally_fast_kernels(monkeypatch, tmp_path):
+    _two_proven_kernels(monkeypatch, tmp_path, {
+        ("cuda", "bfloat16"): 5.0, ("triton", "bfloat16"): 5.0})
+    try:
+        assert _backend.resolve("topk_log_softmax", "auto", torch.device("cuda"), k=10,
+                                dtype=torch.bfloat16)[0] == "cuda"
+    finally:
+        _backend.gpu_verdict.cache_clear()
+
+
 def test_explicit_request_for_unsupported_inputs_names_the_limit():
     with pytest.raises(ValueError, match=r"'triton' cannot run build_tree.*TRITON_MAX_NODES"):
         ops.build_tree(STAR_1025, max_depth=1, backend="triton")

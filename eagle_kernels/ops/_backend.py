@@ -396,6 +396,51 @@ def _auto_allowed(op: str, name: str, impl: _Implementation, device: torch.devic
     return impl.auto
 
 
+def _verdict_speedup(op: str, backend: str, device: torch.device, facts: dict) -> float:
+    """The speedup over torch this GPU's verdict measured for ``backend``'s ``op`` at the
+    inputs' dtype (the lowest over its dtypes when the op passes none); 0 where it has none
+    (a row-invariant kernel joins auto whatever its speed) or off a GPU."""
+    folder = _verdict_folder()
+    if device.type != "cuda" or folder is None:
+        return 0.0
+    verdict = gpu_verdict(torch.cuda.get_device_name(device), str(folder))
+    speedups = [entry.get("speedup_vs_torch") for (name, impl, dtype), entry
+                in verdict.get("entries", {}).items()
+                if name == op and impl == backend
+                and ("dtype" not in facts or dtype == _dtype_name(facts["dtype"]))]
+    return min((s if s is not None else 0.0 for s in speedups), default=0.0)
+
+
+def _fastest(op: str, names: list[str], device: torch.device, facts: dict) -> str:
+    """The first of ``names`` (in BACKENDS' order), except that of the GPU kernels among them
+    the one this GPU's verdict measured fastest wins: a proven cuda kernel can be slower than
+    the triton one (the H200's top-k and stochastic acceptance, 2026-11-28). Ties keep
+    BACKENDS' order."""
+    gpu = [name for name in names if name in GPU_BACKENDS]
+    if len(gpu) < 2:
+        return names[0]
+    return max(gpu, key=lambda name: _verdict_speedup(op, name, device, facts))
+
+
+def _auto_choice(op: str, device: torch.device, facts: dict) -> tuple[str, Callable] | None:
+    """The implementation auto runs for these inputs (None: only the torch reference)."""
+    usable = []
+    for name in BACKENDS:
+        impl = _REGISTRY[op].get(name)
+        # Device first: it is the cheap test, and resolve runs on every op call.
+        if (impl is not None and _supports_device(name, device)
+                and _available(name)
+                and _auto_allowed(op, name, impl, device, facts)
+                and _unsupported(impl, facts) is None):
+            usable.append(name)
+            if name not in GPU_BACKENDS:
+                break  # cpu / torch: nothing after it is preferred
+    if not usable:
+        return None
+    name = _fastest(op, usable, device, facts)
+    return name, _REGISTRY[op][name].fn
+
+
 def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, Callable]:
     """Pick the implementation of ``op`` for tensors on ``device`` with these ``facts``.
 
@@ -406,15 +451,7 @@ def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, 
     implementations = _REGISTRY[op]
     requested = _requested_backend(backend)
     if requested == "auto":
-        for name in BACKENDS:
-            impl = implementations.get(name)
-            # Device first: it is the cheap test, and resolve runs on every op call.
-            if (impl is not None and _supports_device(name, device)
-                    and _available(name)
-                    and _auto_allowed(op, name, impl, device, facts)
-                    and _unsupported(impl, facts) is None):
-                return name, impl.fn
-        return "torch", implementations["torch"].fn
+        return _auto_choice(op, device, facts) or ("torch", implementations["torch"].fn)
     impl = implementations.get(requested)
     if impl is None and backend == "auto":  # forced by the environment, not asked by name
         return "torch", implementations["torch"].fn
@@ -435,14 +472,19 @@ def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, 
 def _auto_label(op: str, name: str, impl: _Implementation) -> str:
     if name not in GPU_BACKENDS:
         return "auto" if impl.auto else "explicit only"
-    if torch.cuda.is_available() and _proven_here(op, name, torch.device("cuda"), {}):
-        return "auto"  # proven and faster at every dtype of this GPU's verdict
+    if torch.cuda.is_available():
+        gpu = torch.device("cuda")
+        proven = [other for other in GPU_BACKENDS
+                  if other in _REGISTRY[op] and _proven_here(op, other, gpu, {})]
+        if name in proven and _fastest(op, proven, gpu, {}) == name:
+            return "auto"  # proven at every dtype of this GPU's verdict, and the faster one
     return "explicit only"
 
 
 def op_backends() -> dict[str, dict[str, str]]:
     """For each op: backend -> 'auto' (chosen by auto when available) or 'explicit only'
-    (GPU kernels: 'auto' where this GPU's verdict proves them at every dtype)."""
+    (GPU kernels: 'auto' where this GPU's verdict proves them at every dtype and, of two
+    proven, measured the faster; auto takes the faster per dtype)."""
     return {op: {name: _auto_label(op, name, impl) for name, impl in sorted(impls.items())}
             for op, impls in sorted(_REGISTRY.items())}
 
