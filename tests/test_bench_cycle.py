@@ -53,3 +53,29 @@ def test_the_roofline_reads_the_untied_embedding_rows_not_the_table():
     fc = bench_cycle.weight_bytes(head.fc)
     cycle = step + fc + (tree.depth + 2) * (bench_cycle.weight_bytes(head) - fc)
     assert bench_cycle.roofline_ratio(target, head, tree, 16, 2) == pytest.approx(cycle / step)
+
+
+def test_the_roofline_takes_a_compute_bound_pass_at_its_flops():
+    """With rates, a pass's floor is max(bytes / bandwidth, FLOPs / matmul rate): at a large
+    enough batch the verify pass is compute-bound and the ratio grows past the bytes-only one
+    (the 2026-11-28 H200 batch-8 row gave 1.38 from bytes alone, cycles measured at 5.1 steps);
+    at rates that make every pass memory-bound it equals the bytes-only ratio."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_cycle
+    from eagle_kernels.runtime import TreeConfig
+    from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
+
+    target = bench_cycle.random_target("smoke", torch.float32, torch.device("cpu"))
+    head = new_draft_head(EAGLE3, target)
+    tree = TreeConfig(top_k=4, depth=2, total_tokens=10)
+    bytes_only = bench_cycle.roofline_ratio(target, head, tree, 16, 2)
+    assert bench_cycle.roofline_ratio(target, head, tree, 16, 2, 1.0, 1e9) == \
+        pytest.approx(bytes_only)  # FLOPs free: memory-bound
+    # bandwidth free: every pass compute-bound, the ratio is the FLOPs'
+    per_token = 2 * bench_cycle.linear_weights(target)
+    fc = head.fc.weight.numel()
+    head_flops = 2 * (bench_cycle.linear_weights(head) - fc)
+    cycle = 2 * (per_token * 10 + 2 * fc + 2 * head_flops + 2 * 4 * head_flops)
+    assert bench_cycle.roofline_ratio(target, head, tree, 16, 2, 1e12, 1.0) == \
+        pytest.approx(cycle / (per_token * 2))
+    assert bench_cycle.roofline_ratio(target, head, tree, 16, 2, 1e12, 1.0) > bytes_only

@@ -13,10 +13,12 @@ at that batch, then the best at acceptance ``A``, a stated assumption: random we
 nothing) instead of the fixed 60-node tree.
 
 Rows per (backend, context, batch): median cycle and step time over ``--repeats`` generate calls,
-their ratio, the roofline ratio (bytes a cycle must read over bytes a step must read: target
-weights + KV once per pass, the head's weights once per drafting step; of the untied embedding
-table a pass reads only its tokens' rows, left out as bench/e2e/bench_cpu.py's ``step_bytes``
-leaves them: 8 KB a token against 15 GB of Llama-3.1-8B weights), the step's achieved fraction
+their ratio, the roofline ratio (a cycle's floor over a step's, each pass's floor the larger of
+its bytes over the bandwidth and its matrix FLOPs over ``matmul_tflops``, a cuBLAS matmul timed
+in the run: :func:`roofline_ratio`; bytes: target weights + KV once per pass, the head's weights
+once per drafting step; of the untied embedding table a pass reads only its tokens' rows, left
+out as bench/e2e/bench_cpu.py's ``step_bytes`` leaves them: 8 KB a token against 15 GB of
+Llama-3.1-8B weights; bytes alone up to 2026-11-28's CSV), the step's achieved fraction
 of the measured bandwidth (``floor_gbps``: the fastest of read, write and copy, as the kernel
 floors take it; copy alone before 2026-11-28), and whether CUDA-graph capture succeeded. CSV +
 PNG. (The cycle CSVs of 2026-11-26/27 count the whole table per pass, 1.05 GB for Llama:
@@ -39,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import step_bytes  # noqa: E402  (one definition of what a step reads)
-from common import append_rows, memory_bandwidth, plot_rows  # noqa: E402
+from common import append_rows, matmul_tflops, memory_bandwidth, plot_rows  # noqa: E402
 
 from eagle_kernels.ops import BACKEND_ENV, op_backends  # noqa: E402
 from eagle_kernels.runtime import Engine, TreeConfig  # noqa: E402
@@ -105,17 +107,42 @@ def target_step_bytes(target, context: int, batch: int) -> int:
     return step_bytes(target) + kv_bytes(target, context, batch)
 
 
-def roofline_ratio(target, head, tree: TreeConfig, context: int, batch: int = 1) -> float:
-    """Bytes one cycle must read over bytes one autoregressive step must read.
+def linear_weights(module: torch.nn.Module) -> int:
+    """Weights of ``module``'s linear layers: a token through them costs 2 FLOPs each."""
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
-    A step reads the target's weights and the batch's KV once (:func:`target_step_bytes`). A
-    cycle reads them once too (the verify pass), plus the head's layer and lm_head once per
-    drafting pass (the commit, the root's logits, ``depth`` expansion steps) and its fc once
-    (the commit). The head embeds with the target's table (not a parameter of the head).
+
+def roofline_ratio(target, head, tree: TreeConfig, context: int, batch: int = 1,
+                   bandwidth_gbps: float | None = None,
+                   matmul_tflops: float | None = None) -> float:
+    """The floor of one cycle over the floor of one autoregressive step.
+
+    A pass's floor is the larger of the bytes it must read over the bandwidth and its matrix
+    FLOPs (2 per linear weight per token; attention's left out, so it stays a lower bound) over
+    the matmul rate, both measured in the run. A step reads the target's weights and the batch's
+    KV once (:func:`target_step_bytes`) for one token a sequence. A cycle's verify pass reads
+    them once for ``total_tokens`` tokens a sequence; the head's fc runs once (the commit) and
+    its layer and lm_head once per drafting pass: the commit and the root's logits (a token a
+    sequence), ``depth`` expansion steps (``top_k`` tokens a sequence). The head embeds with
+    the target's table (not a parameter of the head). Without rates (a CPU smoke run): bytes
+    alone, as the cycle CSVs up to 2026-11-28 took it, which at batch 8 and more understates
+    the verify pass (compute-bound there on an H200).
     """
+    def floor(read: int, flops: float) -> float:
+        if bandwidth_gbps is None or matmul_tflops is None:
+            return float(read)
+        return max(read / (bandwidth_gbps * 1e9), flops / (matmul_tflops * 1e12))
+
     step = target_step_bytes(target, context, batch)
+    per_token = 2 * linear_weights(target)
+    fc = head.fc.weight.numel()
     per_pass = weight_bytes(head) - weight_bytes(head.fc)
-    return (step + weight_bytes(head.fc) + (tree.depth + 2) * per_pass) / step
+    head_flops = 2 * (linear_weights(head) - fc)
+    cycle = (floor(step, per_token * batch * tree.total_tokens)
+             + floor(weight_bytes(head.fc), 2 * fc * batch)
+             + 2 * floor(per_pass, head_flops * batch)
+             + tree.depth * floor(per_pass, head_flops * batch * tree.top_k))
+    return cycle / floor(step, per_token * batch)
 
 
 def time_generation(engine: Engine, prompts: list[list[int]], new_tokens: int,
@@ -167,6 +194,8 @@ def run(args) -> list[dict]:
     # the rate the kernel floors divide by (common.floor_us): the fastest stream measured here
     rates = memory_bandwidth(device) if device.type == "cuda" else None
     bandwidth = rates.floor_gbps if rates is not None else float("nan")
+    # the rate compute floors divide by (a large cuBLAS matmul in the run's dtype)
+    tflops = matmul_tflops(device, dtype) if device.type == "cuda" else None
     rows = []
     picked = "fixed" if args.budget_alpha is None else f"budget at alpha {args.budget_alpha}"
     for backend in args.backends:
@@ -181,7 +210,8 @@ def run(args) -> list[dict]:
                 append_rows(Path(args.out) / "cycle.csv", rows[-1:])
                 continue
             cycle, step, used = measured["cycle"], measured["step"], measured["tree"]
-            roofline = roofline_ratio(target, head, used, context, batch)
+            roofline = roofline_ratio(target, head, used, context, batch,
+                                      rates.floor_gbps if rates is not None else None, tflops)
             read = target_step_bytes(target, context, batch)
             rows.append({
                 "shape": shape, "backend": backend, "batch": batch, "context": context,
@@ -194,6 +224,7 @@ def run(args) -> list[dict]:
                 "step_bw_fraction": round(read / step / 1e9 / bandwidth, 3)
                 if bandwidth == bandwidth else "",
                 **(rates.columns() if rates is not None else {}),
+                "matmul_tflops": round(tflops, 1) if tflops is not None else "",
                 "graph_cycle": measured["graph_cycle"], "graph_step": measured["graph_step"],
                 "ops_off_torch": ops_off_torch(backend), "error": "",
             })

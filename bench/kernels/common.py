@@ -156,6 +156,18 @@ def memory_bandwidth(device: torch.device | str = "cuda", megabytes: int = 1024)
     return Bandwidth(copy, read, write)
 
 
+def matmul_tflops(device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                  size: int = 8192) -> float:
+    """Measured dense matmul rate in TFLOP/s: torch's [size x size] @ [size x size] in
+    ``dtype`` (cuBLAS on a GPU), timed as the bandwidths are (CUDA events, 5 warm-up calls, the
+    median of 20). The rate compute floors divide by: what the device's best library GEMM
+    reaches, not the datasheet's peak."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    timing = time_fn(lambda: a @ b, repeats=20, flush_l2=False, device=device)
+    return 2 * size ** 3 / (timing.median_us * 1e-6) / 1e12
+
+
 def floor_us(moved_bytes: float, bandwidth: Bandwidth) -> float:
     """The memory floor in microseconds of a call that must move ``moved_bytes`` (read plus
     written, each at least once; op_bytes.py): every benchmark row's floor is this.
