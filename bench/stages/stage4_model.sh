@@ -5,9 +5,9 @@
 #   run(command="bash bench/gpu_suite.sh stage4",
 #       carry=[".carry/model/part-NN", ".carry/model/SHA256SUMS", ".carry/wheels",
 #              ".carry/prompts", ".carry/build"])
-# A projected GPU speedup needs no model here: τ (measured on CPU, bench/results/*/tau.json)
-# x AR step / cycle time (stage 3's SmolLM2 rows in cycle.csv). No script computes it
-# (bench/collect_results.py only unpacks stages, writes the verdict and RESULTS.md).
+# A projected GPU speedup needs no model here: τ (measured on CPU, bench/results/*/tau*.json)
+# x AR step / cycle time (stage 3's SmolLM2 rows in cycle.csv), which bench/make_results.py
+# writes into RESULTS.md ("Projected speedup") for every run with a cycle.csv.
 STAGE=stage4
 source "$(dirname "$0")/lib.sh"
 environment
