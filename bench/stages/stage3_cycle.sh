@@ -15,11 +15,17 @@ else
     --backends "${backends[@]}" --contexts 1024 --out "$WORK/cycle"
   step cycle-smollm2 90 "$PY" bench/e2e/bench_cycle.py --shape smollm2-135m \
     --backends "${backends[@]}" --contexts 1024 --out "$WORK/cycle"
-  # Batch (the issue's bar: where the ratio stands at batch 8 and 32): the kernels' backends,
-  # each at the tree the tree budget picks for that batch at acceptance 0.7 (an assumption:
-  # random weights accept nothing; the EAGLE papers report ~0.7-0.8 on 7-8B targets)
+  # Batch (the issue's bar: where the ratio stands at batch 8 and 32, both shapes): each at the
+  # tree the tree budget picks for that batch at acceptance 0.7 (an assumption: random weights
+  # accept nothing; the EAGLE papers report ~0.7-0.8 on 7-8B targets). The budget times every
+  # candidate tree, so one backend (EAGLE_BATCH_BACKENDS; the lossless triton path by default:
+  # two backends did not finish batch 8 and 32 in 61 s on the H200, 2026-11-28).
+  read -ra batch_backends <<< "${EAGLE_BATCH_BACKENDS:-triton}"
   step cycle-batch 150 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
-    --backends triton cuda --contexts 1024 --batches 8 32 --budget-alpha 0.7 \
+    --backends "${batch_backends[@]}" --contexts 1024 --batches 8 32 --budget-alpha 0.7 \
+    --out "$WORK/cycle"
+  step cycle-batch-smollm2 90 "$PY" bench/e2e/bench_cycle.py --shape smollm2-135m \
+    --backends "${batch_backends[@]}" --contexts 1024 --batches 8 32 --budget-alpha 0.7 \
     --out "$WORK/cycle"
   step cycle-llama-4k 120 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
     --backends "${backends[@]}" --contexts 4096 --out "$WORK/cycle"
