@@ -5,11 +5,14 @@
   to pure Python); elsewhere it skips.
 * Outputs are prefilled with ``SENTINEL`` so an entry a kernel forgot to write shows up, and
   ``guarded`` buffers carry ``GUARD`` sentinel entries each side to catch out-of-bounds writes.
+* ``pretend_gpu_with_verdict``: a GPU called "GPU A" whose committed verdict holds the given
+  entries (backend dispatch tests, no GPU needed).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 
@@ -80,3 +83,21 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA de
 # `gpu`-marked (the lent GPU's `pytest -m gpu` runs them) only on a CUDA machine, so the CPU
 # rehearsal of the GPU stages (whose GPU tests must skip) does not run them a second time.
 gpu_when_present = pytest.mark.gpu if torch.cuda.is_available() else pytest.mark.interpreted
+
+
+def pretend_gpu_with_verdict(monkeypatch, folder, kernels: list[dict], gpu: str = "GPU A"):
+    """Make ``torch.cuda`` report one GPU called ``gpu`` whose verdict (written under
+    ``folder``, which the backend registry then reads) holds ``kernels``; the registry's
+    verdict cache is cleared, and the caller clears it again when done."""
+    from eagle_kernels.ops import _backend
+
+    run = folder / "2026-12-01_gpu"
+    run.mkdir()
+    (run / "verdict.json").write_text(json.dumps(
+        {"schema": _backend.VERDICT_SCHEMA, "gpu": gpu, "date": "2026-12-01",
+         "kernels": kernels}))
+    monkeypatch.setenv(_backend.VERDICT_ENV, str(folder))
+    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    _backend.gpu_verdict.cache_clear()

@@ -127,24 +127,17 @@ def test_auto_falls_through_what_a_backend_cannot_take(monkeypatch):
 
 
 def _two_proven_kernels(monkeypatch, tmp_path, speedups: dict) -> None:
-    """Pretend this machine has a GPU called "GPU A" on which cuda and triton both run, and
-    whose verdict proves both top-k kernels with ``speedups`` {(backend, dtype): speedup}."""
-    import json
-    kernels = [{"op": "topk_log_softmax", "backend": backend, "dtype": dtype, "proven": True,
-                "speedup_vs_torch": speedup,
-                "revision": _backend.kernel_revision("topk_log_softmax", backend)}
-               for (backend, dtype), speedup in speedups.items()]
-    (tmp_path / "2026-12-01_gpu-a").mkdir()
-    (tmp_path / "2026-12-01_gpu-a" / "verdict.json").write_text(json.dumps(
-        {"schema": _backend.VERDICT_SCHEMA, "gpu": "GPU A", "date": "2026-12-01",
-         "kernels": kernels}))
-    monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))
-    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU A")
+    """Pretend this machine has a GPU on which cuda and triton both run, and whose verdict
+    proves both top-k kernels with ``speedups`` {(backend, dtype): speedup}."""
+    from cuda_support import pretend_gpu_with_verdict
+
+    pretend_gpu_with_verdict(monkeypatch, tmp_path, [
+        {"op": "topk_log_softmax", "backend": backend, "dtype": dtype, "proven": True,
+         "speedup_vs_torch": speedup,
+         "revision": _backend.kernel_revision("topk_log_softmax", backend)}
+        for (backend, dtype), speedup in speedups.items()])
     monkeypatch.setattr(_backend, "_available", lambda name: True)
     monkeypatch.setattr(_backend, "source_changed", lambda entry: False)  # digests: their tests
-    _backend.gpu_verdict.cache_clear()
 
 
 def test_auto_takes_the_faster_of_two_proven_gpu_kernels(monkeypatch, tmp_path):

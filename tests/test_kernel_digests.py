@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cuda_support import pretend_gpu_with_verdict
 from eagle_kernels.ops import _backend, _digests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,15 +245,7 @@ def test_the_report_names_entries_set_aside_for_changed_sources(monkeypatch, tmp
     here = _backend.source_digest("build_tree", "triton")
     kernels = [_entry("build_tree", source_digest=here),
                _entry("tree_attention", source_digest="0" * 16)]
-    (tmp_path / "2026-12-01_x").mkdir()
-    (tmp_path / "2026-12-01_x" / "verdict.json").write_text(json.dumps(
-        {"schema": _backend.VERDICT_SCHEMA, "gpu": "GPU A", "date": "2026-12-01",
-         "kernels": kernels}))
-    monkeypatch.setenv(_backend.VERDICT_ENV, str(tmp_path))
-    monkeypatch.delenv(_backend.BACKEND_ENV, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU A")
-    _backend.gpu_verdict.cache_clear()
+    pretend_gpu_with_verdict(monkeypatch, tmp_path, kernels)
     try:
         report = _backend.backend_report()
         table = _backend.op_backends()
