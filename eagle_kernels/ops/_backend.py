@@ -59,6 +59,7 @@ from ._triton import MISSING_REASON as TRITON_MISSING
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "EAGLE_KERNELS_BACKEND"
 GPU_BACKENDS = ("cuda", "triton")  # join auto on CUDA devices by verdict only
+HOST_BACKENDS = tuple(name for name in BACKENDS if name not in GPU_BACKENDS)  # cpu, torch
 VERDICT_ENV = "EAGLE_KERNELS_VERDICTS"
 VERDICT_SCHEMA = 1
 DEFAULT_VERDICTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -347,7 +348,9 @@ def _verdict_folder() -> Path | None:
 @functools.lru_cache(maxsize=None)
 def gpu_verdict(gpu_name: str, folder: str | None = None) -> dict:
     """The newest verdict for the GPU called ``gpu_name`` ({} if none): its ``kernels`` entries
-    keyed by (op, backend, dtype), plus the file it came from under key ``"path"``."""
+    keyed by (op, backend, dtype), plus the file it came from under key ``"path"``. The record
+    is cached; :func:`_gpu_preference` keeps its answers in it (key ``"auto_order"``), so
+    clearing this cache clears them too."""
     root = Path(folder) if folder is not None else _verdict_folder()
     if root is None or not root.is_dir():
         return {}
@@ -370,6 +373,14 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _entries(verdict: dict, op: str, backend: str, facts: dict) -> list[dict]:
+    """A verdict's entries for ``backend``'s ``op`` at the inputs' dtype, or at every dtype
+    when the op passes none."""
+    return [entry for (name, impl, dtype), entry in verdict.get("entries", {}).items()
+            if name == op and impl == backend
+            and ("dtype" not in facts or dtype == _dtype_name(facts["dtype"]))]
+
+
 def _proven_here(op: str, backend: str, device: torch.device, facts: dict) -> bool:
     """Whether this GPU's verdict lets ``backend``'s ``op`` into auto for these facts: the
     entry of the inputs' dtype, or every entry of the op when the op passes no dtype. The ops
@@ -381,64 +392,64 @@ def _proven_here(op: str, backend: str, device: torch.device, facts: dict) -> bo
     verdict = gpu_verdict(torch.cuda.get_device_name(device), str(folder))
     together = ROW_INVARIANT_BACKENDS if ROW_INVARIANT_BACKENDS.get(op) == backend else {op: op}
     for member in together:
-        entries = [entry for (name, impl, dtype), entry in verdict.get("entries", {}).items()
-                   if name == member and impl == backend
-                   and ("dtype" not in facts or dtype == _dtype_name(facts["dtype"]))]
+        entries = _entries(verdict, member, backend, facts)
         if not entries or not all(verdict_allows(entry) for entry in entries):
             return False
     return True
 
 
-def _auto_allowed(op: str, name: str, impl: _Implementation, device: torch.device,
-                  facts: dict) -> bool:
-    if name in GPU_BACKENDS:  # never the interpreter; on a GPU only by verdict
-        return _proven_here(op, name, device, facts)
-    return impl.auto
+# Of two proven GPU kernels auto leaves BACKENDS' order (cuda first) only for one the verdict
+# measured this much faster: medians within a few % (the H200's compact_kv, 741x against 735x
+# torch, 2026-11-28) are noise, and flipping on them would make auto's pick a coin toss.
+AUTO_FASTER_BY = 1.10
 
 
 def _verdict_speedup(op: str, backend: str, device: torch.device, facts: dict) -> float:
     """The speedup over torch this GPU's verdict measured for ``backend``'s ``op`` at the
     inputs' dtype (the lowest over its dtypes when the op passes none); 0 where it has none
-    (a row-invariant kernel joins auto whatever its speed) or off a GPU."""
-    folder = _verdict_folder()
-    if device.type != "cuda" or folder is None:
-        return 0.0
-    verdict = gpu_verdict(torch.cuda.get_device_name(device), str(folder))
-    speedups = [entry.get("speedup_vs_torch") for (name, impl, dtype), entry
-                in verdict.get("entries", {}).items()
-                if name == op and impl == backend
-                and ("dtype" not in facts or dtype == _dtype_name(facts["dtype"]))]
+    (a row-invariant kernel joins auto whatever its speed)."""
+    verdict = gpu_verdict(torch.cuda.get_device_name(device), str(_verdict_folder()))
+    speedups = [entry.get("speedup_vs_torch") for entry in _entries(verdict, op, backend, facts)]
     return min((s if s is not None else 0.0 for s in speedups), default=0.0)
 
 
-def _fastest(op: str, names: list[str], device: torch.device, facts: dict) -> str:
-    """The first of ``names`` (in BACKENDS' order), except that of the GPU kernels among them
-    the one this GPU's verdict measured fastest wins: a proven cuda kernel can be slower than
-    the triton one (the H200's top-k and stochastic acceptance, 2026-11-28). Ties keep
-    BACKENDS' order."""
-    gpu = [name for name in names if name in GPU_BACKENDS]
-    if len(gpu) < 2:
-        return names[0]
-    return max(gpu, key=lambda name: _verdict_speedup(op, name, device, facts))
+def _gpu_preference(op: str, device: torch.device, facts: dict) -> tuple[str, ...]:
+    """The GPU backends auto may run ``op`` on for these inputs, preferred first: those this
+    GPU's verdict proves, in BACKENDS' order unless the other was measured AUTO_FASTER_BY
+    faster at the inputs' dtype (a proven cuda kernel can be slower than the triton one: the
+    H200's top-k and stochastic acceptance, 2026-11-28). Empty, cheaply, off a GPU. On a GPU
+    the answer is kept in the verdict's cached record, so resolve (every op call) looks it up."""
+    names = [name for name in GPU_BACKENDS
+             if name in _REGISTRY[op] and _supports_device(name, device)]
+    if not names:
+        return ()
+    folder = _verdict_folder()
+    key = (op, _dtype_name(facts["dtype"]) if "dtype" in facts else None)
+    memo = (gpu_verdict(torch.cuda.get_device_name(device), str(folder)).setdefault(
+        "auto_order", {}) if device.type == "cuda" and folder is not None else {})
+    if key not in memo:
+        proven = [name for name in names if _proven_here(op, name, device, facts)]
+        if len(proven) > 1:
+            speed = {name: _verdict_speedup(op, name, device, facts) for name in proven}
+            best = max(proven[1:], key=speed.get)
+            if speed[best] > AUTO_FASTER_BY * speed[proven[0]]:
+                proven = [best] + [name for name in proven if name != best]
+        memo[key] = tuple(proven)
+    return memo[key]
 
 
 def _auto_choice(op: str, device: torch.device, facts: dict) -> tuple[str, Callable] | None:
-    """The implementation auto runs for these inputs (None: only the torch reference)."""
-    usable = []
-    for name in BACKENDS:
-        impl = _REGISTRY[op].get(name)
+    """The implementation auto runs for these inputs: the GPU kernels of
+    :func:`_gpu_preference`, then cpu, then torch, the first that runs here and takes these
+    inputs (None: none does, only the torch reference is left)."""
+    implementations = _REGISTRY[op]
+    for name in _gpu_preference(op, device, facts) + HOST_BACKENDS:
+        impl = implementations.get(name)
         # Device first: it is the cheap test, and resolve runs on every op call.
-        if (impl is not None and _supports_device(name, device)
-                and _available(name)
-                and _auto_allowed(op, name, impl, device, facts)
-                and _unsupported(impl, facts) is None):
-            usable.append(name)
-            if name not in GPU_BACKENDS:
-                break  # cpu / torch: nothing after it is preferred
-    if not usable:
-        return None
-    name = _fastest(op, usable, device, facts)
-    return name, _REGISTRY[op][name].fn
+        if (impl is not None and _supports_device(name, device) and _available(name)
+                and (name in GPU_BACKENDS or impl.auto) and _unsupported(impl, facts) is None):
+            return name, impl.fn
+    return None
 
 
 def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, Callable]:
@@ -472,19 +483,17 @@ def resolve(op: str, backend: str, device: torch.device, **facts) -> tuple[str, 
 def _auto_label(op: str, name: str, impl: _Implementation) -> str:
     if name not in GPU_BACKENDS:
         return "auto" if impl.auto else "explicit only"
-    if torch.cuda.is_available():
-        gpu = torch.device("cuda")
-        proven = [other for other in GPU_BACKENDS
-                  if other in _REGISTRY[op] and _proven_here(op, other, gpu, {})]
-        if name in proven and _fastest(op, proven, gpu, {}) == name:
-            return "auto"  # proven at every dtype of this GPU's verdict, and the faster one
+    if torch.cuda.is_available() and _gpu_preference(op, torch.device("cuda"), {})[:1] == (name,):
+        return "auto"  # proven at every dtype of this GPU's verdict, and preferred there
     return "explicit only"
 
 
 def op_backends() -> dict[str, dict[str, str]]:
-    """For each op: backend -> 'auto' (chosen by auto when available) or 'explicit only'
-    (GPU kernels: 'auto' where this GPU's verdict proves them at every dtype and, of two
-    proven, measured the faster; auto takes the faster per dtype)."""
+    """For each op: backend -> 'auto' (chosen by auto when available) or 'explicit only'.
+    A GPU kernel is 'auto' where this GPU's verdict proves it at every dtype and prefers it
+    (:func:`_gpu_preference`: of two proven, the one measured faster at the slowest dtype).
+    For an op that passes its dtype auto decides per dtype, so it can also run an 'explicit
+    only' kernel at a dtype where that one is proven (and preferred)."""
     return {op: {name: _auto_label(op, name, impl) for name, impl in sorted(impls.items())}
             for op, impls in sorted(_REGISTRY.items())}
 
