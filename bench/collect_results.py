@@ -189,17 +189,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--proof-from", type=Path, metavar="RUN_DIR")
     parser.add_argument("--run", metavar="NAME")
     args = parser.parse_args(argv)
-    if args.run is not None and (args.run in ("", ".", "..") or "/" in args.run
-                                 or "\\" in args.run):
-        parser.error(f"--run {args.run!r}: NAME is one folder name under {make_results.RESULTS}")
+    if args.run is not None and (args.run in ("", ".", "..", "local") or "/" in args.run
+                                 or "\\" in args.run):  # local: the ignored scratch folder
+        parser.error(f"--run {args.run!r}: NAME is one folder name under {make_results.RESULTS}"
+                     " other than local")
     checked = [("--proof-from", args.proof_from)] if args.proof_from else []
     for label, path in checked + [("FOLDER", folder) for folder in args.folders]:
         if not path.is_dir():
             parser.error(f"{label} {str(path)!r} "
                          f"{'is not a directory' if path.exists() else 'does not exist'}")
-    if not any(next(f.glob(pattern), None) for f in args.folders for pattern in TARBALLS):
-        parser.error(f"no stage tarball ({', '.join(TARBALLS)}) in "
-                     f"{', '.join(repr(str(f)) for f in args.folders)}")
+    for folder in args.folders:  # a mistyped folder beside good ones must not pass unseen
+        if not any(next(folder.glob(pattern), None) for pattern in TARBALLS):
+            parser.error(f"no stage tarball ({', '.join(TARBALLS)}) in {str(folder)!r}")
     return args
 
 

@@ -405,6 +405,9 @@ def test_collect_help_prints_the_usage_and_writes_nothing(collect_main, tmp_path
     (["{lease}", "{lease}/stage1.tar.gz"], "FOLDER '{lease}/stage1.tar.gz' is not a directory"),
     (["--proof-from", "{tmp}/gone", "{lease}"], "--proof-from '{tmp}/gone' does not exist"),
     (["{tmp}/empty"], "no stage tarball"),
+    (["{lease}", "{tmp}/empty"], "no stage tarball (stage*.tar.gz, profile*.tar.gz) in "
+                                 "'{tmp}/empty'"),
+    (["--run", "local", "{lease}"], "other than local"),
 ])
 def test_collect_refuses_a_bad_argument_before_writing(collect_main, tmp_path, capsys, argv,
                                                         named):

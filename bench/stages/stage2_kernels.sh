@@ -11,8 +11,9 @@ build_or_restore
 smoke=(); [ "$DRY_RUN" = 1 ] && smoke=(--smoke)
 device=cuda; [ "$DRY_RUN" = 1 ] && device=cpu
 checked=build/stage-work/stage1${EAGLE_STAGE_TAG:-}/kernel-check.json
-# a tagged rerun of stage 2 (stage2b) on the machine whose untagged stage 1 just built and checked
-[ -f "$checked" ] || checked=build/stage-work/stage1/kernel-check.json
+# a tagged rerun of stage 2 (stage2b) on the machine whose untagged stage 1 just built and
+# checked, when no stage 1 of its own tag ran (one that ran and failed is not replaced)
+[ -d "${checked%/*}" ] || checked=build/stage-work/stage1/kernel-check.json
 if [ "${EAGLE_LEASE_BUILT:-0}" = 1 ] && [ -f "$checked" ]; then
   # One lease, one GPU: stage 1's check a minute ago is this stage's correctness evidence.
   step kernel-check 10 cp "$checked" "$WORK/kernel-check.json"
