@@ -78,4 +78,19 @@ def test_the_roofline_takes_a_compute_bound_pass_at_its_flops():
     cycle = 2 * (per_token * 10 + 2 * fc + 2 * head_flops + 2 * 4 * head_flops)
     assert bench_cycle.roofline_ratio(target, head, tree, 16, 2, 1e12, 1.0) == \
         pytest.approx(cycle / (per_token * 2))
-    assert bench_cycle.roofline_ratio(target, head, tree, 16, 2, 1e12, 1.0) > bytes_only
+    # mixed: rates at which the verify pass is compute-bound and the step memory-bound; each
+    # pass takes its own larger term (a sum of both terms, or one term for every pass, gives
+    # another number)
+    step = bench_cycle.target_step_bytes(target, 16, 2)
+    gbps = 1.0
+    head_pass = bench_cycle.weight_bytes(head) - bench_cycle.weight_bytes(head.fc)
+    verify_s = 3 * step / (gbps * 1e9)  # the FLOPs term: three times the bytes one
+    tflops = per_token * 2 * 10 / verify_s / 1e12
+    seconds = lambda read, flops: max(read / (gbps * 1e9), flops / (tflops * 1e12))
+    assert seconds(step, per_token * 2) == step / (gbps * 1e9)  # the step: memory-bound
+    cycle = (verify_s + seconds(bench_cycle.weight_bytes(head.fc), 2 * fc * 2)
+             + 2 * seconds(head_pass, head_flops * 2) + 2 * seconds(head_pass, head_flops * 8))
+    expected = cycle / seconds(step, per_token * 2)
+    assert bench_cycle.roofline_ratio(target, head, tree, 16, 2, gbps, tflops) == \
+        pytest.approx(expected)
+    assert expected > bytes_only

@@ -183,11 +183,17 @@ def step_bytes(target, packed: bool = False) -> int:
     return total
 
 
+def linear_weights(module: torch.nn.Module) -> int:
+    """Weights of ``module``'s linear layers (an lm_head included): a token through them costs
+    2 FLOPs each."""
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
 def token_flops(target, context: int) -> float:
     """FLOPs of one token: 2 per weight of every linear layer (lm_head included) plus
     attention's 4 * context * heads * head_dim per layer."""
     config = target.config
-    linear = sum(m.weight.numel() for m in target.modules() if isinstance(m, torch.nn.Linear))
+    linear = linear_weights(target)
     attention = 4 * context * config.num_attention_heads * head_dim_of(config) * \
         config.num_hidden_layers
     return 2 * linear + attention

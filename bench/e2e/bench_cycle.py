@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import step_bytes  # noqa: E402  (one definition of what a step reads)
+from bench_cpu import linear_weights, step_bytes  # noqa: E402  (one definition each)
 from common import append_rows, matmul_tflops, memory_bandwidth, plot_rows  # noqa: E402
 
 from eagle_kernels.ops import BACKEND_ENV, op_backends  # noqa: E402
@@ -107,19 +107,16 @@ def target_step_bytes(target, context: int, batch: int) -> int:
     return step_bytes(target) + kv_bytes(target, context, batch)
 
 
-def linear_weights(module: torch.nn.Module) -> int:
-    """Weights of ``module``'s linear layers: a token through them costs 2 FLOPs each."""
-    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
-
-
 def roofline_ratio(target, head, tree: TreeConfig, context: int, batch: int = 1,
                    bandwidth_gbps: float | None = None,
                    matmul_tflops: float | None = None) -> float:
     """The floor of one cycle over the floor of one autoregressive step.
 
     A pass's floor is the larger of the bytes it must read over the bandwidth and its matrix
-    FLOPs (2 per linear weight per token; attention's left out, so it stays a lower bound) over
-    the matmul rate, both measured in the run. A step reads the target's weights and the batch's
+    FLOPs (2 per linear weight per token; attention's left out) over the matmul rate, both
+    measured in the run. The rate is what cuBLAS reaches on a large square matmul, not the
+    datasheet's peak: a floor against the best library GEMM, which a kernel could beat only by
+    outrunning cuBLAS (the bytes term is a hard floor; the FLOPs term a practical one). A step reads the target's weights and the batch's
     KV once (:func:`target_step_bytes`) for one token a sequence. A cycle's verify pass reads
     them once for ``total_tokens`` tokens a sequence; the head's fc runs once (the commit) and
     its layer and lm_head once per drafting pass: the commit and the root's logits (a token a

@@ -161,7 +161,7 @@ def matmul_tflops(device: torch.device | str = "cuda", dtype: torch.dtype = torc
     """Measured dense matmul rate in TFLOP/s: torch's [size x size] @ [size x size] in
     ``dtype`` (cuBLAS on a GPU), timed as the bandwidths are (CUDA events, 5 warm-up calls, the
     median of 20). The rate compute floors divide by: what the device's best library GEMM
-    reaches, not the datasheet's peak."""
+    reaches, not the datasheet's peak (so such a floor is cuBLAS's, not the hardware's)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     timing = time_fn(lambda: a @ b, repeats=20, flush_l2=False, device=device)
