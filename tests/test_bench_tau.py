@@ -81,11 +81,14 @@ def test_kernel_tables_keep_the_columns_that_tell_rows_apart(tmp_path):
 
 def test_a_gpu_cycle_projects_the_cpu_tau_into_a_speedup(tmp_path):
     """RESULTS.md projects τ x AR step / cycle for the cycle rows of the τ's model shape at
-    batch 1 replayed from CUDA graphs, with the newest τ of the bundled head at the default
-    tree; other shapes, eager rows and other heads' τ are left out."""
-    tau_run = tmp_path / "2026-01-01_cpu"
-    tau_run.mkdir()
-    for label, draft, tau in (("bundled", "bundled", 2.5), ("random", "random-eagle3", 9.0)):
+    batch 1, fixed tree, replayed from CUDA graphs, with the newest τ of the bundled head at
+    the default tree; other shapes, batches and trees, eager rows, other heads' and older τ
+    are left out."""
+    for run, label, draft, tau in (("2026-01-01_cpu", "bundled", "bundled", 2.5),
+                                   ("2026-01-01_cpu", "random", "random-eagle3", 9.0),
+                                   ("2025-12-01_cpu", "bundled", "bundled", 1.5)):  # older
+        tau_run = tmp_path / run
+        tau_run.mkdir(exist_ok=True)
         (tau_run / f"tau-{label}.json").write_text(json.dumps({
             "environment": {"device": "CPU", "torch": "t", "date": "d", "commit": "c0ffee"},
             "command": "c", "draft": draft, "draft_weights": "exact", "tree": [10, 6, 60],
@@ -94,14 +97,16 @@ def test_a_gpu_cycle_projects_the_cpu_tau_into_a_speedup(tmp_path):
     gpu = tmp_path / "2026-01-02_gpu" / "stage3"
     gpu.mkdir(parents=True)
     (gpu / "cycle.csv").write_text(
-        "shape,backend,batch,context,cycle_ms,step_ms,graph_cycle,graph_step,error\n"
-        "smollm2-135m,triton,1,1024,2.0,1.0,captured,captured,\n"
-        "smollm2-135m,torch,1,1024,140.0,70.0,Error,Error,\n"
-        "smollm2-135m,triton,8,1024,4.0,1.0,captured,captured,\n"
-        "llama3.1-8b,triton,1,1024,10.0,6.0,captured,captured,\n")
+        "shape,backend,batch,context,total_tokens,depth,top_k,tree,cycle_ms,step_ms,"
+        "graph_cycle,graph_step,error\n"
+        "smollm2-135m,triton,1,1024,60,7,10,fixed,2.0,1.0,captured,captured,\n"
+        "smollm2-135m,torch,1,1024,60,7,10,fixed,140.0,70.0,Error,Error,\n"
+        "smollm2-135m,triton,8,1024,48,6,10,fixed,4.0,1.0,captured,captured,\n"
+        "smollm2-135m,triton,1,1024,16,4,4,budget at alpha 0.7,1.5,1.0,captured,captured,\n"
+        "llama3.1-8b,triton,1,1024,60,7,10,fixed,10.0,6.0,captured,captured,\n")
     text = load("bench/make_results.py", "make_results").build(tmp_path)
     section = text.split("### Projected speedup")[1].split("###")[0]
     assert "`2026-01-01_cpu/tau-bundled.json`" in section and "(τ 2.50)" in section
     rows = [line for line in section.splitlines() if line.startswith("| triton")
             or line.startswith("| torch")]
-    assert rows == ["| triton | 1024 | 1.0 | 2.0 | 1.25 |"]
+    assert rows == ["| triton | 1024 | 60/7/10 | 1.0 | 2.0 | 1.25 |"]
