@@ -25,7 +25,8 @@ KERNEL_COLUMNS = ("op", "shape", "model", "method", "weight", "backend", "dtype"
                   "rows", "context", "nodes", "num_nodes", "accepted", "vocab", "total_tokens",
                   "depth", "top_k", "tree", "median_us", "speedup_vs_torch", "x_floor",
                   "launch_us", "x_launch_floor", "ratio_to_causal", "bw_fraction", "cycle_ms",
-                  "step_ms", "cycle_over_step", "roofline_cycle_over_step", "graph_cycle",
+                  "step_ms", "cycle_over_step", "roofline_cycle_over_step", "draft_ms",
+                  "verify_ms", "rest_ms", "graph_cycle",
                   "graph_step", "floor_note", "note", "error")
 
 

@@ -16,6 +16,9 @@ def test_bench_cycle_smoke(tmp_path):
     rows = smoke_rows("e2e/bench_cycle.py", tmp_path, "cycle.csv")
     assert rows and float(rows[0]["cycle_over_step"]) > 0
     assert float(rows[0]["roofline_cycle_over_step"]) > 1.0
+    # where the cycle's time goes: both phases timed (eagerly here: no CUDA)
+    assert float(rows[0]["draft_ms"]) > 0 and float(rows[0]["verify_ms"]) > 0
+    assert rows[0]["phases_graph"] == "eager (no CUDA)" and not rows[0].get("rest_ms")
 
 
 def test_rows_of_other_columns_append_under_one_header(tmp_path):

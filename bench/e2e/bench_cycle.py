@@ -20,8 +20,9 @@ once per drafting step; of the untied embedding table a pass reads only its toke
 out as bench/e2e/bench_cpu.py's ``step_bytes`` leaves them: 8 KB a token against 15 GB of
 Llama-3.1-8B weights; bytes alone up to 2026-11-28's CSV), the step's achieved fraction
 of the measured bandwidth (``floor_gbps``: the fastest of read, write and copy, as the kernel
-floors take it; copy alone before 2026-11-28), and whether CUDA-graph capture succeeded. CSV +
-PNG. (The cycle CSVs of 2026-11-26/27 count the whole table per pass, 1.05 GB for Llama:
+floors take it; copy alone before 2026-11-28), whether CUDA-graph capture succeeded, and
+where a cycle's time goes (:func:`phase_ms`: drafting and verifying alone, the rest of the
+cycle by difference; since 2026-11-28's CSV). CSV + PNG. (The cycle CSVs of 2026-11-26/27 count the whole table per pass, 1.05 GB for Llama:
 roofline 1.42 for Llama and 2.17 for SmolLM2, where these bytes give 1.45 and 2.39.)
 
     python bench/e2e/bench_cycle.py --out bench/results/local         # GPU
@@ -41,13 +42,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import linear_weights, step_bytes  # noqa: E402  (one definition each)
-from common import append_rows, matmul_tflops, memory_bandwidth, plot_rows  # noqa: E402
+from common import (append_rows, graphed, matmul_tflops, memory_bandwidth, plot_rows,  # noqa: E402
+                    time_fn)
 
 from eagle_kernels.ops import BACKEND_ENV, op_backends  # noqa: E402
 from eagle_kernels.runtime import Engine, TreeConfig  # noqa: E402
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head  # noqa: E402
 from eagle_kernels.runtime.model import TargetModel  # noqa: E402
-from eagle_kernels.runtime.tree_budget import choose_tree  # noqa: E402
+from eagle_kernels.runtime.tree_budget import choose_tree, cycle_calls  # noqa: E402
 
 SHAPES = {
     "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -152,6 +154,28 @@ def time_generation(engine: Engine, prompts: list[list[int]], new_tokens: int,
     return statistics.median(per_cycle), engine.graph_status
 
 
+def phase_ms(target, head, tree: TreeConfig, context: int, batch: int) -> dict:
+    """Where a cycle's time goes: drafting the tree and verifying it, each alone as the tree
+    budget times them (:func:`~eagle_kernels.runtime.tree_budget.cycle_calls`), replayed from a
+    CUDA graph where it captures (else eager, and ``phases_graph`` says why). The rest of a
+    cycle (acceptance, compaction, the head's commit, the decode loop) is the cycle's time less
+    both, given where the cycle and both phases ran from graphs alike."""
+    device = target.device
+    with torch.inference_mode():
+        calls, status = list(cycle_calls(target, head, tree, context, batch)), "captured"
+        if device.type == "cuda":
+            try:
+                calls = [graphed(call) for call in calls]
+            except Exception as error:  # the torch reference syncs on the host: time it eagerly
+                torch.cuda.synchronize(device)
+                status = f"eager ({type(error).__name__})"
+        else:
+            status = "eager (no CUDA)"
+        draft, verify = (time_fn(call, repeats=10, warmup=2, flush_l2=False,
+                                 device=device).median_us / 1e3 for call in calls)
+    return {"draft_ms": round(draft, 3), "verify_ms": round(verify, 3), "phases_graph": status}
+
+
 def ops_off_torch(backend: str) -> str:
     """Which ops run on a GPU kernel under this EAGLE_KERNELS_BACKEND value: all of them when
     one is forced, else those this GPU's verdict put into auto (bench/results/*/verdict.json)."""
@@ -173,10 +197,13 @@ def _measure(target, head, tree, context, batch, args) -> dict:
         engine.prompt_lookup = False  # the head's cycle, every cycle (not context drafts)
         cycle, cycle_graph = time_generation(engine, prompts, args.new_tokens, True, args.repeats)
         step, step_graph = time_generation(engine, prompts, args.new_tokens, False, args.repeats)
+        phases = phase_ms(target, head, tree, context, batch)
     except Exception as error:  # keep the other backends' rows
         return {"error": f"{type(error).__name__}: {error}"[:300]}
+    if phases["phases_graph"] == cycle_graph == "captured":
+        phases["rest_ms"] = round(cycle * 1e3 - phases["draft_ms"] - phases["verify_ms"], 3)
     return {"cycle": cycle, "step": step, "graph_cycle": cycle_graph, "graph_step": step_graph,
-            "tree": tree}
+            "tree": tree, "phases": phases}
 
 
 def run(args) -> list[dict]:
@@ -217,6 +244,7 @@ def run(args) -> list[dict]:
                 "dtype": str(dtype).replace("torch.", ""),
                 "cycle_ms": round(cycle * 1e3, 3), "step_ms": round(step * 1e3, 3),
                 "cycle_over_step": round(cycle / step, 3),
+                **measured["phases"],
                 "roofline_cycle_over_step": round(roofline, 3),
                 "step_bw_fraction": round(read / step / 1e9 / bandwidth, 3)
                 if bandwidth == bandwidth else "",

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 COLUMNS = ("shape", "backend", "batch", "context", "total_tokens", "tree", "cycle_ms",
-           "step_ms", "cycle_over_step", "roofline_cycle_over_step", "graph_cycle",
-           "ops_off_torch", "error")
+           "step_ms", "cycle_over_step", "roofline_cycle_over_step", "draft_ms", "verify_ms",
+           "rest_ms", "graph_cycle", "ops_off_torch", "error")
 
 
 def main() -> int:
