@@ -404,11 +404,10 @@ def _proven_here(op: str, backend: str, device: torch.device, facts: dict) -> bo
 AUTO_FASTER_BY = 1.10
 
 
-def _verdict_speedup(op: str, backend: str, device: torch.device, facts: dict) -> float:
-    """The speedup over torch this GPU's verdict measured for ``backend``'s ``op`` at the
-    inputs' dtype (the lowest over its dtypes when the op passes none); 0 where it has none
-    (a row-invariant kernel joins auto whatever its speed)."""
-    verdict = gpu_verdict(torch.cuda.get_device_name(device), str(_verdict_folder()))
+def _verdict_speedup(verdict: dict, op: str, backend: str, facts: dict) -> float:
+    """The speedup over torch ``verdict`` measured for ``backend``'s ``op`` at the inputs'
+    dtype (the lowest over its dtypes when the op passes none); 0 where it has none (a
+    row-invariant kernel joins auto whatever its speed)."""
     speedups = [entry.get("speedup_vs_torch") for entry in _entries(verdict, op, backend, facts)]
     return min((s if s is not None else 0.0 for s in speedups), default=0.0)
 
@@ -424,13 +423,14 @@ def _gpu_preference(op: str, device: torch.device, facts: dict) -> tuple[str, ..
     if not names:
         return ()
     folder = _verdict_folder()
+    verdict = (gpu_verdict(torch.cuda.get_device_name(device), str(folder))
+               if device.type == "cuda" and folder is not None else {})
     key = (op, _dtype_name(facts["dtype"]) if "dtype" in facts else None)
-    memo = (gpu_verdict(torch.cuda.get_device_name(device), str(folder)).setdefault(
-        "auto_order", {}) if device.type == "cuda" and folder is not None else {})
+    memo = verdict.setdefault("auto_order", {})  # off a GPU: a fresh dict, nothing kept
     if key not in memo:
         proven = [name for name in names if _proven_here(op, name, device, facts)]
         if len(proven) > 1:
-            speed = {name: _verdict_speedup(op, name, device, facts) for name in proven}
+            speed = {name: _verdict_speedup(verdict, op, name, facts) for name in proven}
             best = max(proven[1:], key=speed.get)
             if speed[best] > AUTO_FASTER_BY * speed[proven[0]]:
                 proven = [best] + [name for name in proven if name != best]
