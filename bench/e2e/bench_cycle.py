@@ -22,8 +22,9 @@ Llama-3.1-8B weights; bytes alone up to 2026-11-28's CSV), the step's achieved f
 of the measured bandwidth (``floor_gbps``: the fastest of read, write and copy, as the kernel
 floors take it; copy alone before 2026-11-28), whether CUDA-graph capture succeeded, and
 where a cycle's time goes (:func:`phase_ms`: drafting and verifying alone, the rest of the
-cycle by difference; since 2026-11-28's CSV). CSV + PNG. (The cycle CSVs of 2026-11-26/27 count the whole table per pass, 1.05 GB for Llama:
-roofline 1.42 for Llama and 2.17 for SmolLM2, where these bytes give 1.45 and 2.39.)
+cycle by difference; since 2026-11-28's CSV). CSV + PNG. (The cycle CSVs of 2026-11-26/27
+count the whole table per pass, 1.05 GB for Llama: roofline 1.42 for Llama and 2.17 for
+SmolLM2, where these bytes give 1.45 and 2.39.)
 
     python bench/e2e/bench_cycle.py --out bench/results/local         # GPU
     python bench/e2e/bench_cycle.py --smoke --out /tmp/cycle          # anywhere, tiny shapes
@@ -118,8 +119,9 @@ def roofline_ratio(target, head, tree: TreeConfig, context: int, batch: int = 1,
     FLOPs (2 per linear weight per token; attention's left out) over the matmul rate, both
     measured in the run. The rate is what cuBLAS reaches on a large square matmul, not the
     datasheet's peak: a floor against the best library GEMM, which a kernel could beat only by
-    outrunning cuBLAS (the bytes term is a hard floor; the FLOPs term a practical one). A step reads the target's weights and the batch's
-    KV once (:func:`target_step_bytes`) for one token a sequence. A cycle's verify pass reads
+    outrunning cuBLAS (the bytes term is a hard floor; the FLOPs term a practical one). A step
+    reads the target's weights and the batch's KV once (:func:`target_step_bytes`) for one
+    token a sequence. A cycle's verify pass reads
     them once for ``total_tokens`` tokens a sequence; the head's fc runs once (the commit) and
     its layer and lm_head once per drafting pass: the commit and the root's logits (a token a
     sequence), ``depth`` expansion steps (``top_k`` tokens a sequence). The head embeds with

@@ -13,10 +13,11 @@ have that digest: a kernel edited since its run leaves ``auto`` until a run prov
   the jit helpers those kernels name, transitively, the module constants they read
   (``NO_KEY``) and the module constants the launcher's code reads (block sizes, limits and
   compile options it passes them: ``LINEAR_BLOCK_M``, ``TOPK_CHUNK``, ``EXACT_ROUNDING``; a
-  constant is a number, string, dtype, or a tuple or public dict of those: :func:`_constant`). A kernel's text is its decorators,
-  signature and body with its docstring left out, so docstrings and the launchers' code leave
-  the digest alone, while any edit of a kernel's decorator options, signature or body,
-  comments included, or of a constant either reads, changes it.
+  constant is a number, string, dtype, or a tuple or public dict of those: :func:`_constant`).
+  A kernel's text is its decorators, signature and body with its docstring left out, so
+  docstrings and the launchers' code leave the digest alone, while any edit of a kernel's
+  decorator options, signature or body, comments included, or of a constant either reads,
+  changes it.
   Computed from the Python source, not Triton's ``JITFunction.src``: the same digest with any
   Triton version, or none. Limits: a launcher's own code (its grid, the arguments it passes)
   is not covered, so bump ``KERNEL_REVISIONS`` for such a change; kernels are found through
