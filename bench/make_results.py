@@ -5,7 +5,8 @@
 Each run lives in its own directory under bench/results/ (``<date>_<machine>/``), written there
 by the benchmark scripts' ``--out``: ``tau.json`` (bench/e2e/bench_tau.py), ``agreement.json``
 (bench/e2e/bench_agreement.py), ``e2e.json``
-(bench/e2e/bench_e2e.py), ``cycle*.json`` / kernel CSVs (GPU suite). This script only reads
+(bench/e2e/bench_e2e.py), ``official_eagle.json`` (bench/e2e/bench_official_eagle.py),
+``cycle*.json`` / kernel CSVs (GPU suite). This script only reads
 them and lays the numbers out as tables, with the device, versions, date and command of each.
 """
 
@@ -92,6 +93,23 @@ def e2e_section(run: Path, report: dict) -> list[str]:
                      f"{row['identical_to_ours_ar']} |")
     if report.get("tree_budget"):
         lines += ["", f"Tree budget after the run: {report['tree_budget']}"]
+    return lines + [""]
+
+
+def official_section(run: Path, report: dict) -> list[str]:
+    """bench/e2e/bench_official_eagle.py: ours beside the official EAGLE code."""
+    env, rows = report["environment"], report["rows"]
+    lines = [f"### Ours vs the official EAGLE code — `{run.name}`", "",
+             f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
+             f"official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; "
+             f"`{report['command']}`", "",
+             "| set | method | tokens/s | x its own plain decoding | ours-eagle x it | τ | "
+             "== ours-ar | == own plain |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['set']} | {row['method']} | {row['tokens_per_second']} | "
+                     f"{row['speedup_over_own_plain']} | {row['ours_eagle_speedup_over_this']} | "
+                     f"{row['tau']} | {row['identical_to_ours_ar']} | "
+                     f"{row['identical_to_own_plain']} |")
     return lines + [""]
 
 
@@ -275,11 +293,14 @@ def build(results: Path = RESULTS) -> str:
             lines += cpu_section(run, json.loads((run / "cpu.json").read_text()))
         if (run / "e2e.json").is_file():
             lines += e2e_section(run, json.loads((run / "e2e.json").read_text()))
+        if (run / "official_eagle.json").is_file():
+            lines += official_section(run, json.loads((run / "official_eagle.json").read_text()))
         if (run / "verdict.txt").is_file():
             lines += [f"### Kernel verdict — `{run.name}`", "", "```",
                       (run / "verdict.txt").read_text().rstrip(), "```", ""]
         for path in sorted(run.rglob("*.csv")):
-            if path.name not in ("e2e.csv", "cpu.csv") and not path.name.startswith("train"):
+            if path.name not in ("e2e.csv", "cpu.csv", "official_eagle.csv") and not (
+                    path.name.startswith("train")):
                 lines += csv_section(path, run)
         for path in sorted(run.rglob("cycle.csv")):
             lines += projection_section(run, path, tau)
