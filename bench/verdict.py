@@ -265,8 +265,34 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
             "rule": RULE, "kernels": kernels}
 
 
+def _auto_order(kernels: list[dict]) -> dict[tuple[str, str, str], str]:
+    """(op, backend, dtype) -> "first" / "second" for the entries auto may run where a proven
+    pair of GPU kernels share an op and dtype: the one auto tries first by the registry's rule
+    (BACKENDS' order unless the other measured AUTO_FASTER_BY faster; _gpu_preference)."""
+    from eagle_kernels.ops._backend import AUTO_FASTER_BY, GPU_BACKENDS
+
+    pairs: dict[tuple[str, str], list[dict]] = {}
+    for entry in kernels:
+        if entry["auto"]:
+            pairs.setdefault((entry["op"], entry["dtype"]), []).append(entry)
+    order = {}
+    for (op, dtype), entries in pairs.items():
+        if len(entries) < 2:
+            continue
+        entries.sort(key=lambda e: GPU_BACKENDS.index(e["backend"]))
+        speed = [e["speedup_vs_torch"] or 0.0 for e in entries]
+        best = max(range(1, len(entries)), key=speed.__getitem__)
+        if speed[best] > AUTO_FASTER_BY * speed[0]:
+            entries.insert(0, entries.pop(best))
+        for rank, entry in enumerate(entries):
+            order[op, entry["backend"], dtype] = "first" if rank == 0 else "second"
+    return order
+
+
 def table(verdict: dict) -> str:
-    """The verdict as an aligned text table (stage summaries, RESULTS.md)."""
+    """The verdict as an aligned text table (stage summaries, RESULTS.md). The auto column
+    says which entries auto may run, and of a proven cuda / triton pair which it tries first."""
+    order = _auto_order(verdict["kernels"])
     lines = [f"verdict for {verdict['gpu']} (kernel check on {verdict['device'] or 'nothing'})",
              f"{'op':<24} {'backend':<7} {'dtype':<9} {'check':<8} {'max error':<10} "
              f"{'gpu tests':<20} {'memcheck':<8} {'speedup':<8} auto"]
@@ -275,11 +301,18 @@ def table(verdict: dict) -> str:
         speedup = "" if e["speedup_vs_torch"] is None else f"{e['speedup_vs_torch']:.2f}"
         lines.append(f"{e['op']:<24} {e['backend']:<7} {e['dtype']:<9} {e['check']:<8} "
                      f"{error:<10} {e['gpu_tests']:<20} {e['memcheck']:<8} {speedup:<8} "
-                     f"{'yes' if e['auto'] else 'no'}")
+                     f"{_auto_cell(e, order)}")
     notes = [f"{e['op']} {e['backend']} {e['dtype']}: {e['speedup_note']}, so no speedup"
              + ("" if e["auto"] else " and not auto")
              for e in verdict["kernels"] if e.get("speedup_note")]
     return "\n".join(lines + (["", "speedups:"] + notes if notes else []))
+
+
+def _auto_cell(entry: dict, order: dict) -> str:
+    if not entry["auto"]:
+        return "no"
+    rank = order.get((entry["op"], entry["backend"], entry["dtype"]))
+    return f"yes, {rank}" if rank else "yes"
 
 
 def _gpu_name(folders: list[Path]) -> str:

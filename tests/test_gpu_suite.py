@@ -471,3 +471,25 @@ def test_the_ncu_table_names_each_kernel_and_its_limiter():
     assert rows[0]["limiter"] == "l2" and rows[0]["grid"] == "(120, 1, 17)"
     assert "memory_pct" not in rows[0]  # the Gbyte/second row of another section is no percent
     assert rows[1]["duration_us"] == 4.8 and rows[1]["limiter"] == ""
+
+
+def test_the_verdict_table_says_which_of_a_proven_pair_auto_tries_first():
+    def entry(op, backend, dtype, speedup, auto=True):
+        return dict(op=op, backend=backend, dtype=dtype, auto=auto, check="correct",
+                    max_error=0.0, gpu_tests="1 passed, 0 failed", memcheck="clean",
+                    speedup_vs_torch=speedup, speedup_note="")
+
+    report = {"gpu": "GPU A", "device": "cuda", "kernels": [
+        entry("topk_log_softmax", "cuda", "bfloat16", 4.4),     # triton 5x faster: triton
+        entry("topk_log_softmax", "triton", "bfloat16", 21.9),
+        entry("build_tree", "cuda", "int32", 6200.0),           # within 10 %: cuda stays
+        entry("build_tree", "triton", "int32", 6600.0),
+        entry("compact_kv", "cuda", "mixed", 10.0),             # the other not auto: alone
+        entry("compact_kv", "triton", "mixed", 50.0, auto=False)]}
+    rows = {tuple(line.split()[:3]): line for line in verdict.table(report).splitlines()[2:]}
+    assert rows["topk_log_softmax", "triton", "bfloat16"].endswith("yes, first")
+    assert rows["topk_log_softmax", "cuda", "bfloat16"].endswith("yes, second")
+    assert rows["build_tree", "cuda", "int32"].endswith("yes, first")
+    assert rows["build_tree", "triton", "int32"].endswith("yes, second")
+    assert rows["compact_kv", "cuda", "mixed"].endswith(" yes")
+    assert rows["compact_kv", "triton", "mixed"].endswith(" no")
