@@ -172,13 +172,14 @@ PART_MARGIN_BYTES = 4 << 20  # room for the tree to grow between the split and t
 
 def largest_part_bytes(wheels: Path | None) -> int:
     """The largest part one run can carry beside the working tree, the wheels, SHA256SUMS and
-    what stage 4 carries with it (.carry/build, .carry/prompts when made): the device's send
-    limit (bench/device_limits.py) less those, less a margin."""
+    what stage 4 carries with it (.carry/build, .carry/prompts, .carry/official-eagle when
+    made): the device's send limit (bench/device_limits.py) less those, less a margin."""
     sys.path.insert(0, str(REPO / "bench"))
     from device_limits import MAX_SEND_BYTES, working_tree_bytes
 
-    beside = [p for folder in (wheels, REPO / ".carry" / "build", REPO / ".carry" / "prompts")
-              if folder is not None and folder.is_dir() for p in folder.iterdir() if p.is_file()]
+    carried = [REPO / ".carry" / name for name in ("build", "prompts", "official-eagle")]
+    beside = [p for folder in (wheels, *carried)
+              if folder is not None and folder.is_dir() for p in folder.rglob("*") if p.is_file()]
     room = (MAX_SEND_BYTES - working_tree_bytes(REPO) - sum(p.stat().st_size for p in beside)
             - PART_MARGIN_BYTES)
     if room < (8 << 20):

@@ -293,8 +293,8 @@ def build(results: Path = RESULTS) -> str:
             lines += cpu_section(run, json.loads((run / "cpu.json").read_text()))
         if (run / "e2e.json").is_file():
             lines += e2e_section(run, json.loads((run / "e2e.json").read_text()))
-        if (run / "official_eagle.json").is_file():
-            lines += official_section(run, json.loads((run / "official_eagle.json").read_text()))
+        for path in sorted(run.rglob("official_eagle.json")):  # a GPU run: in stage4/
+            lines += official_section(run, json.loads(path.read_text()))
         if (run / "verdict.txt").is_file():
             lines += [f"### Kernel verdict — `{run.name}`", "", "```",
                       (run / "verdict.txt").read_text().rstrip(), "```", ""]

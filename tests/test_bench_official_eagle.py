@@ -50,7 +50,7 @@ def test_every_method_answers_every_prompt_in_a_rotating_order_and_is_counted(be
     def method(name, tokens, cycles=0, tree_tokens=0):
         def call(ids, max_new_tokens):
             calls.append((ids[0], name))
-            return tokens, cycles, tree_tokens
+            return tokens, cycles, tree_tokens, 0.0
         return call
 
     table = {"ours-ar": (method("ours-ar", [1, 2, 3]), "ours-ar"),

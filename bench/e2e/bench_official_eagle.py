@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import load_prompts  # noqa: E402
 from common import append_rows, environment  # noqa: E402
 
-from eagle_kernels.cli import _tree  # noqa: E402
+from eagle_kernels.cli import DTYPES, _tree  # noqa: E402
 from eagle_kernels.runtime.api import from_pretrained  # noqa: E402
 from eagle_kernels.runtime.drafting import TreeConfig  # noqa: E402
 
@@ -84,7 +84,7 @@ def fixed_tree(generator, tree: TreeConfig | None):
 
 
 def ours(generator, tree: TreeConfig | None, speculative: bool):
-    def call(ids: list[int], max_new_tokens: int) -> tuple[list[int], int, int]:
+    def call(ids: list[int], max_new_tokens: int) -> tuple[list[int], int, int, float]:
         with fixed_tree(generator, tree):
             result = generator.engine.generate([ids], max_new_tokens,
                                                eos_token_ids=generator.eos_token_ids(),
@@ -93,35 +93,38 @@ def ours(generator, tree: TreeConfig | None, speculative: bool):
         # cycles of a tree and their tokens (a plain call's steps are no cycles)
         histogram = stats.accepted_histogram if stats.mode == "speculative" else []
         return (result.tokens[0], sum(histogram),
-                sum((accepted + 1) * count for accepted, count in enumerate(histogram)))
+                sum((accepted + 1) * count for accepted, count in enumerate(histogram)),
+                stats.capture_seconds)
     return call
 
 
-def official(model, tree: TreeConfig | None):
+def official(model, tree: TreeConfig | None, device: str):
     import official_eagle
 
-    def call(ids: list[int], max_new_tokens: int) -> tuple[list[int], int, int]:
-        tokens = torch.tensor([ids])
+    def call(ids: list[int], max_new_tokens: int) -> tuple[list[int], int, int, float]:
+        tokens = torch.tensor([ids], device=device)
         if tree is None:
             out = model.naivegenerate(tokens, temperature=0.0, max_new_tokens=max_new_tokens)
-            return out[0, len(ids):].tolist(), 0, 0
+            return out[0, len(ids):].tolist(), 0, 0, 0.0
         official_eagle.set_tree(model, (tree.top_k, tree.depth, tree.total_tokens))
         # new tokens: what its cycles appended (each its root and the accepted drafts)
         out, new_tokens, last_cycle = model.eagenerate(
             tokens, temperature=0.0, max_new_tokens=max_new_tokens, log=True)
-        return out[0, len(ids):].tolist(), last_cycle + 1, int(new_tokens)
+        return out[0, len(ids):].tolist(), last_cycle + 1, int(new_tokens), 0.0
     return call
 
 
-def methods(generator, model, trees: list[TreeConfig]) -> dict:
-    """Method name -> (call, name of its own plain decoding)."""
+def methods(generator, model, trees: list[TreeConfig], device: str = "cpu") -> dict:
+    """Method name -> (call, name of its own plain decoding). Every call returns its tokens as
+    a list: a GPU's work is done when it returns."""
     table = {"ours-ar": (ours(generator, None, False), "ours-ar"),
              "ours-eagle": (ours(generator, None, True), "ours-ar")}
     for tree in trees:
         table[f"ours-eagle-{tree_name(tree)}"] = (ours(generator, tree, True), "ours-ar")
-    table["official-naive"] = (official(model, None), "official-naive")
+    table["official-naive"] = (official(model, None, device), "official-naive")
     for tree in trees:
-        table[f"official-eagle-{tree_name(tree)}"] = (official(model, tree), "official-naive")
+        table[f"official-eagle-{tree_name(tree)}"] = (official(model, tree, device),
+                                                       "official-naive")
     return table
 
 
@@ -131,19 +134,21 @@ def run_set(table: dict, prompts: list[list[int]], eos: list[int], max_new_token
     output equals ours-ar's / the method's own plain decoding's."""
     names = list(table)
     totals = {name: {"tokens": 0, "seconds": 0.0, "cycles": 0, "tree_tokens": 0,
-                     "same_as_ours_ar": 0, "same_as_own_plain": 0} for name in names}
+                     "capture_seconds": 0.0, "same_as_ours_ar": 0, "same_as_own_plain": 0}
+              for name in names}
     for number, ids in enumerate(tqdm(prompts, desc=label or "prompts", disable=not label)):
         order = names[number % len(names):] + names[:number % len(names)]
         outputs = {}
         for name in order:
             start = time.perf_counter()
-            tokens, cycles, tree_tokens = table[name][0](ids, max_new_tokens)
+            tokens, cycles, tree_tokens, capture = table[name][0](ids, max_new_tokens)
             seconds = time.perf_counter() - start
             total = totals[name]
             total["tokens"] += len(tokens)
             total["seconds"] += seconds
             total["cycles"] += cycles
             total["tree_tokens"] += tree_tokens
+            total["capture_seconds"] += capture
             outputs[name] = cut(tokens, eos, max_new_tokens)
         for name in names:
             totals[name]["same_as_ours_ar"] += same_output(outputs[name], outputs["ours-ar"])
@@ -168,6 +173,8 @@ def rows_of(set_name: str, totals: dict, prompts: int, args) -> list[dict]:
             # tokens per cycle of a tree (a verify pass of drafts: ours-eagle's plain steps
             # are none)
             "tau": round(total["tree_tokens"] / total["cycles"], 3) if total["cycles"] else "",
+            # of the seconds, CUDA-graph capture (ours on a GPU: each call captures its loop)
+            "capture_seconds": round(total.get("capture_seconds", 0.0), 3),
             "identical_to_ours_ar": f"{total['same_as_ours_ar']}/{prompts}",
             "identical_to_own_plain": f"{total['same_as_own_plain']}/{prompts}",
             "draft": args.draft or "bundled", "official_commit": args.official_commit})
@@ -230,6 +237,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                                    TreeConfig(1, 1, 2)],
                         help="fixed trees TOP_K,DEPTH,TOTAL_TOKENS both codes run")
     parser.add_argument("--draft", help="EAGLE-3 head dir (default: the bundled head)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--out", default="bench/results/local")
     parser.add_argument("--smoke", action="store_true", help="1 prompt per set, 8 tokens")
     args = parser.parse_args(argv)
@@ -248,10 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     from eagle_kernels.runtime.api import DEFAULT_HEAD
     from eagle_kernels.runtime.default_model import default_model_dir
 
-    generator = from_pretrained(draft=args.draft, tree="auto")
+    dtype = DTYPES[args.dtype]
+    # "default": the tree budget on a CPU, 10/6/60 in CUDA graphs on a GPU (from_pretrained)
+    generator = from_pretrained(draft=args.draft, dtype=dtype, device=args.device,
+                                tree="default")
     model = official_eagle.load(args.official_eagle, default_model_dir(),
-                                args.draft or DEFAULT_HEAD, (10, 6, 60))
-    table = methods(generator, model, args.trees)
+                                args.draft or DEFAULT_HEAD, (10, 6, 60), dtype, args.device)
+    table = methods(generator, model, args.trees, args.device)
     eos = generator.eos_token_ids()
     first = [generator.encode(load_prompts(args.sets[0], 1)[0])]
     run_set(table, first, eos, 4)  # untimed: first-call costs of every method

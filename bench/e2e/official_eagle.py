@@ -86,10 +86,11 @@ def _staging(target_dir: Path, head_dir: Path) -> tuple[Path, Path]:
 
 
 def load(repo: str | os.PathLike, target_dir: str | os.PathLike, head_dir: str | os.PathLike,
-         tree: tuple[int, int, int], dtype: torch.dtype = torch.float32):
+         tree: tuple[int, int, int], dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """The official ``EaModel`` (EAGLE-3) for a Llama target in HF format at ``target_dir``
     and an EAGLE-3 head at ``head_dir`` (config.json + model.safetensors), drafting trees of
-    ``tree`` = (top_k, depth, total_tokens), on the CPU."""
+    ``tree`` = (top_k, depth, total_tokens), its weights in ``dtype`` on ``device`` (the head
+    follows the target's device, as the official code places it)."""
     ea_model, llama, configs = _import_official(Path(repo))
     from transformers import AutoConfig
 
@@ -107,12 +108,13 @@ def load(repo: str | os.PathLike, target_dir: str | os.PathLike, head_dir: str |
     top_k, depth, total = tree
     model = ea_model.EaModel.from_pretrained(
         use_eagle3=True, base_model_path=str(target_stage), ea_model_path=str(head_stage),
-        total_token=total, depth=depth, top_k=top_k, torch_dtype=dtype, config=config)
+        total_token=total, depth=depth, top_k=top_k, torch_dtype=dtype, config=config,
+        device_map=device)
     for layer in model.base_model.model.layers:  # bridge 4
         attention = layer.self_attn
         attention.rotary_emb = llama.LlamaRotaryEmbedding(
             attention.head_dim, max_position_embeddings=attention.max_position_embeddings,
-            base=config.rope_theta)
+            base=config.rope_theta, device=device)
     return model.eval()
 
 
