@@ -101,7 +101,8 @@ def official_section(run: Path, report: dict) -> list[str]:
     env, rows = report["environment"], report["rows"]
     lines = [f"### Ours vs the official EAGLE code — `{run.name}`", "",
              f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
-             f"official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; "
+             f"official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; ours' "
+             f"target weights: {rows[0].get('target_weights', 'packs')}; "
              f"`{report['command']}`", "",
              "| set | method | tokens/s | x its own plain decoding | ours-eagle x it | τ | "
              "== ours-ar | == own plain |", "|---|---|---|---|---|---|---|---|"]

@@ -71,7 +71,8 @@ def test_every_method_answers_every_prompt_in_a_rotating_order_and_is_counted(be
     assert totals["ours-eagle"]["same_as_ours_ar"] == 4
     assert (totals["ours-eagle"]["cycles"], totals["ours-eagle"]["tree_tokens"]) == (4, 12)
 
-    args = types.SimpleNamespace(max_new_tokens=3, draft=None, official_commit="abc")
+    args = types.SimpleNamespace(max_new_tokens=3, draft=None, official_commit="abc",
+                                 target_weights="packs")
     rows = {row["method"]: row for row in bench.rows_of("set", totals, 4, args)}
     assert rows["official-eagle-1/1/2"]["tau"] == 2.0
     assert rows["ours-ar"]["tau"] == ""  # no cycles of a tree
@@ -141,7 +142,8 @@ def test_each_method_is_measured_against_its_own_plain_decoding_and_ours_eagle(b
 
     totals = {"ours-ar": total(100, 1.0), "ours-eagle": total(120, 1.0, 40, 80),
               "official-naive": total(100, 10.0), "official-eagle-1/1/2": total(100, 12.5, 50, 100)}
-    args = types.SimpleNamespace(max_new_tokens=100, draft=None, official_commit="abc")
+    args = types.SimpleNamespace(max_new_tokens=100, draft=None, official_commit="abc",
+                                 target_weights="packs")
     rows = {row["method"]: row for row in bench.rows_of("set", totals, 1, args)}
     assert rows["official-eagle-1/1/2"]["speedup_over_own_plain"] == 0.8  # 8 / 10 tokens/s
     assert rows["ours-eagle"]["speedup_over_own_plain"] == 1.2  # 120 / 100

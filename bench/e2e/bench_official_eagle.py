@@ -177,7 +177,8 @@ def rows_of(set_name: str, totals: dict, prompts: int, args) -> list[dict]:
             "capture_seconds": round(total.get("capture_seconds", 0.0), 3),
             "identical_to_ours_ar": f"{total['same_as_ours_ar']}/{prompts}",
             "identical_to_own_plain": f"{total['same_as_own_plain']}/{prompts}",
-            "draft": args.draft or "bundled", "official_commit": args.official_commit})
+            "draft": args.draft or "bundled", "target_weights": args.target_weights,
+            "official_commit": args.official_commit})
     return rows
 
 
@@ -239,6 +240,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--draft", help="EAGLE-3 head dir (default: the bundled head)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--target-weights", choices=("packs", "fp32"), default="packs",
+                        help="ours on a CPU: the target's GEMMs over its exact GGUF block packs "
+                        "(the default, 112 MB a step) or over its fp32 values (538 MB, what "
+                        "the official code reads): separates the packs from the rest")
     parser.add_argument("--out", default="bench/results/local")
     parser.add_argument("--smoke", action="store_true", help="1 prompt per set, 8 tokens")
     args = parser.parse_args(argv)
@@ -258,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     from eagle_kernels.runtime.default_model import default_model_dir
 
     dtype = DTYPES[args.dtype]
+    if args.target_weights == "fp32":  # before anything is packed
+        from eagle_kernels.ops import decoder
+
+        decoder.PACK_Q4_EXACT = decoder.PACK_Q8_EXACT = False
     # "default": the tree budget on a CPU, 10/6/60 in CUDA graphs on a GPU (from_pretrained)
     generator = from_pretrained(draft=args.draft, dtype=dtype, device=args.device,
                                 tree="default")
