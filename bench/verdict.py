@@ -267,25 +267,26 @@ def build(folders: list[Path], gpu: str, environment: dict | None = None) -> dic
 
 def _auto_order(kernels: list[dict]) -> dict[tuple[str, str, str], str]:
     """(op, backend, dtype) -> "first" / "second" for the entries auto may run where a proven
-    pair of GPU kernels share an op and dtype: the one auto tries first by the registry's rule
-    (BACKENDS' order unless the other measured AUTO_FASTER_BY faster; _gpu_preference)."""
-    from eagle_kernels.ops._backend import AUTO_FASTER_BY, GPU_BACKENDS
+    pair of GPU kernels share an op (and dtype, for an op resolved by dtype): the one auto
+    tries first by the registry's rule (_backend._gpu_preference: an op resolved without a
+    dtype counts a backend only where every dtype of it may run, at its lowest speedup)."""
+    from eagle_kernels.ops._backend import DTYPE_FREE_OPS, GPU_BACKENDS, faster_first
 
-    pairs: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str | None], dict[str, list[dict]]] = {}
     for entry in kernels:
-        if entry["auto"]:
-            pairs.setdefault((entry["op"], entry["dtype"]), []).append(entry)
+        dtype = None if entry["op"] in DTYPE_FREE_OPS else entry["dtype"]
+        groups.setdefault((entry["op"], dtype), {}).setdefault(entry["backend"], []).append(entry)
     order = {}
-    for (op, dtype), entries in pairs.items():
-        if len(entries) < 2:
+    for by_backend in groups.values():
+        eligible = [name for name in GPU_BACKENDS if name in by_backend
+                    and all(entry["auto"] for entry in by_backend[name])]
+        if len(eligible) < 2:
             continue
-        entries.sort(key=lambda e: GPU_BACKENDS.index(e["backend"]))
-        speed = [e["speedup_vs_torch"] or 0.0 for e in entries]
-        best = max(range(1, len(entries)), key=speed.__getitem__)
-        if speed[best] > AUTO_FASTER_BY * speed[0]:
-            entries.insert(0, entries.pop(best))
-        for rank, entry in enumerate(entries):
-            order[op, entry["backend"], dtype] = "first" if rank == 0 else "second"
+        speed = {name: min(entry["speedup_vs_torch"] or 0.0 for entry in by_backend[name])
+                 for name in eligible}
+        for rank, name in enumerate(faster_first(eligible, speed)):
+            for entry in by_backend[name]:
+                order[entry["op"], name, entry["dtype"]] = "first" if rank == 0 else "second"
     return order
 
 

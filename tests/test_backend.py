@@ -1,5 +1,7 @@
 """Backend dispatch: availability report, auto resolution, environment override, value checks."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -270,3 +272,26 @@ def test_cuda_limits_without_the_extension(monkeypatch):
                       ("tree_attention", dict(dtype=torch.float32, head_dim=3))):
         assert _backend._REGISTRY[op]["cuda"].supports(**facts) is None
     assert not _backend.backend_status("cuda").available
+
+
+def test_the_ops_resolved_without_a_dtype_are_the_ones_auto_ranks_over_every_dtype():
+    """_backend.DTYPE_FREE_OPS (how auto and verdict.txt rank an op's kernels) matches the
+    resolve calls of eagle_kernels/ops: an op whose call passes dtype= is ranked per dtype."""
+    import re
+
+    from eagle_kernels.ops._backend import _REGISTRY, DTYPE_FREE_OPS
+
+    by_dtype, without = set(), set()
+    for path in (Path(__file__).resolve().parents[1] / "eagle_kernels" / "ops").glob("*.py"):
+        text = path.read_text()
+        for match in re.finditer(r'resolve\("(\w+)"', text):
+            depth, end = 0, match.start() + len("resolve")
+            for end in range(end, len(text)):  # to the call's closing parenthesis
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            call = text[match.start():end]
+            (by_dtype if "dtype=" in call else without).add(match.group(1))
+    assert not by_dtype & without  # one op, one way
+    assert without == set(DTYPE_FREE_OPS)
+    assert by_dtype | without <= set(_REGISTRY)

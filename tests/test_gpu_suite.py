@@ -485,7 +485,22 @@ def test_the_verdict_table_says_which_of_a_proven_pair_auto_tries_first():
         entry("build_tree", "cuda", "int32", 6200.0),           # within 10 %: cuda stays
         entry("build_tree", "triton", "int32", 6600.0),
         entry("compact_kv", "cuda", "mixed", 10.0),             # the other not auto: alone
-        entry("compact_kv", "triton", "mixed", 50.0, auto=False)]}
+        entry("compact_kv", "triton", "mixed", 50.0, auto=False),
+        # resolved without a dtype: ranked once over every dtype, at each one's lowest
+        # speedup (cuda 10, triton 20: triton, though cuda is faster at float32)
+        entry("stochastic_accept_chain", "cuda", "bfloat16", 10.0),
+        entry("stochastic_accept_chain", "cuda", "float32", 30.0),
+        entry("stochastic_accept_chain", "triton", "bfloat16", 40.0),
+        entry("stochastic_accept_chain", "triton", "float32", 20.0),
+        # ... and a backend counts only where every dtype of it may run
+        entry("target_probs", "cuda", "bfloat16", 10.0),
+        entry("target_probs", "triton", "bfloat16", 40.0),
+        entry("target_probs", "triton", "float32", 40.0, auto=False),
+        # resolved by dtype: ranked per dtype
+        entry("apply_rope", "cuda", "float16", 1.5),
+        entry("apply_rope", "triton", "float16", 3.0),
+        entry("apply_rope", "cuda", "bfloat16", 3.0),
+        entry("apply_rope", "triton", "bfloat16", 2.0)]}
     rows = {tuple(line.split()[:3]): line for line in verdict.table(report).splitlines()[2:]}
     assert rows["topk_log_softmax", "triton", "bfloat16"].endswith("yes, first")
     assert rows["topk_log_softmax", "cuda", "bfloat16"].endswith("yes, second")
@@ -493,3 +508,10 @@ def test_the_verdict_table_says_which_of_a_proven_pair_auto_tries_first():
     assert rows["build_tree", "triton", "int32"].endswith("yes, second")
     assert rows["compact_kv", "cuda", "mixed"].endswith(" yes")
     assert rows["compact_kv", "triton", "mixed"].endswith(" no")
+    for dtype in ("bfloat16", "float32"):
+        assert rows["stochastic_accept_chain", "triton", dtype].endswith("yes, first")
+        assert rows["stochastic_accept_chain", "cuda", dtype].endswith("yes, second")
+    assert rows["target_probs", "cuda", "bfloat16"].endswith(" yes")
+    assert rows["target_probs", "triton", "bfloat16"].endswith(" yes")
+    assert rows["apply_rope", "triton", "float16"].endswith("yes, first")
+    assert rows["apply_rope", "cuda", "bfloat16"].endswith("yes, first")

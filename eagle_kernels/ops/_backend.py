@@ -412,6 +412,25 @@ def _verdict_speedup(verdict: dict, op: str, backend: str, facts: dict) -> float
     return min((s if s is not None else 0.0 for s in speedups), default=0.0)
 
 
+# The ops whose resolve passes no dtype (their kernels take any): auto proves and ranks their
+# kernels over every dtype the verdict has for them (_entries); the rest per the inputs' dtype.
+# tests/test_backend.py checks this set against the resolve calls of eagle_kernels/ops.
+DTYPE_FREE_OPS = frozenset({
+    "build_tree", "compact_kv", "eagle2_expand", "eagle2_rerank", "greedy_accept_chain",
+    "greedy_accept_tree", "stochastic_accept_chain", "stochastic_accept_tree", "target_probs",
+    "topk_log_softmax", "write_kv"})
+
+
+def faster_first(proven: list[str], speed: dict[str, float]) -> list[str]:
+    """``proven`` GPU backends (in BACKENDS' order), the fastest of the others first where its
+    ``speed`` (speedup over torch) is AUTO_FASTER_BY above the first's."""
+    if len(proven) > 1:
+        best = max(proven[1:], key=speed.get)
+        if speed[best] > AUTO_FASTER_BY * speed[proven[0]]:
+            return [best] + [name for name in proven if name != best]
+    return list(proven)
+
+
 def _gpu_preference(op: str, device: torch.device, facts: dict) -> tuple[str, ...]:
     """The GPU backends auto may run ``op`` on for these inputs, preferred first: those this
     GPU's verdict proves, in BACKENDS' order unless the other was measured AUTO_FASTER_BY
@@ -429,12 +448,8 @@ def _gpu_preference(op: str, device: torch.device, facts: dict) -> tuple[str, ..
     memo = verdict.setdefault("auto_order", {})  # off a GPU: a fresh dict, nothing kept
     if key not in memo:
         proven = [name for name in names if _proven_here(op, name, device, facts)]
-        if len(proven) > 1:
-            speed = {name: _verdict_speedup(verdict, op, name, facts) for name in proven}
-            best = max(proven[1:], key=speed.get)
-            if speed[best] > AUTO_FASTER_BY * speed[proven[0]]:
-                proven = [best] + [name for name in proven if name != best]
-        memo[key] = tuple(proven)
+        speed = {name: _verdict_speedup(verdict, op, name, facts) for name in proven}
+        memo[key] = tuple(faster_first(proven, speed))
     return memo[key]
 
 
