@@ -96,21 +96,23 @@ def e2e_section(run: Path, report: dict) -> list[str]:
     return lines + [""]
 
 
-def official_section(run: Path, report: dict) -> list[str]:
-    """bench/e2e/bench_official_eagle.py: ours beside the official EAGLE code."""
+def official_section(run: Path, path: Path, report: dict) -> list[str]:
+    """bench/e2e/bench_official_eagle.py's ``path`` in ``run``: ours beside the official EAGLE
+    code (on a GPU, ours' seconds include capturing each call's CUDA graph: capture_s)."""
     env, rows = report["environment"], report["rows"]
-    lines = [f"### Ours vs the official EAGLE code — `{run.name}`", "",
+    where = path.parent.relative_to(run.parent).as_posix()  # a GPU run's: <run>/stage4/...
+    lines = [f"### Ours vs the official EAGLE code — `{where}`", "",
              f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
              f"official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; ours' "
              f"target weights: {rows[0].get('target_weights', 'packs')}; "
              f"`{report['command']}`", "",
              "| set | method | tokens/s | x its own plain decoding | ours-eagle x it | τ | "
-             "== ours-ar | == own plain |", "|---|---|---|---|---|---|---|---|"]
+             "capture_s | == ours-ar | == own plain |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['set']} | {row['method']} | {row['tokens_per_second']} | "
                      f"{row['speedup_over_own_plain']} | {row['ours_eagle_speedup_over_this']} | "
-                     f"{row['tau']} | {row['identical_to_ours_ar']} | "
-                     f"{row['identical_to_own_plain']} |")
+                     f"{row['tau']} | {row.get('capture_seconds', '')} | "
+                     f"{row['identical_to_ours_ar']} | {row['identical_to_own_plain']} |")
     return lines + [""]
 
 
@@ -295,7 +297,7 @@ def build(results: Path = RESULTS) -> str:
         if (run / "e2e.json").is_file():
             lines += e2e_section(run, json.loads((run / "e2e.json").read_text()))
         for path in sorted(run.rglob("official_eagle.json")):  # a GPU run: in stage4/
-            lines += official_section(run, json.loads(path.read_text()))
+            lines += official_section(run, path, json.loads(path.read_text()))
         if (run / "verdict.txt").is_file():
             lines += [f"### Kernel verdict — `{run.name}`", "", "```",
                       (run / "verdict.txt").read_text().rstrip(), "```", ""]

@@ -37,11 +37,12 @@ def test_outputs_are_cut_at_eos_and_the_limit_then_compared_over_their_common_le
     eos = [2]
     assert bench.cut([5, 6, 2, 7], eos, 10) == [5, 6, 2]
     assert bench.cut([5, 6, 7, 8], eos, 3) == [5, 6, 7]
-    # the official code returns a few tokens past the limit: equal over the common length
-    assert bench.same_output([5, 6, 7], [5, 6, 7, 8, 9])
+    # the official code returns a few tokens past the limit: the cut drops them
+    assert bench.same_output([5, 6, 7], bench.cut([5, 6, 7, 8, 9], eos, 3))
     # one output ended at EOS where the other went on: different
     assert not bench.same_output([5, 2], [5, 6, 7])
     assert not bench.same_output([5, 6, 7], [5, 6, 8])
+    assert not bench.same_output([5, 6], [5, 6, 7])  # stopped short without EOS
 
 
 def test_every_method_answers_every_prompt_in_a_rotating_order_and_is_counted(bench):
@@ -83,15 +84,18 @@ def test_a_fixed_tree_is_set_for_the_block_and_the_budget_restored_after_it(benc
     from eagle_kernels.runtime.drafting import TreeConfig
 
     budget, loaded = object(), TreeConfig(1, 1, 2)
-    engine = types.SimpleNamespace(tree=loaded, tree_policy=budget)
+    engine = types.SimpleNamespace(tree=loaded, tree_policy=budget, prompt_lookup=True)
     generator = types.SimpleNamespace(engine=engine)
+    settings = (loaded, budget, True)
     with pytest.raises(RuntimeError):
         with bench.fixed_tree(generator, TreeConfig(10, 6, 60)):
-            assert (engine.tree, engine.tree_policy) == (TreeConfig(10, 6, 60), None)
+            # every cycle the head's tree, as the official code runs: no context drafts
+            assert (engine.tree, engine.tree_policy, engine.prompt_lookup) == (
+                TreeConfig(10, 6, 60), None, False)
             raise RuntimeError("a call failed")
-    assert (engine.tree, engine.tree_policy) == (loaded, budget)
-    with bench.fixed_tree(generator, None):  # None: the loaded tree and budget
-        assert (engine.tree, engine.tree_policy) == (loaded, budget)
+    assert (engine.tree, engine.tree_policy, engine.prompt_lookup) == settings
+    with bench.fixed_tree(generator, None):  # None: as loaded
+        assert (engine.tree, engine.tree_policy, engine.prompt_lookup) == settings
 
 
 def test_the_command_line_refuses_auto_among_the_fixed_trees(bench, tmp_path, capsys):
@@ -99,8 +103,16 @@ def test_the_command_line_refuses_auto_among_the_fixed_trees(bench, tmp_path, ca
         bench.parse_args(["--official-eagle", str(tmp_path), "--trees", "auto"])
     assert exit_info.value.code == 2
     assert "--trees" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--official-eagle", str(tmp_path), "--target-weights", "fp32",
+                          "--device", "cuda"])
+    assert "--target-weights fp32" in capsys.readouterr().err
     args = bench.parse_args(["--official-eagle", str(tmp_path), "--official-commit", "abc"])
     assert [bench.tree_name(tree) for tree in args.trees] == ["10/6/60", "1/1/2"]
+    # a folder that is not the top of a checkout: its commit is unknown, not the repository's
+    # around it (this test's checkout)
+    assert bench.checkout_commit(Path(__file__).parent) == "unknown"
+    assert bench.checkout_commit(tmp_path) == "unknown"
 
 
 def test_a_folder_that_is_not_the_official_checkout_is_refused_by_name(loader, tmp_path):
@@ -133,6 +145,9 @@ def test_staging_drops_target_hidden_size_and_indexes_a_single_file_target(loade
     assert json.loads((head_stage / "config.json").read_text()) == {"hidden_size": 8}
     assert (head_stage / "model.safetensors").resolve() == (head / "model.safetensors").resolve()
     assert json.loads((head / "config.json").read_text())["target_hidden_size"] == 8  # untouched
+    (head / "config.json").write_text(json.dumps({"hidden_size": 8, "target_hidden_size": 16}))
+    with pytest.raises(ValueError, match="target_hidden_size"):
+        loader._staging(target, head)
 
 
 def test_each_method_is_measured_against_its_own_plain_decoding_and_ours_eagle(bench):
@@ -165,6 +180,46 @@ def test_results_md_renders_the_comparison_once(tmp_path):
          "rows": [row]}))
     (run / "official_eagle.csv").write_text("set,method\nhumaneval,official-eagle-1/1/2\n")
     text = make_results.build(tmp_path)
+    assert "official EAGLE code — `2026-01-01_cpu`" in text
     assert "official EAGLE cb7e0841fe0c" in text
-    assert "| humaneval | official-eagle-1/1/2 | 12.0 | 0.8 | 14.5 | 1.42 | 8/8 | 8/8 |" in text
+    assert "| humaneval | official-eagle-1/1/2 | 12.0 | 0.8 | 14.5 | 1.42 |  | 8/8 | 8/8 |" in text
     assert text.count("official-eagle-1/1/2") == 1  # the CSV is not rendered a second time
+
+
+def test_the_official_calls_report_their_cycles_and_the_tokens_those_appended(bench):
+    """eagenerate(log=True) returns (ids, new_token, idx): new_token the tokens its cycles
+    appended, idx the last cycle's index (idx + 1 verify passes after the prefill)."""
+    import torch
+
+    class Official:
+        ea_layer = types.SimpleNamespace(init_tree=lambda: None)
+
+        def eagenerate(self, ids, temperature, max_new_tokens, log):
+            assert log and temperature == 0.0
+            return torch.cat([ids, torch.tensor([[7, 8, 9, 2]])], dim=1), 4, 1
+
+        def naivegenerate(self, ids, temperature, max_new_tokens):
+            return torch.cat([ids, torch.tensor([[7, 8, 9, 2]])], dim=1)
+
+    model = Official()
+    eagle = bench.official(model, bench.TreeConfig(2, 1, 3), "cpu")
+    assert eagle([1, 1], 8) == ([7, 8, 9, 2], 2, 4, 0.0)
+    assert (model.ea_layer.top_k, model.ea_layer.depth, model.ea_layer.total_tokens) == (2, 1, 2)
+    assert bench.official(model, None, "cpu")([1, 1], 8) == ([7, 8, 9, 2], 0, 0, 0.0)
+
+
+def test_ours_counts_the_cycles_of_a_tree_and_their_tokens_not_plain_steps(bench):
+    def generator(mode, histogram):
+        stats = types.SimpleNamespace(mode=mode, accepted_histogram=histogram,
+                                      capture_seconds=0.25)
+        engine = types.SimpleNamespace(
+            tree=None, tree_policy=None, prompt_lookup=True,
+            generate=lambda prompts, n, eos_token_ids, speculative: types.SimpleNamespace(
+                tokens=[[4, 5, 6]], stats=stats))
+        return types.SimpleNamespace(engine=engine, eos_token_ids=lambda: [2])
+
+    # 3 cycles: one accepted nothing, two accepted 2 drafts each: 1 + 3 + 3 tokens
+    speculative = bench.ours(generator("speculative", [1, 0, 2]), None, True)
+    assert speculative([1], 8) == ([4, 5, 6], 3, 7, 0.25)
+    plain = bench.ours(generator("autoregressive", [5]), None, False)
+    assert plain([1], 8) == ([4, 5, 6], 0, 0, 0.25)

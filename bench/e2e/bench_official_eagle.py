@@ -63,24 +63,24 @@ def cut(tokens: list[int], eos: list[int], limit: int) -> list[int]:
 
 
 def same_output(a: list[int], b: list[int]) -> bool:
-    """Equal over the common length (both already cut at EOS and the token limit, so a
-    shorter output that ended at EOS differs from a longer one at that position)."""
-    common = min(len(a), len(b))
-    return a[:common] == b[:common]
+    """Equal, both cut by :func:`cut` (the official calls return a few tokens past the limit,
+    which the cut drops; an output that stopped short without EOS differs)."""
+    return a == b
 
 
 @contextlib.contextmanager
 def fixed_tree(generator, tree: TreeConfig | None):
-    """Speculative calls at ``tree`` inside the block (None: as loaded), the tree budget
-    restored after it."""
+    """Speculative calls at ``tree`` inside the block, every cycle the head's tree as in the
+    official code (no tree budget, no context drafts in place of a tree); None: as loaded.
+    The settings are restored after the block."""
     engine = generator.engine
-    saved = engine.tree, engine.tree_policy
+    saved = engine.tree, engine.tree_policy, engine.prompt_lookup
     if tree is not None:
-        engine.tree, engine.tree_policy = tree, None
+        engine.tree, engine.tree_policy, engine.prompt_lookup = tree, None, False
     try:
         yield
     finally:
-        engine.tree, engine.tree_policy = saved
+        engine.tree, engine.tree_policy, engine.prompt_lookup = saved
 
 
 def ours(generator, tree: TreeConfig | None, speculative: bool):
@@ -217,9 +217,15 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def checkout_commit(repo: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
+    """HEAD of the checkout at ``repo``; "unknown" where ``repo`` is not the top of one (a
+    folder inside another repository would give that repository's commit)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], check=True,
                               capture_output=True, text=True).stdout.strip()
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != repo.resolve():
+            return "unknown"
+        return git("rev-parse", "HEAD")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -251,6 +257,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.prompts, args.max_new_tokens = 1, 8
     if any(not isinstance(tree, TreeConfig) for tree in args.trees):
         parser.error("--trees: expected TOP_K,DEPTH,TOTAL_TOKENS triples, not 'auto'")
+    if args.target_weights == "fp32" and args.device != "cpu":
+        parser.error(f"--target-weights fp32: the CPU's choice of packs; on {args.device} ours "
+                     "reads the checkpoint in --dtype anyway")
     args.official_commit = args.official_commit or checkout_commit(args.official_eagle)
     return args
 
@@ -276,20 +285,21 @@ def main(argv: list[str] | None = None) -> int:
     eos = generator.eos_token_ids()
     first = [generator.encode(load_prompts(args.sets[0], 1)[0])]
     run_set(table, first, eos, 4)  # untimed: first-call costs of every method
-    rows = []
-    for name in args.sets:
-        prompts = [generator.encode(prompt) for prompt in load_prompts(name, args.prompts)]
-        totals = run_set(table, prompts, eos, args.max_new_tokens, label=name)
-        rows += rows_of(name, totals, len(prompts), args)
-    print_table(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    append_rows(out / "official_eagle.csv", rows)
     command = "python bench/e2e/bench_official_eagle.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
-    (out / "official_eagle.json").write_text(json.dumps(
-        {"environment": environment(), "command": command, "rows": rows}, indent=2))
-    plot(rows, out / "official_eagle.png")
+    rows = []
+    for name in args.sets:  # each set's rows written when it ends (a stage step may be cut)
+        prompts = [generator.encode(prompt) for prompt in load_prompts(name, args.prompts)]
+        totals = run_set(table, prompts, eos, args.max_new_tokens, label=name)
+        new_rows = rows_of(name, totals, len(prompts), args)
+        rows += new_rows
+        append_rows(out / "official_eagle.csv", new_rows)
+        (out / "official_eagle.json").write_text(json.dumps(
+            {"environment": environment(), "command": command, "rows": rows}, indent=2))
+        plot(rows, out / "official_eagle.png")
+    print_table(rows)
     return 0
 
 

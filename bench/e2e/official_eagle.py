@@ -9,7 +9,7 @@ differences are bridged, none of which touches its drafting, tree or verificatio
 1. ``ea_model`` imports its Qwen2 / Qwen3 / Mixtral files, which import transformers modules
    that version 5 removed: stand-in modules replace those three (a Llama target needs none).
 2. transformers 5 wants ``_tied_weights_keys`` as a mapping (the official class has a list):
-   lm_head <- embed_tokens, as the target's config ties them.
+   lm_head <- embed_tokens where the target's config ties them, else none.
 3. transformers 5 keeps ``rope_theta`` in ``config.rope_parameters``; the official layers read
    ``config.rope_theta`` / ``config.rope_scaling``: both set from it (target and head).
 4. transformers 5 builds a model on the meta device and loads the checkpoint's tensors into
@@ -27,8 +27,10 @@ plain output, and both equal this runtime's (bench_official_eagle.py counts it p
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import types
@@ -69,9 +71,15 @@ def _with_rope_attributes(config):
     return config
 
 
+def _temporary_folder() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="official-eagle-"))
+    atexit.register(shutil.rmtree, folder, True)  # links and two small JSON files
+    return folder
+
+
 def _staging(target_dir: Path, head_dir: Path) -> tuple[Path, Path]:
     """Bridge 5: temporary target and head folders of links to the real files."""
-    target_stage, head_stage = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+    target_stage, head_stage = _temporary_folder(), _temporary_folder()
     for entry in target_dir.iterdir():
         os.symlink(entry, target_stage / entry.name)
     index = target_stage / "model.safetensors.index.json"
@@ -79,7 +87,11 @@ def _staging(target_dir: Path, head_dir: Path) -> tuple[Path, Path]:
         index.write_text(json.dumps({"weight_map": {
             "model.embed_tokens.weight": "model.safetensors"}}))
     config = json.loads((head_dir / "config.json").read_text())
-    config.pop("target_hidden_size", None)
+    target_hidden = config.pop("target_hidden_size", config.get("hidden_size"))
+    if target_hidden != config.get("hidden_size"):  # the official head has one width for both
+        raise ValueError(f"official EAGLE bridge: the head's target_hidden_size "
+                         f"({target_hidden}) differs from its hidden_size "
+                         f"({config.get('hidden_size')}), which the official head cannot load")
     (head_stage / "config.json").write_text(json.dumps(config))
     os.symlink(head_dir / "model.safetensors", head_stage / "model.safetensors")
     return target_stage, head_stage
@@ -94,8 +106,10 @@ def load(repo: str | os.PathLike, target_dir: str | os.PathLike, head_dir: str |
     ea_model, llama, configs = _import_official(Path(repo))
     from transformers import AutoConfig
 
-    llama.LlamaForCausalLM._tied_weights_keys = {  # bridge 2
-        "lm_head.weight": "model.embed_tokens.weight"}
+    target_stage, head_stage = _staging(Path(target_dir), Path(head_dir))
+    config = _with_rope_attributes(AutoConfig.from_pretrained(target_stage))
+    llama.LlamaForCausalLM._tied_weights_keys = (  # bridge 2
+        {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else {})
 
     class BridgedConfig(configs.EConfig):
         @classmethod
@@ -103,8 +117,6 @@ def load(repo: str | os.PathLike, target_dir: str | os.PathLike, head_dir: str |
             return _with_rope_attributes(configs.EConfig.from_pretrained(*args, **kwargs))
 
     ea_model.EConfig = BridgedConfig
-    target_stage, head_stage = _staging(Path(target_dir), Path(head_dir))
-    config = _with_rope_attributes(AutoConfig.from_pretrained(target_stage))
     top_k, depth, total = tree
     model = ea_model.EaModel.from_pretrained(
         use_eagle3=True, base_model_path=str(target_stage), ea_model_path=str(head_stage),

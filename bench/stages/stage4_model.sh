@@ -32,7 +32,7 @@ else
   official=.carry/official-eagle
   if [ -f "$official/eagle/model/ea_model.py" ]; then
     step official 300 env EAGLE_KERNELS_GGUF="$gguf" "$PY" bench/e2e/bench_official_eagle.py \
-      --official-eagle "$official" --official-commit "$(cat "$official/COMMIT")" \
+      --official-eagle "$official" --official-commit "$(cat "$official/COMMIT" 2> /dev/null || echo unknown)" \
       --sets "${sets[@]}" --prompts 8 --dtype bfloat16 --device cuda --out "$WORK/official"
   fi
 fi
