@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from bench_support import load_script as load
 from package_support import default_model_or_skip, package_or_skip
-from test_bench_tau import load
 
 
 def test_smoke_run_writes_every_configuration(tmp_path):
