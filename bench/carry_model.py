@@ -175,13 +175,12 @@ def largest_part_bytes(wheels: Path | None) -> int:
     what stage 4 carries with it (.carry/build, .carry/prompts, .carry/official-eagle when
     made): the device's send limit (bench/device_limits.py) less those, less a margin."""
     sys.path.insert(0, str(REPO / "bench"))
-    from device_limits import MAX_SEND_BYTES, working_tree_bytes
+    from device_limits import MAX_SEND_BYTES, send_bytes
 
-    carried = [REPO / ".carry" / name for name in ("build", "prompts", "official-eagle")]
-    beside = [p for folder in (wheels, *carried)
-              if folder is not None and folder.is_dir() for p in folder.rglob("*") if p.is_file()]
-    room = (MAX_SEND_BYTES - working_tree_bytes(REPO) - sum(p.stat().st_size for p in beside)
-            - PART_MARGIN_BYTES)
+    carried = [f".carry/{name}" for name in ("build", "prompts", "official-eagle")]
+    if wheels is not None:
+        carried.append(str(wheels.resolve()))  # absolute: read where it is, not under REPO
+    room = MAX_SEND_BYTES - send_bytes(carried, REPO) - PART_MARGIN_BYTES
     if room < (8 << 20):
         raise ValueError(f"only {room >> 20} MiB left beside the working tree: shrink it")
     return room
