@@ -133,9 +133,9 @@ def run_set(table: dict, prompts: list[list[int]], eos: list[int], max_new_token
     """Per method: tokens, seconds, cycles of a tree and their tokens, and the prompts whose
     output equals ours-ar's / the method's own plain decoding's."""
     names = list(table)
-    totals = {name: {"tokens": 0, "seconds": 0.0, "cycles": 0, "tree_tokens": 0,
-                     "capture_seconds": 0.0, "same_as_ours_ar": 0, "same_as_own_plain": 0}
-              for name in names}
+    totals = {name: {"own_plain": table[name][1], "tokens": 0, "seconds": 0.0, "cycles": 0,
+                     "tree_tokens": 0, "capture_seconds": 0.0, "same_as_ours_ar": 0,
+                     "same_as_own_plain": 0} for name in names}
     for number, ids in enumerate(tqdm(prompts, desc=label or "prompts", disable=not label)):
         order = names[number % len(names):] + names[:number % len(names)]
         outputs = {}
@@ -152,8 +152,8 @@ def run_set(table: dict, prompts: list[list[int]], eos: list[int], max_new_token
             outputs[name] = cut(tokens, eos, max_new_tokens)
         for name in names:
             totals[name]["same_as_ours_ar"] += same_output(outputs[name], outputs["ours-ar"])
-            totals[name]["same_as_own_plain"] += same_output(outputs[name],
-                                                             outputs[table[name][1]])
+            totals[name]["same_as_own_plain"] += same_output(
+                outputs[name], outputs[totals[name]["own_plain"]])
     return totals
 
 
@@ -167,14 +167,12 @@ def rows_of(set_name: str, totals: dict, prompts: int, args) -> list[dict]:
             "seconds": round(total["seconds"], 3),
             "tokens_per_second": round(rate[name], 2),
             "ours_eagle_speedup_over_this": round(rate["ours-eagle"] / rate[name], 3),
-            "speedup_over_own_plain": round(
-                rate[name] / rate["official-naive" if name.startswith("official")
-                                  else "ours-ar"], 3),
+            "speedup_over_own_plain": round(rate[name] / rate[total["own_plain"]], 3),
             # tokens per cycle of a tree (a verify pass of drafts: ours-eagle's plain steps
             # are none)
             "tau": round(total["tree_tokens"] / total["cycles"], 3) if total["cycles"] else "",
             # of the seconds, CUDA-graph capture (ours on a GPU: each call captures its loop)
-            "capture_seconds": round(total.get("capture_seconds", 0.0), 3),
+            "capture_seconds": round(total["capture_seconds"], 3),
             "identical_to_ours_ar": f"{total['same_as_ours_ar']}/{prompts}",
             "identical_to_own_plain": f"{total['same_as_own_plain']}/{prompts}",
             "draft": args.draft or "bundled", "target_weights": args.target_weights,
