@@ -9,11 +9,16 @@ build_or_restore
 if [ "$DRY_RUN" = 1 ]; then
   step cycle-smoke 120 "$PY" bench/e2e/bench_cycle.py --smoke --out "$WORK/cycle"
 else
+  # EAGLE_CYCLE_STEPS: a subset of the steps below by name (a second call on a warm machine
+  # finishing what a cut stage left, e.g. "cycle-batch-smollm2 cycle-llama-4k"); all by default.
+  chosen() { [ -z "${EAGLE_CYCLE_STEPS:-}" ] || [[ " $EAGLE_CYCLE_STEPS " == *" $1 "* ]]; }
   # The bar's shape first: a short budget (bench/gpu_suite.sh lease) still measures it.
   read -ra backends <<< "${EAGLE_CYCLE_BACKENDS:-auto torch triton cuda}"
-  step cycle-llama 180 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
+  chosen cycle-llama && step cycle-llama 180 "$PY" bench/e2e/bench_cycle.py \
+    --shape llama3.1-8b \
     --backends "${backends[@]}" --contexts 1024 --out "$WORK/cycle"
-  step cycle-smollm2 90 "$PY" bench/e2e/bench_cycle.py --shape smollm2-135m \
+  chosen cycle-smollm2 && step cycle-smollm2 90 "$PY" bench/e2e/bench_cycle.py \
+    --shape smollm2-135m \
     --backends "${backends[@]}" --contexts 1024 --out "$WORK/cycle"
   # Batch (the issue's bar: where the ratio stands at batch 8 and 32, both shapes): each at the
   # tree the tree budget picks for that batch at acceptance 0.7 (an assumption: random weights
@@ -21,13 +26,16 @@ else
   # candidate tree, so one backend (EAGLE_BATCH_BACKENDS; the lossless triton path by default:
   # two backends did not finish batch 8 and 32 in 61 s on the H200, 2026-11-28).
   read -ra batch_backends <<< "${EAGLE_BATCH_BACKENDS:-triton}"
-  step cycle-batch 150 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
+  chosen cycle-batch && step cycle-batch 150 "$PY" bench/e2e/bench_cycle.py \
+    --shape llama3.1-8b \
     --backends "${batch_backends[@]}" --contexts 1024 --batches 8 32 --budget-alpha 0.7 \
     --out "$WORK/cycle"
-  step cycle-batch-smollm2 90 "$PY" bench/e2e/bench_cycle.py --shape smollm2-135m \
+  chosen cycle-batch-smollm2 && step cycle-batch-smollm2 90 "$PY" bench/e2e/bench_cycle.py \
+    --shape smollm2-135m \
     --backends "${batch_backends[@]}" --contexts 1024 --batches 8 32 --budget-alpha 0.7 \
     --out "$WORK/cycle"
-  step cycle-llama-4k 120 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
+  chosen cycle-llama-4k && step cycle-llama-4k 120 "$PY" bench/e2e/bench_cycle.py \
+    --shape llama3.1-8b \
     --backends "${backends[@]}" --contexts 4096 --out "$WORK/cycle"
 fi
 step cycle-table 30 "$PY" bench/stages/cycle_table.py "$WORK/cycle/cycle.csv" \
