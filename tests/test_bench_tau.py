@@ -98,3 +98,15 @@ def test_a_gpu_cycle_projects_the_cpu_tau_into_a_speedup(tmp_path):
     rows = [line for line in section.splitlines() if line.startswith("| triton")
             or line.startswith("| torch")]
     assert rows == ["| triton | 1024 | 60/7/10 | 1.0 | 2.0 | 1.25 |"]
+
+
+def test_raw_nsight_exports_stay_out_of_the_tables(tmp_path):
+    """A profile stage brings back ncu's raw CSVs (one row per metric, thousands of lines) beside
+    its profile.csv: only profile.csv becomes a table."""
+    run = tmp_path / "2026-01-04_gpu" / "profile" / "ncu"
+    run.mkdir(parents=True)
+    (run / "ncu-attention_triton.csv").write_text('"ID","Process ID"\n"0","2362"\n')
+    (run / "profile.csv").write_text("case,kernel,duration_us\nattention_triton,_k,51.0\n")
+    text = load_script("bench/make_results.py", "make_results").build(tmp_path)
+    assert "| attention_triton | _k | 51.0 |" in text
+    assert "ncu-attention_triton.csv" not in text and "Process ID" not in text
