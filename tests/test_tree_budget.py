@@ -77,6 +77,26 @@ def test_measured_cycle_costs_cover_drafting_and_verify(target):
     assert pruned.trees[0] == CANDIDATE_TREES[0] and set(pruned.trees) <= set(CANDIDATE_TREES[:3])
 
 
+def test_cycle_costs_are_timed_with_value_checks_off_as_the_loop_runs(target, monkeypatch):
+    """Both timings of a cycle (measure_cycle, measure_trees) run their calls as the generation
+    loop does, with content scans off: scans in a timing would price a tree by its checks."""
+    from eagle_kernels.ops import value_checks_enabled
+    from eagle_kernels.runtime import tree_budget
+
+    seen = []
+    real = tree_budget.cycle_calls
+
+    def recording(*args):
+        return [lambda call=call: (seen.append(value_checks_enabled()), call())[1]
+                for call in real(*args)]
+
+    monkeypatch.setattr(tree_budget, "cycle_calls", recording)
+    head = new_draft_head(EAGLE3, target)
+    measure_cycle(target, head, MEDIUM, context=16, repeats=1)
+    tree_budget.measure_trees(target, head, trees=[MEDIUM], context=16, repeats=1)
+    assert seen and not any(seen)
+
+
 def test_trees_that_cannot_pay_are_not_measured_further():
     """A tree whose cycle costs more plain steps than the most tokens it can yield (max_depth
     + 1) is dropped; one costing exactly that many is kept, and so is the first tree, which the

@@ -202,8 +202,9 @@ def _step_call(target, context: int, batch: int):
 
 def measure_cycle(target, head, tree: TreeConfig, context: int = 256, batch: int = 1,
                   repeats: int = 3) -> CycleCost:
-    """Median seconds of drafting one ``tree`` and verifying it, as a cycle runs them."""
-    with torch.inference_mode():
+    """Median seconds of drafting one ``tree`` and verifying it, as a cycle runs them (value
+    checks off, as inside the generation loop: :func:`measure_trees` times them so too)."""
+    with torch.inference_mode(), no_value_checks(), weights_unchanged():
         calls = cycle_calls(target, head, tree, context, batch)
         return CycleCost(*interleaved_medians(list(calls), repeats, target.device))
 
