@@ -9,8 +9,11 @@ so a missed cycle bar names the kernels that cost it.
 Per phase (draft, verify, step): each kernel's launches and device time per call, its share of
 the phase, the phase's kernel time in all, and the phase's time replayed from a CUDA graph (as
 the runtime runs it): replay minus kernel time is what launch gaps and idle SMs cost. The
-profiler runs the calls eagerly (a replayed graph's kernels are not seen by every CUPTI):
-kernel durations are a replay's, the gaps between them are not. Off a GPU the rows are the
+profiler runs the calls eagerly (a replayed graph's kernels are not seen by every CUPTI) with
+value checks off, as a capture leaves them out (ops/_validate.py): kernel durations are a
+replay's, the gaps between them are not. (The first run, 2026-11-28b_nvidia-h200, profiled
+with the checks on: its eager kernels include their scans and DtoH copies, which a replay
+does not run.) Off a GPU the rows are the
 host's operators by self time (the code path, not a measurement). Writes ``trace.csv`` (every
 kernel) and ``trace.txt`` (the phases and the top kernels of each).
 """
@@ -33,6 +36,7 @@ from bench_cycle import _randomise, random_target  # noqa: E402  (the same model
 from common import graphed, time_fn  # noqa: E402
 
 from eagle_kernels.ops import BACKEND_ENV  # noqa: E402
+from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
 from eagle_kernels.runtime import TreeConfig  # noqa: E402
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head  # noqa: E402
 from eagle_kernels.runtime.tree_budget import _step_call, cycle_calls  # noqa: E402
@@ -48,11 +52,12 @@ def kernel_times(call, device: torch.device) -> dict[str, list[float]]:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    for _ in range(2):  # compile / autotune outside the profile
-        call()
+    with no_value_checks():  # as a captured graph runs: no content scans, no host syncs
+        for _ in range(2):  # compile / autotune outside the profile
+            call()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    with torch.profiler.profile(activities=activities) as profile:
+    with torch.profiler.profile(activities=activities) as profile, no_value_checks():
         for _ in range(PROFILED_CALLS):
             call()
         if device.type == "cuda":
