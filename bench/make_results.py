@@ -277,9 +277,10 @@ def projection_section(run: Path, cycle_csv: Path, tau: tuple[Path, dict] | None
     return lines + [""]
 
 
-# CSVs left out of the tables: training logs (their own section) and Nsight Compute's raw exports
-# (one row per metric; the profile stage's profile.csv is their table).
-UNRENDERED_CSV_PREFIXES = ("train", "ncu-")
+# CSVs left out of the tables: training logs (their own section), Nsight Compute's raw exports
+# (one row per metric; the profile stage's profile.csv is their table) and trace_cycle's rows
+# (every kernel of a phase; its trace.txt beside them is their summary).
+UNRENDERED_CSV_PREFIXES = ("train", "ncu-", "trace")
 
 
 def build(results: Path = RESULTS) -> str:
