@@ -7,8 +7,9 @@
 Cases (bf16; the shapes of the missed bars, bench/results/2026-11-26_nvidia-h100-80gb-hbm3):
 
 * ``attention_*``: tree attention, N = 60, Llama-3.1-8B heads, batch 1, 4k context: the Triton
-  kernels' row-invariant two passes at their 16-row tile (the default), at a 64-row tile, their
-  unordered walk (not row-invariant), and the CUDA kernel;
+  kernels' row-invariant two passes at their 16-row tile (the default), both at a 64-row tile,
+  the first pass alone at 64 rows (``_pm64``), their unordered walk (not row-invariant), and
+  the CUDA kernel;
 * ``linear_*``: gate_proj (14336 x 4096) over 60 rows: the row-invariant Triton GEMM (its
   64-row tile, the default, and the 16-row one it had) and cuBLAS;
 * ``chain_*``: stochastic chain acceptance at batch 16, chain of 5, vocabulary 32000 (the
@@ -129,6 +130,7 @@ def _drafting_call(op: str, backend: str):
 CASES = {
     "attention_triton": lambda: _attention_call("triton"),
     "attention_triton_m64": lambda: _attention_call("triton", "triton_m64"),
+    "attention_triton_pm64": lambda: _attention_call("triton", "triton_pm64"),
     "attention_triton_unordered": lambda: _attention_call("triton", "triton_unordered"),
     "attention_cuda": lambda: _attention_call("cuda"),
     "linear_triton": lambda: _linear_call("triton"),

@@ -248,6 +248,29 @@ def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch, b
 
 
 @gpu_when_present
+@pytest.mark.parametrize("prefix_rows", [32, 64])
+@pytest.mark.parametrize("backend", ["triton"])  # the verdict credits the backend a GPU case names
+def test_a_taller_first_pass_tile_keeps_nodes_exact_and_close(gen, monkeypatch, prefix_rows,
+                                                             backend):
+    """The ordered first pass may take taller tiles than the second (TRITON_PREFIX_BLOCK_M): the
+    fp32 state crosses between the passes row by row, so every node still equals its decode
+    step bit for bit, and the output the reference's within flash tolerance. Exact (and the
+    tolerance that of every Triton case), so no false failures; power: a first-pass grid
+    counted in the second pass's tiles leaves rows without a prefix state, which fails the
+    closeness check (checked with that mutation)."""
+    monkeypatch.setattr(attention_triton, "TRITON_PREFIX_BLOCK_M", prefix_rows)
+    parents = random_parents(2, 24, gen, "deep")
+    q, k, v, lens, mask = make_case(gen, 2, 24, 517, 9, 3, 64, torch.bfloat16, parents=parents,
+                                    device=TRITON_DEVICE)
+    out = run_triton(q, k, v, lens, mask)
+    assert_flash_close(out, q, k, v, lens, mask, 24, seed_note(gen))
+    for b in range(2):
+        want = run_triton(*decode_steps(q, k, v, lens, parents, b)).squeeze(1)
+        same = [torch.equal(out[b, i], want[i]) for i in range(24)]
+        assert all(same), (b, same.index(False), seed_note(gen))
+
+
+@gpu_when_present
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("run", [2, 3])
 def test_splits_per_program_change_no_bit(gen, monkeypatch, dtype, run):
@@ -358,8 +381,9 @@ def test_bench_smoke(tmp_path):
     assert (tmp_path / "bench_attention.csv").exists()
     assert (tmp_path / "bench_attention.png").exists()
     methods = {line.split(",")[2] for line in (tmp_path / "bench_attention.csv").open()}
-    assert {"triton", "triton_m32", "triton_m64", "triton_unordered", "triton_p1", "triton_p16",
-            "triton_cap4x", "triton_s1", "triton_s4", "triton_decode"} <= methods
+    assert {"triton", "triton_m32", "triton_m64", "triton_pm32", "triton_pm64",
+            "triton_unordered", "triton_p1", "triton_p16", "triton_cap4x", "triton_s1",
+            "triton_s4", "triton_decode", "triton_decode_pm64"} <= methods
 
 
 # --------------------------------------------------------------------------------------------

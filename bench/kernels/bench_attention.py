@@ -13,8 +13,9 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
   aligned), the floor the issue compares to (bar: tree <= 1.10 x this at N = 60);
 * ``decode_sdpa``: SDPA of one query per sequence over the cache (plain decode attention);
 * ``triton_m32`` / ``triton_m64`` / ``triton_unordered`` (Llama shape, batch 1 and 8, a few
-  contexts): the Triton kernel with its row-invariant tile of TRITON_BLOCK_M rows set to 32 / 64
-  (still row-invariant: one tile shape for every call) or with the tree keys walked in slot
+  contexts): the Triton kernel with its row-invariant tiles (both passes) set to 32 / 64 rows,
+  ``triton_pm32`` / ``triton_pm64`` its first pass's alone (TRITON_PREFIX_BLOCK_M; still
+  row-invariant: one tile shape per pass for every call), or with the tree keys walked in slot
   order by FA2-like tiles (not row-invariant): what the invariance costs, and which fixed tile
   to take, measured in one run; ``triton_p1`` / ``triton_p16``: its first pass aiming at 1 / 16
   programs per SM instead of PREFIX_PROGRAMS_PER_SM (how many splits a program runs: no
@@ -22,7 +23,8 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
   runtime sizes its cache for prompt, budget and room: the splits past the keys are empty);
   ``triton_s1`` / ``triton_s4``: the ordered kernel with 1 / 4 key
   splits instead of its capacity's (17 at 4k: whether the split count is what costs);
-  ``triton_decode``: its call for one query (a decode step's attention, against decode_sdpa).
+  ``triton_decode``: its call for one query (a decode step's attention, against decode_sdpa),
+  ``triton_decode_pm64`` the same with a 64-row first-pass tile (what it costs a decode step).
 
 Columns: median time, ``speedup_vs_torch`` (sdpa_dense / method), ``ratio_to_causal``,
 ``ratio_to_decode``, ``max_err_vs_dense`` (kernels only: a wrong kernel cannot post a time
@@ -60,7 +62,10 @@ MODELS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64), "smoke": (4, 2, 16)}
 NUM_NODES = 60
 # Triton variants (module constants of ops.attention_triton set around the call), on these
 # shapes only
-TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32}, "triton_m64": {"TRITON_BLOCK_M": 64},
+TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32, "TRITON_PREFIX_BLOCK_M": 32},
+                   "triton_m64": {"TRITON_BLOCK_M": 64, "TRITON_PREFIX_BLOCK_M": 64},
+                   "triton_pm32": {"TRITON_PREFIX_BLOCK_M": 32},
+                   "triton_pm64": {"TRITON_PREFIX_BLOCK_M": 64},
                    "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0},
                    "triton_p1": {"PREFIX_PROGRAMS_PER_SM": 1},
                    "triton_p16": {"PREFIX_PROGRAMS_PER_SM": 16}}
@@ -143,6 +148,10 @@ def methods(case, context, device, variants=False):
             lambda: ops.tree_attention(q[:, :1].contiguous(), k, v, lens, root_only,
                                        num_tree_keys=1, backend="triton"),
             "one query over the prefix and itself (compare decode_sdpa)")
+        found["triton_decode_pm64"] = (  # what a 64-row pass-1 tile costs a decode step
+            lambda: with_constants(attention_triton, TRITON_VARIANTS["triton_pm64"],
+                                   found["triton_decode"][0]),
+            "triton_decode with TRITON_PREFIX_BLOCK_M=64")
     for name, call in (("sdpa_dense", sdpa_call(q_bhsd, keys, values, attn_mask=visible)),
                        ("causal_sdpa", sdpa_call(q_bhsd, keys, values,
                                                  is_causal_lower_right=True)),
