@@ -65,7 +65,8 @@ THROUGHPUTS = ("sm_pct", "dram_pct", "l1_pct", "l2_pct")
 
 
 def _attention_call(backend: str, variant: str | None = None):
-    """Tree attention at ATTENTION_SHAPE; ``variant``: a bench_attention.TRITON_VARIANTS key."""
+    """Tree attention at ATTENTION_SHAPE; ``variant``: a bench_attention.TRITON_VARIANTS or
+    PREFIX_TILE_VARIANTS key."""
     import torch
 
     import bench_attention as ba
@@ -78,6 +79,10 @@ def _attention_call(backend: str, variant: str | None = None):
 
     def call():
         return ops.tree_attention(q, k, v, lens, mask, backend=backend)
+    if variant in ba.PREFIX_TILE_VARIANTS:  # the first pass's own tile height
+        rows = ba.PREFIX_TILE_VARIANTS[variant]
+        return lambda: ba.attention_triton._tree_attention_triton(
+            q, k, v, lens, mask, None, ba.NUM_NODES, prefix_block_m=rows)
     if variant is None:
         return call
     return lambda: with_constants(ba.attention_triton, ba.TRITON_VARIANTS[variant], call)

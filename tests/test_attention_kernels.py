@@ -250,22 +250,24 @@ def test_row_invariance_check_catches_slot_ordered_tree_keys(gen, monkeypatch, b
 @gpu_when_present
 @pytest.mark.parametrize("prefix_rows", [32, 64])
 @pytest.mark.parametrize("backend", ["triton"])  # the verdict credits the backend a GPU case names
-def test_a_taller_first_pass_tile_keeps_nodes_exact_and_close(gen, monkeypatch, prefix_rows,
-                                                             backend):
-    """The ordered first pass may take taller tiles than the second (TRITON_PREFIX_BLOCK_M): the
-    fp32 state crosses between the passes row by row, so every node still equals its decode
-    step bit for bit, and the output the reference's within flash tolerance. Exact (and the
-    tolerance that of every Triton case), so no false failures; power: a first-pass grid
-    counted in the second pass's tiles leaves rows without a prefix state, which fails the
-    closeness check (checked with that mutation)."""
-    monkeypatch.setattr(attention_triton, "TRITON_PREFIX_BLOCK_M", prefix_rows)
+def test_a_taller_first_pass_tile_keeps_nodes_exact_and_close(gen, prefix_rows, backend):
+    """The ordered first pass may take taller tiles than the second (``prefix_block_m``, the
+    benchmarks' triton_pm32 / pm64): the fp32 state crosses between the passes row by row, so
+    every node still equals its decode step (at the same first-pass tile) bit for bit, and the
+    output the reference's within flash tolerance. Exact (and the tolerance that of every
+    Triton case), so no false failures; power: a first-pass grid counted in tiles of another
+    height leaves rows without a prefix state, which fails the closeness check (checked with
+    that mutation)."""
+    def run(q, k, v, lens, mask):
+        return attention_triton._tree_attention_triton(q, k, v, lens, mask, None, q.shape[1],
+                                                       prefix_block_m=prefix_rows)
     parents = random_parents(2, 24, gen, "deep")
     q, k, v, lens, mask = make_case(gen, 2, 24, 517, 9, 3, 64, torch.bfloat16, parents=parents,
                                     device=TRITON_DEVICE)
-    out = run_triton(q, k, v, lens, mask)
+    out = run(q, k, v, lens, mask)
     assert_flash_close(out, q, k, v, lens, mask, 24, seed_note(gen))
     for b in range(2):
-        want = run_triton(*decode_steps(q, k, v, lens, parents, b)).squeeze(1)
+        want = run(*decode_steps(q, k, v, lens, parents, b)).squeeze(1)
         same = [torch.equal(out[b, i], want[i]) for i in range(24)]
         assert all(same), (b, same.index(False), seed_note(gen))
 

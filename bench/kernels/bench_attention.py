@@ -13,8 +13,9 @@ at the same length so one batched SDPA call is a fair baseline). Per shape, one 
   aligned), the floor the issue compares to (bar: tree <= 1.10 x this at N = 60);
 * ``decode_sdpa``: SDPA of one query per sequence over the cache (plain decode attention);
 * ``triton_m32`` / ``triton_m64`` / ``triton_unordered`` (Llama shape, batch 1 and 8, a few
-  contexts): the Triton kernel with its row-invariant tiles (both passes) set to 32 / 64 rows,
-  ``triton_pm32`` / ``triton_pm64`` its first pass's alone (TRITON_PREFIX_BLOCK_M; still
+  contexts): the Triton kernel with its row-invariant tiles (TRITON_BLOCK_M, both passes) set
+  to 32 / 64 rows,
+  ``triton_pm32`` / ``triton_pm64`` its first pass's alone (``prefix_block_m``; still
   row-invariant: one tile shape per pass for every call), or with the tree keys walked in slot
   order by FA2-like tiles (not row-invariant): what the invariance costs, and which fixed tile
   to take, measured in one run; ``triton_p1`` / ``triton_p16``: its first pass aiming at 1 / 16
@@ -62,13 +63,12 @@ MODELS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64), "smoke": (4, 2, 16)}
 NUM_NODES = 60
 # Triton variants (module constants of ops.attention_triton set around the call), on these
 # shapes only
-TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32, "TRITON_PREFIX_BLOCK_M": 32},
-                   "triton_m64": {"TRITON_BLOCK_M": 64, "TRITON_PREFIX_BLOCK_M": 64},
-                   "triton_pm32": {"TRITON_PREFIX_BLOCK_M": 32},
-                   "triton_pm64": {"TRITON_PREFIX_BLOCK_M": 64},
+TRITON_VARIANTS = {"triton_m32": {"TRITON_BLOCK_M": 32}, "triton_m64": {"TRITON_BLOCK_M": 64},
                    "triton_unordered": {"ORDERED_MAX_TREE_KEYS": 0},
                    "triton_p1": {"PREFIX_PROGRAMS_PER_SM": 1},
                    "triton_p16": {"PREFIX_PROGRAMS_PER_SM": 16}}
+# The ordered kernel's first pass in tiles of these many rows (its second pass keeps its own)
+PREFIX_TILE_VARIANTS = {"triton_pm32": 32, "triton_pm64": 64}
 # The ordered kernel with num_splits set (its default: splits of split_keys_for(max_len) keys,
 # 17 at 4k), and ``triton_decode``: its one-query call, a decode step's attention.
 SPLIT_VARIANTS = (1, 4)
@@ -133,6 +133,9 @@ def methods(case, context, device, variants=False):
             found[name] = (lambda c=constants: with_constants(attention_triton, c,
                                                              found["triton"][0]),
                            " ".join(f"{k}={v}" for k, v in constants.items()))
+        for name, rows in PREFIX_TILE_VARIANTS.items():
+            found[name] = (lambda r=rows: attention_triton._tree_attention_triton(
+                q, k, v, lens, mask, None, num_nodes, prefix_block_m=r), f"prefix_block_m={rows}")
         for splits in SPLIT_VARIANTS:  # fewer, longer key splits than the capacity's
             found[f"triton_s{splits}"] = (
                 lambda s=splits: attention_triton._tree_attention_triton(
@@ -149,9 +152,9 @@ def methods(case, context, device, variants=False):
                                        num_tree_keys=1, backend="triton"),
             "one query over the prefix and itself (compare decode_sdpa)")
         found["triton_decode_pm64"] = (  # what a 64-row pass-1 tile costs a decode step
-            lambda: with_constants(attention_triton, TRITON_VARIANTS["triton_pm64"],
-                                   found["triton_decode"][0]),
-            "triton_decode with TRITON_PREFIX_BLOCK_M=64")
+            lambda: attention_triton._tree_attention_triton(
+                q[:, :1].contiguous(), k, v, lens, root_only, None, 1, prefix_block_m=64),
+            "triton_decode with prefix_block_m=64")
     for name, call in (("sdpa_dense", sdpa_call(q_bhsd, keys, values, attn_mask=visible)),
                        ("causal_sdpa", sdpa_call(q_bhsd, keys, values,
                                                  is_causal_lower_right=True)),

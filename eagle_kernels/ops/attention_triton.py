@@ -4,16 +4,16 @@ Kernel design and GQA row stacking: :mod:`eagle_kernels.ops.attention`.
 
 Row invariance. Greedy speculative decoding is lossless by construction only if a tree node's
 output is bit for bit a decode step's at its position. The Triton kernels give that for every
-tree of up to ORDERED_MAX_TREE_KEYS keys: one tile shape per pass for every call, each row's keys visited
-in list order (prefix, then its ancestors) in blocks and splits at fixed list positions (splits
-from the cache capacity only, :func:`split_keys_for`), splits merged in order. They run in two
-passes. The first folds every split's shared blocks (whole blocks of prefix keys, the same for
-every row: no mask, no per-node work) for all row tiles, several splits per program where the
-splits outnumber the SMs' room (:func:`splits_per_program`). The second, one query node per
-program, continues the node's rows from the last, partial prefix block through its ancestors
-(gathered in list order), then merges their splits and writes their output. The fp32 state
-crosses between the passes through the workspace exactly, so the arithmetic is that of one
-pass. (One pass doing both, the per-node prologue in every split's program, ran 3.4-7.2x
+tree of up to ORDERED_MAX_TREE_KEYS keys: one tile shape per pass for every call, each row's
+keys visited in list order (prefix, then its ancestors) in blocks and splits at fixed list
+positions (splits from the cache capacity only, :func:`split_keys_for`), splits merged in order.
+They run in two passes. The first folds every split's shared blocks (whole blocks of prefix
+keys, the same for every row: no mask, no per-node work) for all row tiles, several splits per
+program where the splits outnumber the SMs' room (:func:`splits_per_program`). The second, one
+query node per program, continues the node's rows from the last, partial prefix block through
+its ancestors (gathered in list order), then merges their splits and writes their output. The
+fp32 state crosses between the passes through the workspace exactly, so the arithmetic is that
+of one pass. (One pass doing both, the per-node prologue in every split's program, ran 3.4-7.2x
 causal attention on an H200: bench/results/2026-11-27_nvidia-h200.)
 
 Calls of more tree keys (prefill chains, big trees) take one slot-order pass instead: the tree
@@ -34,12 +34,6 @@ from .attention import (MAX_SPLITS, MIN_SPLIT_KEYS, _raise_unsupported, _sm_coun
 
 
 TRITON_BLOCK_M = 16  # rows per tile of every ordered call: one tile shape whatever N is
-# Rows per tile of the ordered pass 1 alone. Pass 1 reads the prefix once per row tile, so a
-# taller tile reads it fewer times (Nsight Compute on an H200, 4k keys, N = 60: 51 us at 16
-# rows, 20 us at 64, where pass 2 at 64 rows took 53 us against 31 at 16: 2026-11-28b); the
-# state crosses to pass 2 row by row, so the passes' tiles may differ, each fixed whatever N
-# is (row invariance). 16 until a GPU run times 64 (bench_attention's triton_pm64) against it.
-TRITON_PREFIX_BLOCK_M = 16
 ORDERED_MAX_TREE_KEYS = 256  # trees up to this many keys reduce in position order (below)
 # No multiply-add contraction on the GPU (the interpreter has none): the shared-prefix loop and
 # the per-node loop fold the same block for a decode step and a tree node, and ptxas could
@@ -457,10 +451,16 @@ def split_keys_for(max_len: int, block_n: int) -> int:
 
 
 def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, tree_keys,
-                           num_splits: int | None = None):
+                           num_splits: int | None = None, prefix_block_m: int | None = None):
     """Triton backend (any head_dim up to 256; fp16 / bf16 / fp32 with fp32 accumulation).
     ``num_splits`` (tests) overrides the split count: :func:`split_keys_for` sets it for
-    ordered calls (T <= ORDERED_MAX_TREE_KEYS), :func:`choose_num_splits` for the others."""
+    ordered calls (T <= ORDERED_MAX_TREE_KEYS), :func:`choose_num_splits` for the others.
+    ``prefix_block_m`` (benchmarks, tests) gives the ordered pass 1 its own tile height instead
+    of pass 2's. Pass 1 reads the prefix once per row tile, so a taller tile reads it fewer
+    times (Nsight Compute on an H200, 4k keys, N = 60: 51 us at 16 rows, 20 us at 64, where
+    pass 2 at 64 rows took 53 us against 31 at 16: 2026-11-28b); the state crosses to pass 2
+    row by row, so the passes' tiles may differ, each fixed whatever N is (row invariance).
+    Pass 2's height until a GPU run times another against it (bench_attention's triton_pm64)."""
     batch, num_queries, q_heads, head_dim = q.shape
     _raise_unsupported("triton", _triton_supports(head_dim=head_dim))
     kv_heads = k_cache.shape[2]
@@ -472,9 +472,12 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
                 BLOCK_M=config.block_m, BLOCK_N=config.block_n, DOT_PRECISION=dot_precision(q),
                 UPCAST=interpreter_upcast(q), num_warps=config.num_warps, **EXACT_ROUNDING)
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
-    launch = _ordered_launch if ordered else _slot_order_launch
-    return launch(q, k_cache, v_cache, cache_lens, tree_mask, tree_keys, num_splits, config,
-                  row_tiles * kv_heads, meta, scale * LOG2_E)
+    if not ordered:
+        return _slot_order_launch(q, k_cache, v_cache, cache_lens, tree_mask, tree_keys,
+                                  num_splits, config, row_tiles * kv_heads, meta, scale * LOG2_E)
+    return _ordered_launch(q, k_cache, v_cache, cache_lens, tree_mask, tree_keys, num_splits,
+                           config, row_tiles * kv_heads, meta, scale * LOG2_E,
+                           prefix_block_m or config.block_m)
 
 
 def _strides(q, k_cache):
@@ -483,25 +486,25 @@ def _strides(q, k_cache):
 
 
 def _ordered_launch(q, k_cache, v_cache, cache_lens, tree_mask, tree_keys, num_splits, config,
-                    tiles, meta, scale_log2):
+                    tiles, meta, scale_log2, prefix_block_m):
     """The two ordered passes (row-invariant): shared prefix blocks per split (in tiles of
-    TRITON_PREFIX_BLOCK_M rows), then each node's own blocks and the merge (``tiles``: row
-    tiles of ``config.block_m`` x KV heads). Splits of :func:`split_keys_for` list positions (or ``num_splits``
-    equal ones); the workspace always holds every split's state (one split included)."""
+    ``prefix_block_m`` rows), then each node's own blocks and the merge (``tiles``: row tiles
+    of ``config.block_m`` x KV heads). Splits of :func:`split_keys_for` list positions (or
+    ``num_splits`` equal ones); the workspace always holds every split's state (one split
+    included)."""
     batch, num_queries, q_heads, _ = q.shape
     max_len = k_cache.shape[1]
     split_keys = split_keys_for(max_len, config.block_n) if num_splits is None else \
         triton.cdiv(triton.cdiv(max_len, num_splits), config.block_n) * config.block_n
     num_splits = triton.cdiv(max_len, split_keys)
     part_o, part_ml = _workspace(q, num_splits, state=(2,), always=True)
-    # pass 1 in tiles of its own height (TRITON_PREFIX_BLOCK_M): its grid counts them
-    prefix_tiles = triton.cdiv(num_queries * meta["GROUP"], TRITON_PREFIX_BLOCK_M) * \
-        k_cache.shape[2]
+    # pass 1 in tiles of its own height: its grid counts them
+    prefix_tiles = triton.cdiv(num_queries * meta["GROUP"], prefix_block_m) * k_cache.shape[2]
     runs = splits_per_program(prefix_tiles * batch, num_splits, q.device)
     shape = (num_queries, q_heads, tree_keys)
     _prefix_splits_kernel[(prefix_tiles, batch, triton.cdiv(num_splits, runs))](
         q, k_cache, v_cache, cache_lens, part_o, part_ml, *shape, num_splits, split_keys,
-        max_len, scale_log2, *_strides(q, k_cache), **dict(meta, BLOCK_M=TRITON_PREFIX_BLOCK_M))
+        max_len, scale_log2, *_strides(q, k_cache), **dict(meta, BLOCK_M=prefix_block_m))
     block_t = triton.next_power_of_2(tree_keys)
     node_slots = (config.block_m - 1) // meta["GROUP"] + 2  # most nodes a row tile can touch
     slots = torch.empty(tiles * node_slots * batch * block_t, dtype=torch.int32, device=q.device)
