@@ -14,7 +14,10 @@ more stages without it (the rebuilt verdict would have no stage 1 to read).
 ``--proof-from`` (a lease that skipped stage 1 on a GPU proven before): the verdict also reads
 RUN_DIR's stage-1 evidence (GPU tests, memcheck), allowed only on the same GPU and versions and
 when none of KERNEL_SOURCES (eagle_kernels/, csrc/, the build files) changed between the commit
-that evidence ran and this run's (else the proof would not be of these kernels). Without stage-1 evidence no verdict is written, so a
+that evidence ran and this run's, or when this run's kernel check (stage 2 runs one when it
+is a lease's first stage) recorded every GPU kernel's source digest and revision as the
+proof's did: the rule by which the registry lets an entry count at another commit (else the
+proof would not be of these kernels). Without stage-1 evidence no verdict is written, so a
 benchmark-only run never demotes a proven kernel.
 
 Nothing here is typed by hand: the verdict comes from bench/verdict.py over every stage's
@@ -78,10 +81,38 @@ def _kernel_changes(since: str, until: str) -> list[str]:
     return done.stdout.split()
 
 
+def _gpu_kernel_digests(stage: Path) -> dict | None:
+    """(op, backend, dtype) -> (source digest, revision) of the GPU rows of ``stage``'s kernel
+    check (what the device computed from the sources it ran and the ``_C`` it built), or None
+    without a check or where a GPU row's digest is unknown."""
+    path = stage / "kernel-check.json"
+    if not path.is_file():
+        return None
+    rows = [row for row in json.loads(path.read_text()).get("rows", [])
+            if row.get("backend") in verdict.GPU_BACKENDS]
+    digests = {(row["op"], row["backend"], row.get("dtype")):
+               (row.get("source_digest"), row.get("revision", 1)) for row in rows}
+    if not digests or any(digest in (None, "unknown") for digest, _ in digests.values()):
+        return None
+    return digests
+
+
+def _same_kernels(proof: Path, new_stages: list[Path]) -> bool:
+    """Whether a kernel check of the new run ran exactly the kernels ``proof`` proved: every
+    GPU row's source digest and revision equal, as recorded on the device (the rule by which
+    the backend registry lets a verdict entry count at another commit:
+    ``_backend.verdict_allows``). A change elsewhere in eagle_kernels/ (the dispatch, the
+    runtime) then leaves the proof standing."""
+    proved = _gpu_kernel_digests(proof)
+    checks = [digests for digests in map(_gpu_kernel_digests, new_stages) if digests is not None]
+    return proved is not None and bool(checks) and all(d == proved for d in checks)
+
+
 def proof_stages(run: Path, new_stages: list[Path]) -> list[Path]:
     """RUN_DIR's stage-1 folders, if they proved these kernels: the same GPU, the same python /
     torch / cuda / triton, and no kernel source changed between their commit and the new run's
-    (its recorded commit, else HEAD)."""
+    (its recorded commit, else HEAD), or, where files of KERNEL_SOURCES did change, a kernel
+    check of the new run recorded the digests and revisions the proof did (_same_kernels)."""
     proof = sorted(p.resolve() for p in Path(run).glob("stage1*")
                    if (p / "gpu-tests.xml").is_file())
     if not proof:
@@ -95,9 +126,10 @@ def proof_stages(run: Path, new_stages: list[Path]) -> list[Path]:
         if commit is None:
             raise ValueError(f"--proof-from: {stage} records no commit")
         changed = _kernel_changes(commit, until)
-        if changed:
+        if changed and not _same_kernels(stage, new_stages):
             raise ValueError(f"--proof-from: kernel sources changed since {commit} "
-                             f"({stage.name}): {changed}")
+                             f"({stage.name}): {changed}, and no kernel check of this run "
+                             "recorded the source digests that stage proved")
         for new in new_stages:
             if _versions(new) and _versions(new) != _versions(stage):
                 raise ValueError(f"--proof-from: {stage.name} ran {_versions(stage)!r}, "

@@ -318,6 +318,59 @@ def test_proof_from_an_earlier_run_needs_the_same_kernels_gpu_and_versions(tmp_p
         collect_results.proof_stages(old, new)
 
 
+def _kernel_check(stage: Path, digests: dict) -> None:
+    """A stage's kernel-check.json with GPU rows of these (op, backend, dtype): digest, and a
+    cpu row (never a GPU proof: its digest is unknown)."""
+    rows = [dict(op=op, backend=backend, dtype=dtype, status="correct", revision=1,
+                 source_digest=digest) for (op, backend, dtype), digest in digests.items()]
+    rows.append(dict(op="linear", backend="cpu", dtype="float32", status="not run", revision=1,
+                     source_digest="unknown"))
+    (stage / "kernel-check.json").write_text(json.dumps({"device": "cuda", "rows": rows}))
+
+
+def test_proof_from_holds_where_the_device_recorded_the_proven_digests(tmp_path):
+    """Files of eagle_kernels/ changed since the proof (the dispatch, the runtime), yet the new
+    run's kernel check recorded every GPU kernel's digest and revision as the proof's did: the
+    proof stands (the registry's own rule for an entry at another commit). One digest apart, a
+    revision apart, or no kernel check in the new run: refused, naming the changed files."""
+    import collect_results
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                              text=True).stdout.split()
+
+    head, first = git("rev-parse", "HEAD")[0], git("rev-list", "--max-parents=0", "HEAD")[0]
+    if first == head:
+        pytest.skip("a shallow clone: no older commit to compare with")
+
+    def stage(path, commit):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "gpu-tests.xml").write_text("<testsuites/>")
+        (path / "environment.txt").write_text(
+            f"python 3.12 torch 2.11 triton 3.6\ngpu: GPU A\ncommit {commit} (sent by the "
+            "caller)\n")
+        return path
+
+    digests = {("linear", "triton", "bfloat16"): "a" * 16,
+               ("build_tree", "cuda", "int32"): "b" * 16}
+    proof = stage(tmp_path / "old" / "stage1", first)  # eagle_kernels/ changed since
+    _kernel_check(proof, digests)
+    new = stage(tmp_path / "new" / "stage2", head)
+    _kernel_check(new, digests)
+    assert collect_results.proof_stages(tmp_path / "old", [new]) == [proof.resolve()]
+    _kernel_check(new, digests | {("linear", "triton", "bfloat16"): "c" * 16})
+    with pytest.raises(ValueError, match="kernel sources changed .* no kernel check"):
+        collect_results.proof_stages(tmp_path / "old", [new])
+    revised = json.loads((proof / "kernel-check.json").read_text())  # a launcher change
+    revised["rows"][0]["revision"] = 2
+    (new / "kernel-check.json").write_text(json.dumps(revised))
+    with pytest.raises(ValueError, match="kernel sources changed"):
+        collect_results.proof_stages(tmp_path / "old", [new])
+    (new / "kernel-check.json").unlink()  # a stage-3-only run: nothing recorded its kernels
+    with pytest.raises(ValueError, match="kernel sources changed"):
+        collect_results.proof_stages(tmp_path / "old", [new])
+
+
 def _tarball(folder: Path, stage: Path) -> None:
     """``stage`` packed as a GPU stage returns it: ``folder/<name>.tar.gz``."""
     import tarfile
