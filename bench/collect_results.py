@@ -180,9 +180,18 @@ def collect(folders: list[Path], results: Path = make_results.RESULTS,
     staging = results / "local" / "collect"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    seen: dict[str, Path] = {}
     for folder in folders:
         for tarball in (t for pattern in TARBALLS for t in folder.glob(pattern)):
             with tarfile.open(tarball) as tar:
+                names = {member.name.split("/")[0] for member in tar.getmembers()}
+                twice = sorted(name for name in names if name in seen)
+                if twice:  # refused: one would overwrite the other's files unseen
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise ValueError(f"{tarball} holds {', '.join(twice)}, as "
+                                     f"{seen[twice[0]]} does: a second run of a stage is named "
+                                     "apart on the GPU (EAGLE_STAGE_TAG=b -> stage3b, ...)")
+                seen.update((name, tarball) for name in names)
                 tar.extractall(staging, filter="data")
     stages = sorted(p for p in staging.iterdir() if p.is_dir())
     if not stages:  # refused: nothing written (else a bogus "<date>_no-gpu-dry-run" run)

@@ -381,6 +381,23 @@ def _tarball(folder: Path, stage: Path) -> None:
         tar.add(stage, arcname=stage.name)
 
 
+def test_one_stage_from_two_calls_is_refused_not_overwritten(tmp_path):
+    """Two calls that each brought back a stage3 (a second call of a stage without
+    EAGLE_STAGE_TAG): collected together, the second's files would replace the first's unseen
+    (its cycle.csv holding only the steps it ran). Refused, naming both, nothing written."""
+    import collect_results
+
+    built, results = tmp_path / "built", tmp_path / "results"
+    (built / "stage3").mkdir(parents=True)
+    _tarball(tmp_path / "call1", built / "stage3")
+    _tarball(tmp_path / "call2", built / "stage3")
+    with pytest.raises(ValueError, match=r"call2/stage3.tar.gz holds stage3, as .*call1"):
+        collect_results.collect([tmp_path / "call1", tmp_path / "call2"], results,
+                                name="2026-01-03_gpu-a")
+    assert not (results / "2026-01-03_gpu-a").exists()
+    assert not (results / "local" / "collect").exists()
+
+
 def test_a_second_collect_never_replaces_a_stage_and_the_verdict_reads_every_stage(tmp_path):
     """The same stage name collected twice on one day is refused (naming the folder and
     --run), and a stage added beside earlier ones joins the verdict rebuilt over all of them:

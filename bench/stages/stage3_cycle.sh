@@ -10,7 +10,12 @@ if [ "$DRY_RUN" = 1 ]; then
   step cycle-smoke 120 "$PY" bench/e2e/bench_cycle.py --smoke --out "$WORK/cycle"
 else
   # EAGLE_CYCLE_STEPS: a subset of the steps below by name (a second call on a warm machine
-  # finishing what a cut stage left, e.g. "cycle-batch-smollm2 cycle-llama-4k"); all by default.
+  # finishing what a cut stage left, e.g. "cycle-batch-smollm2 cycle-llama-4k"; with
+  # EAGLE_STAGE_TAG=b, so its stage3b does not replace the first call's stage3); all by default.
+  steps="cycle-llama cycle-smollm2 cycle-batch cycle-batch-smollm2 cycle-llama-4k"
+  for name in ${EAGLE_CYCLE_STEPS:-}; do
+    [[ " $steps " == *" $name "* ]] || { echo "EAGLE_CYCLE_STEPS: no step $name ($steps)"; exit 2; }
+  done
   chosen() { [ -z "${EAGLE_CYCLE_STEPS:-}" ] || [[ " $EAGLE_CYCLE_STEPS " == *" $1 "* ]]; }
   # The bar's shape first: a short budget (bench/gpu_suite.sh lease) still measures it.
   read -ra backends <<< "${EAGLE_CYCLE_BACKENDS:-auto torch triton cuda}"
