@@ -107,6 +107,10 @@ def test_raw_nsight_exports_stay_out_of_the_tables(tmp_path):
     run.mkdir(parents=True)
     (run / "ncu-attention_triton.csv").write_text('"ID","Process ID"\n"0","2362"\n')
     (run / "profile.csv").write_text("case,kernel,duration_us\nattention_triton,_k,51.0\n")
+    trace = tmp_path / "2026-01-04_gpu" / "trace" / "llama3.1-8b"
+    trace.mkdir(parents=True)
+    (trace / "trace.csv").write_text("phase,kernel,launches,us,share\ndraft,_k,1,2.0,1.0\n")
     text = load_script("bench/make_results.py", "make_results").build(tmp_path)
     assert "| attention_triton | _k | 51.0 |" in text
     assert "ncu-attention_triton.csv" not in text and "Process ID" not in text
+    assert "trace.csv" not in text  # trace_cycle's rows: its trace.txt is their summary

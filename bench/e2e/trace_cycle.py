@@ -7,15 +7,16 @@ so a missed cycle bar names the kernels that cost it.
     python bench/e2e/trace_cycle.py --smoke --out DIR                 # anywhere, tiny shapes
 
 Per phase (draft, verify, step): each kernel's launches and device time per call, its share of
-the phase, the phase's kernel time in all, and the phase's time replayed from a CUDA graph (as
-the runtime runs it): replay minus kernel time is what launch gaps and idle SMs cost. The
-profiler runs the calls eagerly (a replayed graph's kernels are not seen by every CUPTI) with
-value checks off, as a capture leaves them out (ops/_validate.py): kernel durations are a
-replay's, the gaps between them are not. (The first run, 2026-11-28b_nvidia-h200, profiled
-with the checks on: its eager kernels include their scans and DtoH copies, which a replay
-does not run.) Off a GPU the rows are the
-host's operators by self time (the code path, not a measurement). Writes ``trace.csv`` (every
-kernel) and ``trace.txt`` (the phases and the top kernels of each).
+the phase, the phase's kernel and copy time in all (memcpy / memset apart), and the phase's time
+replayed from a CUDA graph (as the runtime runs it). The profiler runs the calls eagerly (a
+replayed graph's kernels are not seen by every CUPTI) with value checks off and weights
+unchanged, as a capture and the loop run them (ops/_validate.py): the eager kernel sum is what
+the replay launches, assuming a kernel takes as long in both; replay minus that sum (launch
+gaps, idle SMs) is an estimate on that assumption, not a measurement. (The first run,
+2026-11-28b_nvidia-h200, profiled with the checks on: its eager kernels include their scans and
+DtoH copies, which a replay does not run.) Off a GPU the rows are the host's operators by self
+time (the code path, not a measurement). Writes ``trace.csv`` (every kernel) and ``trace.txt``
+(the phases and the top kernels of each).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cycle import _randomise, random_target  # noqa: E402  (the same model, built once)
 from common import graphed, time_fn  # noqa: E402
 
-from eagle_kernels.ops import BACKEND_ENV  # noqa: E402
+from eagle_kernels.ops import BACKEND_ENV, weights_unchanged  # noqa: E402
 from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
 from eagle_kernels.runtime import TreeConfig  # noqa: E402
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head  # noqa: E402
@@ -43,7 +44,8 @@ from eagle_kernels.runtime.tree_budget import _step_call, cycle_calls  # noqa: E
 
 PROFILED_CALLS = 3  # per phase; device times are divided by it
 TOP_KERNELS = 15  # per phase in trace.txt
-NAME_CHARS = 110
+NAME_CHARS = 110  # of a kernel's name in trace.txt (trace.csv keeps it whole)
+COPIES = ("Memcpy", "Memset")  # device activity that is no kernel launch
 
 
 def kernel_times(call, device: torch.device) -> dict[str, list[float]]:
@@ -69,8 +71,8 @@ def kernel_times(call, device: torch.device) -> dict[str, list[float]]:
             continue
         micros = (event.time_range.elapsed_us() if wanted == DeviceType.CUDA
                   else event.self_cpu_time_total)
-        totals[event.name[:NAME_CHARS]][0] += 1 / PROFILED_CALLS
-        totals[event.name[:NAME_CHARS]][1] += micros / PROFILED_CALLS
+        totals[event.name][0] += 1 / PROFILED_CALLS  # whole names: instantiations apart
+        totals[event.name][1] += micros / PROFILED_CALLS
     return dict(totals)
 
 
@@ -98,18 +100,22 @@ def trace(args) -> tuple[list[dict], list[dict]]:
     head = new_draft_head(EAGLE3, target, draft_vocab=None if args.smoke else 32000)
     _randomise(head)
     kernels, phases = [], []
-    with torch.inference_mode():
+    with torch.inference_mode(), weights_unchanged():  # as the loop runs
         draft, verify = cycle_calls(target, head, tree, args.context, 1)
         calls = {"draft": draft, "verify": verify, "step": _step_call(target, args.context, 1)}
         for phase, call in calls.items():
             times = kernel_times(call, device)
             total = sum(micros for _, micros in times.values())
+            copies = {name: entry for name, entry in times.items() if name.startswith(COPIES)}
             for name, (launches, micros) in sorted(times.items(), key=lambda kv: -kv[1][1]):
                 kernels.append({"phase": phase, "kernel": name, "launches": round(launches, 2),
                                 "us": round(micros, 2),
                                 "share": round(micros / total, 4) if total else 0.0})
-            phases.append({"phase": phase, "kernel_us": round(total, 1),
-                           "launches": round(sum(n for n, _ in times.values())),
+            copy_us = sum(micros for _, micros in copies.values())
+            phases.append({"phase": phase, "kernel_us": round(total - copy_us, 1),
+                           "copy_us": round(copy_us, 1),
+                           "launches": round(sum(n for name, (n, _) in times.items()
+                                                 if name not in copies)),
                            "graph_us": replay_us(call, device)})
     for row in phases:
         row.update(shape=shape, backend=args.backend, context=args.context,
@@ -126,13 +132,14 @@ def write(kernels: list[dict], phases: list[dict], out: Path) -> None:
     lines = []
     for row in phases:
         graph = row["graph_us"]
-        gap = f", graph replay {graph} us (gaps {graph - row['kernel_us']:.1f} us)" if graph else ""
+        rest = (f", graph replay {graph} us (replay - eager sum: "
+                f"{graph - row['kernel_us'] - row['copy_us']:.1f} us)" if graph else "")
         lines.append(f"== {row['phase']} ({row['shape']}, {row['backend']}, context "
                      f"{row['context']}, {row['device']}): {row['launches']} launches, kernels "
-                     f"{row['kernel_us']} us{gap}")
+                     f"{row['kernel_us']} us, copies {row['copy_us']} us{rest}")
         top = [k for k in kernels if k["phase"] == row["phase"]][:TOP_KERNELS]
         lines += [f"  {k['us']:9.1f} us {100 * k['share']:5.1f} % x{k['launches']:<6g} "
-                  f"{k['kernel']}" for k in top]
+                  f"{k['kernel'][:NAME_CHARS]}" for k in top]
     (out / "trace.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
