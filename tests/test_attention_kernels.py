@@ -266,6 +266,9 @@ def test_a_taller_first_pass_tile_keeps_nodes_exact_and_close(gen, prefix_rows, 
                                     device=TRITON_DEVICE)
     out = run(q, k, v, lens, mask)
     assert_flash_close(out, q, k, v, lens, mask, 24, seed_note(gen))
+    with pytest.raises(ValueError, match="prefix_block_m: expected a power of two >= 16"):
+        attention_triton._tree_attention_triton(q, k, v, lens, mask, None, 24,
+                                                prefix_block_m=prefix_rows + 8)
     for b in range(2):
         want = run(*decode_steps(q, k, v, lens, parents, b)).squeeze(1)
         same = [torch.equal(out[b, i], want[i]) for i in range(24)]

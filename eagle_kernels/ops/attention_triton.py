@@ -460,9 +460,14 @@ def _tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale,
     times (Nsight Compute on an H200, 4k keys, N = 60: 51 us at 16 rows, 20 us at 64, where
     pass 2 at 64 rows took 53 us against 31 at 16: 2026-11-28b); the state crosses to pass 2
     row by row, so the passes' tiles may differ, each fixed whatever N is (row invariance).
-    Pass 2's height until a GPU run times another against it (bench_attention's triton_pm64)."""
+    Pass 2's height until a GPU run times another against it (bench_attention's triton_pm64).
+    Slot-order calls (more tree keys) run one pass and take no such height."""
     batch, num_queries, q_heads, head_dim = q.shape
     _raise_unsupported("triton", _triton_supports(head_dim=head_dim))
+    if prefix_block_m is not None and (prefix_block_m < 16
+                                       or prefix_block_m & (prefix_block_m - 1)):
+        raise ValueError(f"prefix_block_m: expected a power of two >= 16 (an MMA tile's rows), "
+                         f"got {prefix_block_m}")
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
     ordered = tree_keys <= ORDERED_MAX_TREE_KEYS
