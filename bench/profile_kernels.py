@@ -11,7 +11,8 @@ Cases (bf16; the shapes of the missed bars, bench/results/2026-11-26_nvidia-h100
   the first pass alone at 64 rows (``_pm64``), their unordered walk (not row-invariant), and
   the CUDA kernel;
 * ``linear_*``: gate_proj (14336 x 4096) over 60 rows: the row-invariant Triton GEMM (its
-  64-row tile, the default, and the 16-row one it had) and cuBLAS;
+  64-row tile, the default, the 16-row one it had, and linear_fused_sum.py's experiment with
+  the split sums in the tiles' last programs) and cuBLAS;
 * ``chain_*``: stochastic chain acceptance at batch 16, chain of 5, vocabulary 32000 (the
   27 us bar; bench/results/2026-11-27_nvidia-h200), Triton (chunked since) and CUDA;
 * ``topk_triton``: topk_log_softmax of 10 rows of 32000, k 10 (a drafting step's).
@@ -89,7 +90,8 @@ def _attention_call(backend: str, variant: str | None = None):
 
 
 def _linear_call(backend: str, variant: str | None = None):
-    """gate_proj at LINEAR_SHAPE; ``variant``: a bench_decoder.LINEAR_VARIANTS key."""
+    """gate_proj at LINEAR_SHAPE; ``variant``: a bench_decoder.LINEAR_VARIANTS key or
+    "fused_sum" (bench/kernels/linear_fused_sum.py)."""
     import torch
     import torch.nn.functional as F
 
@@ -106,6 +108,8 @@ def _linear_call(backend: str, variant: str | None = None):
 
     def call():
         return ops.linear(x, w, backend=backend)
+    if variant == "fused_sum":  # linear_fused_sum.py's experiment: no second launch
+        return lambda: bd.linear_fused_sum(x, w)
     if variant is None:
         return call
     return lambda: with_constants(bd.decoder_triton, bd.LINEAR_VARIANTS[variant], call)
@@ -140,6 +144,7 @@ CASES = {
     "attention_cuda": lambda: _attention_call("cuda"),
     "linear_triton": lambda: _linear_call("triton"),
     "linear_triton_m16": lambda: _linear_call("triton", "triton_m16"),
+    "linear_triton_fused_sum": lambda: _linear_call("triton", "fused_sum"),
     "linear_cublas": lambda: _linear_call("cublas"),
     "chain_triton": lambda: _drafting_call("chain", "triton"),
     "chain_cuda": lambda: _drafting_call("chain", "cuda"),

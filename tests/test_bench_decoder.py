@@ -9,6 +9,7 @@ def test_bench_decoder_smoke(tmp_path):
     assert {(r["op"], r["backend"]) for r in rows} == {
         (op, backend) for op in ("linear", "rms_norm", "apply_rope", "silu_mul")
         for backend in ("torch", "triton")} | {
-        ("linear", "triton_m16"), ("linear", "triton_m32"), ("linear_group", "torch"),
+        ("linear", "triton_m16"), ("linear", "triton_m32"), ("linear", "triton_fused_sum"),
+        ("linear_group", "torch"),
         ("linear_group", "triton"), ("linear_group", "triton_per_weight")}
     assert all(float(r["median_us"]) > 0 and r["speedup_vs_torch"] for r in rows)

@@ -123,6 +123,29 @@ def test_linear_triton_group_is_single_linears_bit_for_bit(gen, dtype, rows, mon
             assert torch.equal(group[i], alone), (count, i, seed_note(gen))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows, cols, bias", [(1, 130, True), (70, 70, False), (5, 1, True)])
+def test_fused_split_sums_experiment_is_the_shipped_linear_bit_for_bit(gen, dtype, rows, cols,
+                                                                        bias):
+    """bench/kernels/linear_fused_sum.py (the next GPU run's experiment: each output tile's
+    last split program adds the K-split partials, no second launch) gives the shipped Triton
+    linear's bits: the same fp32 adds in split order. Three draws per case: on a GPU a race
+    between a partial's store and the last program's load would show as a differing draw.
+    Exact, so no false failures; power: the partials added in reverse order failed every fp32
+    case (bf16's output rounding hides the last bits; checked with that mutation). Ordering
+    between programs is the GPU's to show: the interpreter runs them one after another."""
+    from bench_support import load_script
+
+    fused = load_script("bench/kernels/linear_fused_sum.py", "linear_fused_sum")
+    assert decoder_triton.linear_splits(cols, 1000, DEVICE) > 1  # the path under test
+    for _ in range(3):
+        x = _draw(gen, rows, 1000, dtype=dtype)
+        weight = _draw(gen, cols, 1000, dtype=dtype, scale=0.03)
+        b = _draw(gen, cols, dtype=dtype) if bias else None
+        want = ops.linear(x, weight, b, backend="triton")
+        assert torch.equal(fused.linear_fused_sum(x, weight, b), want), seed_note(gen)
+
+
 def test_linear_triton_empty_sizes(gen):
     x = _draw(gen, 3, 0)
     w = _draw(gen, 5, 0)

@@ -13,7 +13,9 @@ greedy speculative decoding is lossless by construction only with these kernels
 (ops/decoder_triton.py), so they run whatever their speed. ``triton_m16`` / ``triton_m32``: the
 linear with its fixed row tile (LINEAR_BLOCK_M, 64) at 16 / 32 rows, still row-invariant (one
 tile for every M): fewer weight reads at 60-240 rows against padded rows at 1; which fixed tile
-to ship, measured. Floor: the weights (and the rows in and out; RoPE's table rows) read once
+to ship, measured. ``triton_fused_sum``: the experiment of linear_fused_sum.py (the K-split sums
+added by each tile's last split program, no second launch), timed only where its output equals
+the shipped kernel's bit for bit. Floor: the weights (and the rows in and out; RoPE's table rows) read once
 (op_bytes.py) over the fastest bandwidth measured in the run (common.floor_us). Timed as
 CUDA-graph replays, torch too. ``--smoke``: tiny shapes, torch + the Triton
 interpreter on CPU.
@@ -34,6 +36,7 @@ os.environ.setdefault("EAGLE_KERNELS_CHECK_VALUES", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (append_rows, bench_arguments, floor_us, graphed,  # noqa: E402
                     memory_bandwidth, plot_rows, time_fn, timing_columns, with_constants)
+from linear_fused_sum import linear_fused_sum  # noqa: E402
 from op_bytes import linear_bytes, rms_norm_bytes, rope_bytes, silu_mul_bytes  # noqa: E402
 
 from eagle_kernels import ops  # noqa: E402
@@ -86,9 +89,24 @@ def linear_rows(device, gen, shapes, row_counts, bandwidth, repeats) -> list[dic
                     timings[variant] = _time(lambda c=constants: with_constants(
                         decoder_triton, c, lambda: ops.linear(x, weight, backend="triton")),
                         device, repeats)
+                fused = fused_sum_timing(x, weight, device, repeats)
+                if fused is not None:
+                    timings["triton_fused_sum"] = fused
             rows += _rows("linear", name, m, timings, moved, bandwidth)
-        del weight
+        weight = None  # the GPU copy freed before the next shape's (lm_head: 1 GB)
     return rows
+
+
+def fused_sum_timing(x, weight, device, repeats):
+    """The experiment of linear_fused_sum.py (split sums in the tiles' last programs), timed
+    only where its output equals the shipped kernel's bit for bit here (three calls: on a GPU a
+    race would show), else None and a printed line saying so."""
+    want = ops.linear(x, weight, backend="triton")
+    if not all(torch.equal(linear_fused_sum(x, weight), want) for _ in range(3)):
+        print(f"triton_fused_sum: output differs from the shipped kernel's at {tuple(x.shape)} "
+              f"x {tuple(weight.shape)}: not timed", flush=True)
+        return None
+    return _time(lambda: linear_fused_sum(x, weight), device, repeats)
 
 
 def group_rows(device, gen, groups, row_counts, bandwidth, repeats) -> list[dict]:
