@@ -150,10 +150,39 @@ def _check_train(args):
                         f"{args.init_from}")
     names = TrainConfig.__dataclass_fields__
     try:
-        return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+        config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
     except (TypeError, ValueError) as error:  # "name: expected ..." -> "--name: expected ..."
         name, _, rest = str(error).partition(":")
         raise UserError(f"--{name.replace('_', '-')}:{rest}") from None
+    _make_dirs(args)  # last: a run refused for another reason leaves no folder behind
+    return config
+
+
+def _make_dirs(args) -> None:
+    """--data-dir and --out created now, before the model loads: a path that cannot be a
+    directory is one user error naming its option, and the folders made for the other are
+    removed again."""
+    made = []  # deepest first
+    try:
+        for name in ("data_dir", "out"):
+            value = getattr(args, name)
+            if value is None:
+                continue
+            path = Path(value)
+            missing = [p for p in (path, *path.parents) if not p.exists()]
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise UserError(f"--{name.replace('_', '-')}: cannot create the directory "
+                                f"{value} ({error.strerror or error})") from None
+            made += missing
+    except UserError:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise
 
 
 def run_train(args, config) -> int:

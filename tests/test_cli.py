@@ -96,6 +96,22 @@ def test_train_user_errors_are_one_line_and_status_2(capsys, no_model, tmp_path)
         assert re.search(expected, err), err
 
 
+def test_train_folders_that_cannot_be_made_are_one_line_naming_the_option(capsys, no_model,
+                                                                           tmp_path):
+    """--data-dir / --out that cannot be created (under a file, an OS-refused place): one line
+    naming the option, before the model loads (they raised OSError tracebacks from inside the
+    trainer), and the folders made for the other option removed again."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    err = run_cli(["train", "--out", str(tmp_path / "run" / "deep"), "--data-dir",
+                   str(a_file / "x")], capsys)
+    assert re.search(r"--data-dir: cannot create the directory .*a_file/x", err), err
+    err = run_cli(["train", "--out", str(a_file / "y"), "--data-dir",
+                   str(tmp_path / "data" / "deep")], capsys)
+    assert re.search(r"--out: cannot create the directory .*a_file/y", err), err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
+
+
 def test_errors_raised_after_loading_are_one_line_too(capsys, monkeypatch):
     """A checkpoint that does not fit the target is only found while loading: ValueError."""
     def load(*args, **kwargs):
