@@ -338,6 +338,15 @@ def test_bad_inputs(gen):
         ops.greedy_accept_tree(GOLDEN_TOKENS, paths + 7, logits)
     with pytest.raises(ValueError, match="paths: expected row 0 of every tree to start"):
         ops.greedy_accept_tree(GOLDEN_TOKENS, torch.full_like(paths, -1), logits)
+    # rows that are no root-to-leaf path were accepted as given (a path starting at node 2,
+    # one node's token taken three times): refused by name
+    for row, expected in (([2, 1, 3, -1], "every row to start at the root"),
+                          ([0, -1, 2, -1], "a row.s -1 padding after its nodes"),
+                          ([0, 2, 2, 2], "strictly increasing node indices")):
+        bad = paths.clone()
+        bad[0, -1, :len(row)] = torch.tensor(row[:bad.shape[2]], dtype=torch.int32)
+        with pytest.raises(ValueError, match=f"paths: expected {expected}"):
+            ops.greedy_accept_tree(GOLDEN_TOKENS, bad, logits)
     with pytest.raises(ValueError, match="target_logits: expected finite"):
         ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits * float("nan"))
     with pytest.raises(ValueError, match="target_logits: expected a tensor on cpu"):

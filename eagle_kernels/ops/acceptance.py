@@ -58,6 +58,25 @@ def _check_uniforms(batch: int, num_nodes: int, device, accept_uniforms, bonus_u
     check_uniforms("bonus_uniforms", bonus_uniforms)
 
 
+def _check_path_rows(paths) -> None:
+    """Every row a root-to-leaf path as build_tree emits them (the root, then strictly
+    increasing node indices: a parent's index is below its child's), then -1 padding; row 0
+    of every tree a path, a later row possibly all padding. A row that broke this would be
+    accepted as given: a path starting elsewhere, or one node's token taken twice."""
+    if bool((paths[:, :1, 0] != 0).any()):
+        raise ValueError("paths: expected row 0 of every tree to start at the root (node 0); "
+                         "build_tree always emits at least one root-to-leaf row")
+    used = paths >= 0
+    if bool((used[..., 0] & (paths[..., 0] != 0)).any()):
+        raise ValueError("paths: expected every row to start at the root (node 0) or be all "
+                         "-1 padding")
+    if bool((used[..., 1:] & ~used[..., :-1]).any()):
+        raise ValueError("paths: expected a row's -1 padding after its nodes, never between")
+    if bool(((paths[..., 1:] <= paths[..., :-1]) & used[..., 1:]).any()):
+        raise ValueError("paths: expected strictly increasing node indices along a row (a "
+                         "parent's index is below its child's)")
+
+
 def greedy_accept_tree(tokens, paths, target_logits, backend: str = "auto") -> AcceptResult:
     """Greedy tree verification (see :func:`reference.greedy_accept_tree`).
 
@@ -71,9 +90,8 @@ def greedy_accept_tree(tokens, paths, target_logits, backend: str = "auto") -> A
     check_int("paths.shape[1] (path count)", paths.shape[1], 1)
     check_int("paths.shape[2] (max_depth + 1)", paths.shape[2], 1)
     check_range("paths", paths, -1, num_nodes, " (node indices, -1 for padding)")
-    if value_checks_enabled() and bool((paths[:, :1, 0] != 0).any()):
-        raise ValueError("paths: expected row 0 of every tree to start at the root (node 0); "
-                         "build_tree always emits at least one root-to-leaf row")
+    if value_checks_enabled():
+        _check_path_rows(paths)
     _, implementation = resolve("greedy_accept_tree", backend, tokens.device)
     return implementation(tokens, paths, target_logits)
 
