@@ -56,7 +56,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (:func:`set_cpu_activations`), a weight packed in Q4 / Q8 blocks (:func:`pack_weight`) gives
     :func:`~eagle_kernels.ops.reference.linear_quantized_activations` instead.
     """
-    return linear_group(x, [weight], [bias], backend=backend)[0]
+    return _linear_group(x, [weight], [bias], backend, ("weight", "bias"))[0]
 
 
 CPU_ACTIVATIONS = {"fp32": 0, "int16": 16, "int8": 8}  # mode -> _cpu.set_activation_bits
@@ -116,6 +116,12 @@ def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
     ``weights[i]`` is [N_i, K]; returns one [..., N_i] tensor per weight. The ``cpu`` backend
     reads ``x`` once and splits all the columns across threads in one parallel region.
     """
+    return _linear_group(x, weights, biases, backend)
+
+
+def _linear_group(x, weights, biases, backend: str, names: tuple[str, str] | None = None):
+    """linear_group; ``names``: what errors call the one weight and bias (linear's arguments),
+    else ``weights[i]`` / ``biases[i]``."""
     if not isinstance(weights, (list, tuple)) or not weights:
         raise TypeError("weights: expected a non-empty list of [N, K] tensors")
     biases = list(biases) if biases is not None else [None] * len(weights)
@@ -124,7 +130,7 @@ def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
                          f"bias), got {len(biases)}")
     _check_input("x", x)
     width = x.shape[-1]
-    implementation = _checked_linear(x, weights, biases, backend)
+    implementation = _checked_linear(x, weights, biases, backend, names)
     if width == 0:  # an empty sum, for every backend: the bias, or zeros
         return tuple(torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype, device=x.device)
                      if b is None else b.expand(*x.shape[:-1], -1).clone()
@@ -133,7 +139,8 @@ def linear_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
 
 
 def _checked_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
-                    biases: Sequence[torch.Tensor | None], backend: str):
+                    biases: Sequence[torch.Tensor | None], backend: str,
+                    names: tuple[str, str] | None = None):
     """Check the weights and biases against ``x`` and pick the backend's implementation.
     Inside a :func:`weights_unchanged` block, the same weight and bias objects for the same
     kind of ``x`` (dtype, device, width) and the same backend request were checked and
@@ -150,9 +157,10 @@ def _checked_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
         if implementation is not None:
             return implementation
     for i, (w, b) in enumerate(zip(weights, biases)):
-        check_tensor(f"weights[{i}]", w, (x.dtype,), (None, x.shape[-1]), x.device)
+        weight_name, bias_name = names or (f"weights[{i}]", f"biases[{i}]")
+        check_tensor(weight_name, w, (x.dtype,), (None, x.shape[-1]), x.device)
         if b is not None:
-            check_tensor(f"biases[{i}]", b, (x.dtype,), (w.shape[0],), x.device)
+            check_tensor(bias_name, b, (x.dtype,), (w.shape[0],), x.device)
     _, implementation = resolve("linear", backend, x.device, dtype=x.dtype)
     if memo is not None:
         remember(memo, key, bound, implementation)
