@@ -83,6 +83,16 @@ def test_prompts_in_no_order_are_refused(target):
     assert out.stats.new_tokens[0] >= 1
 
 
+def test_an_empty_prompt_is_named_by_its_index(target):
+    """One empty prompt in a batch was reported as "at least one non-empty token list", as if
+    all were empty; the index of the empty one says which."""
+    engine = Engine(target)
+    with pytest.raises(ValueError, match=r"prompts\[1\]: expected a non-empty token list"):
+        engine.generate([PROMPT, []], 2, speculative=False)
+    with pytest.raises(ValueError, match=r"prompts: expected at least one .* got none"):
+        engine.generate([], 2, speculative=False)
+
+
 # --------------------------------------------------------------------- engine settings
 class Poisoned:
     """An engine setting changed after a call started: any use of it fails the test."""

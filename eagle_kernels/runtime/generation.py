@@ -255,8 +255,11 @@ class Engine:
             raise TypeError(f"prompts: expected a sequence of token lists, got "
                             f"{type(prompts).__name__}")
         prompts = [_token_list(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts: expected at least one non-empty token list")
+        if not prompts:
+            raise ValueError("prompts: expected at least one non-empty token list, got none")
+        empty = [i for i, p in enumerate(prompts) if not p]
+        if empty:
+            raise ValueError(f"prompts[{empty[0]}]: expected a non-empty token list, got []")
         eos_token_ids = _token_list("eos_token_ids", eos_token_ids, ordered=False)
         vocab = self.target.vocab_size
         if any(t < 0 or t >= vocab for p in prompts for t in p):
