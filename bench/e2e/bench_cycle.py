@@ -208,15 +208,23 @@ def _measure(target, head, tree, context, batch, args) -> dict:
             "tree": tree, "phases": phases}
 
 
-def run(args) -> list[dict]:
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+def random_cycle_model(shape: str, smoke: bool):
+    """What a cycle is timed over: (device, dtype, shape name, tree, target, head), the GPU in
+    bf16 where there is one, the tree 60 / depth 7 / top-k 10, random weights, an EAGLE-3 head
+    with a 32000-token draft vocabulary; ``smoke``: tiny shapes and tree on the CPU."""
+    device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = "smoke" if args.smoke else args.shape
-    tree = TreeConfig(top_k=4, depth=2, total_tokens=10) if args.smoke else TreeConfig(
+    shape = "smoke" if smoke else shape
+    tree = TreeConfig(top_k=4, depth=2, total_tokens=10) if smoke else TreeConfig(
         top_k=10, depth=7, total_tokens=60)
     target = random_target(shape, dtype, device)
-    head = new_draft_head(EAGLE3, target, draft_vocab=None if args.smoke else 32000)
+    head = new_draft_head(EAGLE3, target, draft_vocab=None if smoke else 32000)
     _randomise(head)
+    return device, dtype, shape, tree, target, head
+
+
+def run(args) -> list[dict]:
+    device, dtype, shape, tree, target, head = random_cycle_model(args.shape, args.smoke)
     # the rate the kernel floors divide by (common.floor_us): the fastest stream measured here
     rates = memory_bandwidth(device) if device.type == "cuda" else None
     bandwidth = rates.floor_gbps if rates is not None else float("nan")

@@ -33,13 +33,11 @@ from torch.autograd import DeviceType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cycle import _randomise, random_target  # noqa: E402  (the same model, built once)
+from bench_cycle import SHAPES, random_cycle_model  # noqa: E402  (the same model)
 from common import graphed, time_fn  # noqa: E402
 
 from eagle_kernels.ops import BACKEND_ENV, weights_unchanged  # noqa: E402
 from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
-from eagle_kernels.runtime import TreeConfig  # noqa: E402
-from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head  # noqa: E402
 from eagle_kernels.runtime.tree_budget import _step_call, cycle_calls  # noqa: E402
 
 PROFILED_CALLS = 3  # per phase; device times are divided by it
@@ -54,12 +52,11 @@ def kernel_times(call, device: torch.device) -> dict[str, list[float]]:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with no_value_checks():  # as a captured graph runs: no content scans, no host syncs
-        for _ in range(2):  # compile / autotune outside the profile
-            call()
+    for _ in range(2):  # compile / autotune outside the profile
+        call()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    with torch.profiler.profile(activities=activities) as profile, no_value_checks():
+    with torch.profiler.profile(activities=activities) as profile:
         for _ in range(PROFILED_CALLS):
             call()
         if device.type == "cuda":
@@ -90,17 +87,11 @@ def replay_us(call, device: torch.device) -> float | str:
 
 
 def trace(args) -> tuple[list[dict], list[dict]]:
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = "smoke" if args.smoke else args.shape
-    tree = TreeConfig(top_k=4, depth=2, total_tokens=10) if args.smoke else TreeConfig(
-        top_k=10, depth=7, total_tokens=60)
     os.environ[BACKEND_ENV] = args.backend
-    target = random_target(shape, dtype, device)
-    head = new_draft_head(EAGLE3, target, draft_vocab=None if args.smoke else 32000)
-    _randomise(head)
+    device, _, shape, tree, target, head = random_cycle_model(args.shape, args.smoke)
     kernels, phases = [], []
-    with torch.inference_mode(), weights_unchanged():  # as the loop runs
+    # as the loop runs (and a captured graph: no content scans, no host syncs)
+    with torch.inference_mode(), weights_unchanged(), no_value_checks():
         draft, verify = cycle_calls(target, head, tree, args.context, 1)
         calls = {"draft": draft, "verify": verify, "step": _step_call(target, args.context, 1)}
         for phase, call in calls.items():
@@ -149,7 +140,7 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/local/trace")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device")
     parser.add_argument("--shape", default="llama3.1-8b",
-                        choices=["llama3.1-8b", "smollm2-135m"])
+                        choices=sorted(name for name in SHAPES if name != "smoke"))
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--backend", default="auto",
                         help="EAGLE_KERNELS_BACKEND while tracing (auto: this GPU's verdict)")
