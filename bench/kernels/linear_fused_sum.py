@@ -26,8 +26,9 @@ import torch
 
 from eagle_kernels.ops._triton import tl, triton
 from eagle_kernels.ops.attention_triton import _cast, dot_precision, interpreter_upcast
+from eagle_kernels.ops import decoder_triton
 from eagle_kernels.ops.decoder_triton import (LINEAR_BLOCK_K, LINEAR_BLOCK_M, LINEAR_BLOCK_N,
-                                              _linear_tile, linear_splits)
+                                              _linear_tile)
 from eagle_kernels import ops
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}  # (device, tiles) -> int32 zeros, reset by each launch
@@ -73,22 +74,22 @@ def linear_fused_sum(x: torch.Tensor, weight: torch.Tensor,
     module docstring); a weight the shipped kernel does not split runs the shipped kernel.
     x [..., K] and weight [N, K] contiguous, one dtype and device."""
     rows, width = x.numel() // x.shape[-1], x.shape[-1]
-    cols = weight.shape[0]
-    k_blocks = triton.cdiv(width, LINEAR_BLOCK_K)
-    split_blocks = triton.cdiv(k_blocks, linear_splits(cols, width, x.device))
-    splits = triton.cdiv(k_blocks, split_blocks)
-    if splits == 1 or rows == 0:
+    if rows == 0:
         return ops.linear(x, weight, bias, backend="triton")
     x2d = x.reshape(rows, width)
-    out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
-    part = torch.empty(splits, rows, cols, dtype=torch.float32, device=x.device)
+    out = torch.empty(rows, weight.shape[0], dtype=x.dtype, device=x.device)
+    # the shipped launch's split count and workspace for this weight (same splits, same bits)
+    tile_args, (has_bias, split), _ = decoder_triton._weight_launch(x2d, weight, bias, out)
+    if not split:
+        return ops.linear(x, weight, bias, backend="triton")
+    weight, bias_arg, out, part, cols, split_blocks, splits = tile_args
     grid = (triton.cdiv(rows, LINEAR_BLOCK_M), triton.cdiv(cols, LINEAR_BLOCK_N), splits)
     key = (x.device, grid[0] * grid[1])
     if key not in _COUNTERS:
         _COUNTERS[key] = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
     _linear_fused_sum_kernel[grid](
-        x2d, weight, bias if bias is not None else out, out, part, _COUNTERS[key], rows, cols,
-        width, split_blocks, splits, HAS_BIAS=bias is not None, BLOCK_M=LINEAR_BLOCK_M,
-        BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K, DOT_PRECISION=dot_precision(x2d),
+        x2d, weight, bias_arg, out, part, _COUNTERS[key], rows, cols, width, split_blocks,
+        splits, HAS_BIAS=has_bias, BLOCK_M=LINEAR_BLOCK_M, BLOCK_N=LINEAR_BLOCK_N,
+        BLOCK_K=LINEAR_BLOCK_K, DOT_PRECISION=dot_precision(x2d),
         UPCAST=interpreter_upcast(x2d), num_warps=4)
     return out.view(*x.shape[:-1], cols)
