@@ -16,14 +16,14 @@ else
   for name in ${EAGLE_CYCLE_STEPS:-}; do
     [[ " $steps " == *" $name "* ]] || { echo "EAGLE_CYCLE_STEPS: no step $name ($steps)"; exit 2; }
   done
-  chosen() { [ -z "${EAGLE_CYCLE_STEPS:-}" ] || [[ " $EAGLE_CYCLE_STEPS " == *" $1 "* ]]; }
+  # step NAME ... where EAGLE_CYCLE_STEPS chose NAME (or chose none)
+  cycle_step() { [ -z "${EAGLE_CYCLE_STEPS:-}" ] || [[ " $EAGLE_CYCLE_STEPS " == *" $1 "* ]] \
+    && step "$@"; }
   # The bar's shape first: a short budget (bench/gpu_suite.sh lease) still measures it.
   read -ra backends <<< "${EAGLE_CYCLE_BACKENDS:-auto torch triton cuda}"
-  chosen cycle-llama && step cycle-llama 180 "$PY" bench/e2e/bench_cycle.py \
-    --shape llama3.1-8b \
+  cycle_step cycle-llama 180 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
     --backends "${backends[@]}" --contexts 1024 --out "$WORK/cycle"
-  chosen cycle-smollm2 && step cycle-smollm2 90 "$PY" bench/e2e/bench_cycle.py \
-    --shape smollm2-135m \
+  cycle_step cycle-smollm2 90 "$PY" bench/e2e/bench_cycle.py --shape smollm2-135m \
     --backends "${backends[@]}" --contexts 1024 --out "$WORK/cycle"
   # Batch (the issue's bar: where the ratio stands at batch 8 and 32, both shapes): each at the
   # tree the tree budget picks for that batch at acceptance 0.7 (an assumption: random weights
@@ -31,16 +31,13 @@ else
   # candidate tree, so one backend (EAGLE_BATCH_BACKENDS; the lossless triton path by default:
   # two backends did not finish batch 8 and 32 in 61 s on the H200, 2026-11-28).
   read -ra batch_backends <<< "${EAGLE_BATCH_BACKENDS:-triton}"
-  chosen cycle-batch && step cycle-batch 150 "$PY" bench/e2e/bench_cycle.py \
-    --shape llama3.1-8b \
+  cycle_step cycle-batch 150 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
     --backends "${batch_backends[@]}" --contexts 1024 --batches 8 32 --budget-alpha 0.7 \
     --out "$WORK/cycle"
-  chosen cycle-batch-smollm2 && step cycle-batch-smollm2 90 "$PY" bench/e2e/bench_cycle.py \
-    --shape smollm2-135m \
+  cycle_step cycle-batch-smollm2 90 "$PY" bench/e2e/bench_cycle.py --shape smollm2-135m \
     --backends "${batch_backends[@]}" --contexts 1024 --batches 8 32 --budget-alpha 0.7 \
     --out "$WORK/cycle"
-  chosen cycle-llama-4k && step cycle-llama-4k 120 "$PY" bench/e2e/bench_cycle.py \
-    --shape llama3.1-8b \
+  cycle_step cycle-llama-4k 120 "$PY" bench/e2e/bench_cycle.py --shape llama3.1-8b \
     --backends "${backends[@]}" --contexts 4096 --out "$WORK/cycle"
 fi
 step cycle-table 30 "$PY" bench/stages/cycle_table.py "$WORK/cycle/cycle.csv" \
