@@ -99,6 +99,23 @@ def test_greedy_accept_tree_refuses_an_empty_path_list():
                                torch.randn(1, 3, 10))
 
 
+def test_ops_name_a_tensor_on_a_device_they_cannot_run_on():
+    # a meta tensor used to reach torch's "Tensor.item() cannot be called on meta tensors"
+    meta = dict(device="meta")
+    cases = [
+        (lambda: ops.build_tree(torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32, **meta)),
+         "parents"),
+        (lambda: ops.rms_norm(torch.zeros(2, 8, **meta), torch.ones(8), 1e-6), "x"),
+        (lambda: ops.greedy_accept_chain(torch.zeros(1, 3, dtype=torch.int64, **meta),
+                                         torch.zeros(1, 3, 10, **meta)), "tokens"),
+        (lambda: ops.topk_log_softmax(torch.zeros(2, 10, **meta), 3), "logits"),
+    ]
+    for call, name in cases:
+        with pytest.raises(ValueError, match=f"{name}: expected a tensor on cpu or cuda, got "
+                                             f"one on meta"):
+            call()
+
+
 def test_pack_and_unpack_tree_mask_check_their_arguments():
     with pytest.raises(ValueError, match="dense: expected dtype bool"):
         ops.pack_tree_mask(torch.tensor([[2, 0, 0]]))  # was packed as key 1 visible
