@@ -27,12 +27,15 @@ from .draft_heads import (EAGLE1, EAGLE3, DraftHead, load_draft_head, new_draft_
 from .drafting import TreeConfig
 from .generation import Engine, GenerationStats, GenerationStream, SamplingConfig
 from .model import TargetModel, load_target
+from .reply_store import ReplyStore
 from .tree_budget import choose_tree
 
 DRAFT_WEIGHTS = ("auto", "exact", "q8_0")  # how the head's weights are kept (from_pretrained)
 TARGET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the target runs in
 BUNDLED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 DEFAULT_HEAD = BUNDLED_HEADS / "smollm2-135m-instruct-eagle3"
+# the default target's own greedy replies to training-split prompts (see .reply_store)
+DEFAULT_REPLY_STORE = BUNDLED_HEADS.parent / "stores" / "smollm2-135m-instruct-replies.safetensors"
 
 
 @dataclass
@@ -149,7 +152,9 @@ class EagleGenerator:
         """Load target (+ head). ``tree``: see :meth:`set_tree` (the default: the measured
         tree on a CPU, EAGLE-2's 10/6/60 in CUDA graphs on a GPU).
         ``draft_weights``: ``"auto"`` (Q8_0 for an fp32 head on the cpu), ``"q8_0"`` or
-        ``"exact"`` (the checkpoint's values); the output is the target's either way."""
+        ``"exact"`` (the checkpoint's values); the output is the target's either way. The
+        default target with a head also gets its bundled reply store (``engine.reply_store``,
+        drafts for plain steps: see :mod:`.reply_store`; set it to None to go without)."""
         if draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights: expected one of {', '.join(DRAFT_WEIGHTS)}, "
                              f"got {draft_weights!r}")
@@ -160,7 +165,9 @@ class EagleGenerator:
             model, tokenizer, default_target = load_target_and_tokenizer(target, dtype, device)
             head = _load_head(draft, model, default_target)
             applied = _store_head_weights(head, draft_weights)
-        engine = Engine(model, head)
+        store = (ReplyStore.load(DEFAULT_REPLY_STORE, model.vocab_size)
+                 if default_target and head is not None and DEFAULT_REPLY_STORE.is_file() else None)
+        engine = Engine(model, head, reply_store=store)
         generator = cls(engine, tokenizer)
         generator.draft_weights = applied
         generator.set_tree(tree)

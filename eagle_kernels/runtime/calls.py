@@ -114,6 +114,7 @@ class GenerationStats:
     context_cycles: int = 0  # of those, cycles that verified them in place of the tree
     lookup_accepted: int = 0  # context-drafted tokens accepted (all sequences)
     lookup_pauses: int = 0  # times context drafts lost to plain steps and paused (see .lookup)
+    store_steps: int = 0  # of lookup_steps, those with a draft from the reply store (.reply_store)
 
     @property
     def tau(self) -> float:
@@ -141,7 +142,7 @@ class GenerationStats:
                 "plain_steps": self.plain_steps, "fallback": self.fallback,
                 "lookup_steps": self.lookup_steps, "context_cycles": self.context_cycles,
                 "lookup_accepted": self.lookup_accepted,
-                "lookup_pauses": self.lookup_pauses}
+                "lookup_pauses": self.lookup_pauses, "store_steps": self.store_steps}
 
 
 @dataclass

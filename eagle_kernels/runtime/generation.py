@@ -51,23 +51,25 @@ from .graphs import GraphedStep
 from .lookup import (LOOKUP_MAX_NGRAM, ContextDrafts, LookupStep, accept_chain, chain_tree,
                      within_drafts)
 from .model import TargetModel, sliding_window
+from .reply_store import ReplyStore
 from .tree_budget import AdaptiveTree
 
 
 class Engine:
     """Target model + optional draft head; every call allocates its own static caches.
 
-    ``head``, ``tree``, ``tree_policy``, ``cuda_graphs`` and ``prompt_lookup`` are settings
-    read when a call starts (``stream`` included: changing them before its first item changes
-    nothing for that call, see :class:`_Call`). Calls keep no state on
-    the engine (see :class:`_Call`); :attr:`last_output` and :attr:`graph_status` only report
-    the call that finished most recently, for interactive use. With several calls in flight,
-    use what each call returns (``generate``'s output, ``stream(...).output``).
+    ``head``, ``tree``, ``tree_policy``, ``cuda_graphs``, ``prompt_lookup`` and ``reply_store``
+    are settings read when a call starts (``stream`` included: changing them before its first
+    item changes nothing for that call, see :class:`_Call`). Calls keep no state on the engine;
+    :attr:`last_output` and :attr:`graph_status` only report the call that finished most
+    recently, for interactive use. With several calls in flight, use what each call returns
+    (``generate``'s output, ``stream(...).output``).
     """
 
     def __init__(self, target: TargetModel, head: DraftHead | None = None,
                  tree: TreeConfig | None = None, cuda_graphs: bool = True,
-                 tree_policy: AdaptiveTree | None = None, prompt_lookup: bool = True):
+                 tree_policy: AdaptiveTree | None = None, prompt_lookup: bool = True,
+                 reply_store: ReplyStore | None = None):
         self.target = target
         self.head = head
         self.tree = tree or TreeConfig()
@@ -79,6 +81,9 @@ class Engine:
         # Speculative calls also draft from the context, in cycles (eager loops) and in the
         # steps the tree budget decodes plainly (see .lookup): lossless, like every draft.
         self.prompt_lookup = prompt_lookup
+        # With prompt_lookup, a plain step without a context draft may draft from the target's
+        # own earlier replies (see .reply_store).
+        self.reply_store = reply_store
         self._last_output: GenerationOutput | None = None
 
     @property
@@ -314,7 +319,7 @@ class Engine:
             None if call.sampling.greedy else True) is not None
         if lookup:
             call.context = ContextDrafts(call, prompts, verify_steps=getattr(
-                policy, "verify_steps", None))
+                policy, "verify_steps", None), store=self.reply_store)
 
     def _autoregressive(self, prompts, call: _Call, cache):
         """Plain decoding; in a speculative call the tree budget decodes plainly, with context

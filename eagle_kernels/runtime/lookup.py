@@ -106,8 +106,11 @@ class ContextDrafts:
     mid-call. ``clock``: seconds.
     """
 
-    def __init__(self, call, prompts: list[list[int]], clock=None, verify_steps=None):
+    def __init__(self, call, prompts: list[list[int]], clock=None, verify_steps=None,
+                 store=None):
         self.call, self.prompts = call, prompts
+        # a ReplyStore (.reply_store): a plain step's draft where the context has none
+        self.store = store
         # verify_steps(batch, nodes): plain steps a forward over the chains costs (the tree
         # budget's AdaptiveTree.verify_steps); None: batched steps take drafts whatever the cost
         self.verify_steps = verify_steps
@@ -145,13 +148,25 @@ class ContextDrafts:
         drafts = [[] if stop or paused else
                   self.index.propose(b, max(min(LOOKUP_MAX_NGRAM, left[b] - 1), 0), shortest)
                   for b, stop in enumerate(done)]
+        stored = False
+        if self.store is not None and not in_cycle and not paused:  # (a cycle's draft
+            drafts, stored = self._with_store_drafts(drafts, done, left)  # replaces the tree)
         if in_cycle and not all(draft or stop for draft, stop in zip(drafts, done)):
             return [[] for _ in drafts]
         # (in a cycle the chain replaces a tree, which a batch verifies anyway)
         if not in_cycle and len(drafts) > 1 and any(drafts) and not self._cheap_for_a_batch(
                 drafts):
             return [[] for _ in drafts]
+        if stored:
+            call.stats.store_steps += 1
         return drafts
+
+    def _with_store_drafts(self, drafts, done, left) -> tuple[list[list[int]], bool]:
+        """Rows without a context draft take the reply store's (one token: it needs room for
+        itself and the step's own token); returns the drafts and whether any came from it."""
+        extra = [[] if draft or stop or left[b] < 2 else self.store.draft(self.index.tokens[b])
+                 for b, (draft, stop) in enumerate(zip(drafts, done))]
+        return [draft or more for draft, more in zip(drafts, extra)], any(extra)
 
     def _cheap_for_a_batch(self, drafts: list[list[int]]) -> bool:
         if self.verify_steps is None:

@@ -1,0 +1,124 @@
+"""The reply store (runtime/reply_store.py): its draft rule, its file and the checks on it, and
+speculative calls that draft from it in their plain steps: output equal to plain decoding token
+for token (greedy, batches with EOS cuts and budgets, and sampling with top_k = 1), the store's
+drafts counted, and none with prompt_lookup off or in a cycle of the head's tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_kernels.runtime import Engine, SamplingConfig
+from eagle_kernels.runtime.api import DEFAULT_REPLY_STORE
+from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
+from eagle_kernels.runtime.reply_store import STORE_MIN_SHARE, ReplyStore
+from runtime_helpers import tiny_target
+from test_lookup import plain_policy
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(seed=5)
+
+
+def test_the_longest_match_drafts_its_most_frequent_follower_above_the_share():
+    store = ReplyStore([[1, 2, 3, 4], [1, 2, 3, 5], [9, 2, 3, 5], [7, 2, 3, 6], [8, 8, 8]], 10)
+    assert store.draft([0, 2, 3]) == [5]  # (2, 3): 4 once, 5 twice, 6 once -> 5, share 1/2
+    assert store.draft([1, 2, 3]) == [4]  # (1, 2, 3): 4 and 5 once each -> the smaller id
+    assert store.draft([7, 2, 3]) == [6]  # the longest match wins over the commoner short one
+    assert store.draft([3]) == [] and store.draft([]) == []  # one-token matches draft nothing
+    assert store.draft([5, 5]) == [] and store.draft([8, 8]) == [8]
+    assert len(store) == 19
+
+
+def test_a_follower_below_the_share_drafts_nothing():
+    rows = [[4, 5, t] for t in range(1, 4)]  # (4, 5) followed by three tokens once each
+    assert 1 / 3 < STORE_MIN_SHARE and ReplyStore(rows, 10).draft([4, 5]) == []
+    assert ReplyStore(rows + [[4, 5, 2]] * 3, 10).draft([4, 5]) == [2]  # 4 of 6
+
+
+def test_a_saved_store_loads_back_and_a_bad_file_is_refused_by_name(tmp_path):
+    from safetensors.torch import save_file
+
+    store = ReplyStore([[1, 2, 3, 1, 2, 4], [], [2, 3]], 10, "test replies")
+    store.save(tmp_path / "s.safetensors")
+    loaded = ReplyStore.load(tmp_path / "s.safetensors", 10)
+    assert loaded.replies == store.replies and loaded.source == "test replies"
+    assert loaded.followers == store.followers
+    with pytest.raises(ValueError, match="made for a vocabulary of 10 tokens, the target has 11"):
+        ReplyStore.load(tmp_path / "s.safetensors", 11)
+    tokens = torch.tensor([1, 2, 3], dtype=torch.int32)
+    for name, tensors in {"offsets": {"tokens": tokens, "offsets": torch.tensor([0, 2])},
+                          "expected tensors": {"tokens": tokens}}.items():
+        save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={"vocab_size": "10"})
+        with pytest.raises(ValueError, match=name):
+            ReplyStore.load(tmp_path / "bad.safetensors", 10)
+    with pytest.raises(ValueError, match=r"replies: token ids must lie in \[0, 10\), got 10"):
+        ReplyStore([[1, 10]], 10)
+
+
+def test_the_bundled_store_is_the_default_targets():
+    store = ReplyStore.load(DEFAULT_REPLY_STORE, 49152)
+    assert len(store.replies) >= 1000 and "sharegpt" in store.source
+    assert store.followers  # drafts something
+
+
+def store_of(target, prompts, seed: int) -> ReplyStore:
+    """The target's own plain replies to ``prompts``, once as they are and twice with about a
+    third of their tokens changed: the changed tokens outnumber the true ones after the n-grams
+    before them, so the store drafts right in some steps and wrong in others."""
+    replies = Engine(target).generate(prompts, 30, speculative=False).tokens
+    gen = torch.Generator().manual_seed(seed)
+    changed = []
+    for reply in replies:
+        tokens = torch.tensor(reply)
+        hit = torch.rand(len(reply), generator=gen) < 1 / 3
+        changed.append(torch.where(hit, (tokens + 1) % target.vocab_size, tokens).tolist())
+    return ReplyStore(replies + changed + changed, target.vocab_size)
+
+
+def varied_prompts(seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 20, (n,), generator=gen).tolist() for n in (4, 9, 6)]
+
+
+@pytest.mark.parametrize("max_new_tokens,eos", [(30, False), (30, True), (9, False)])
+def test_store_drafts_keep_plain_greedy_output(target, max_new_tokens, eos):
+    prompts = varied_prompts(1)
+    plain = Engine(target).generate(prompts, 30, speculative=False).tokens
+    eos_ids = [plain[1][5]] if eos else []  # a token the store drafts (row 1's reply)
+    reference = Engine(target).generate(prompts, max_new_tokens, eos_token_ids=eos_ids,
+                                        speculative=False)
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0),
+                    reply_store=store_of(target, prompts, 2))
+    out = engine.generate(prompts, max_new_tokens, eos_token_ids=eos_ids)
+    assert out.tokens == reference.tokens and out.stop_reasons == reference.stop_reasons
+    stats = out.stats
+    assert stats.store_steps > 0 and stats.lookup_accepted > 0, stats.summary()
+    assert stats.store_steps <= stats.lookup_steps <= stats.plain_steps == stats.cycles
+    engine.prompt_lookup = False  # the store drafts only with the context's lookups on
+    off = engine.generate(prompts, max_new_tokens, eos_token_ids=eos_ids)
+    assert off.tokens == reference.tokens and off.stats.lookup_steps == 0
+    assert off.stats.store_steps == 0
+
+
+def test_sampling_with_top_k_1_verifies_store_drafts_to_the_greedy_tokens(target):
+    prompts = varied_prompts(3)
+    greedy = Engine(target).generate(prompts, 25, speculative=False).tokens
+    engine = Engine(target, new_draft_head(EAGLE3, target), tree_policy=plain_policy(0.0),
+                    reply_store=store_of(target, prompts, 4))
+    out = engine.generate(prompts, 25, sampling=SamplingConfig(temperature=0.8, top_k=1, seed=1))
+    assert out.tokens == greedy
+    assert out.stats.store_steps > 0 and out.stats.lookup_accepted > 0, out.stats.summary()
+
+
+def test_cycles_of_the_tree_take_no_store_drafts(target):
+    """A speculative call that never falls back (an optimistic prior, a store that would draft
+    every step): its cycles draft the head's tree, never the store's token."""
+    prompts = varied_prompts(5)
+    reference = Engine(target).generate(prompts, 12, speculative=False).tokens
+    engine = Engine(target, new_draft_head(EAGLE3, target), prompt_lookup=True,
+                    reply_store=store_of(target, prompts, 6))
+    out = engine.generate(prompts, 12)
+    assert out.tokens == reference
+    assert out.stats.store_steps == 0 and out.stats.cycles > 0 and not out.stats.plain_steps
