@@ -84,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     gen.add_argument("--no-chat", action="store_true", help="raw text, no chat template")
     gen.add_argument("--no-lookup", action="store_true",
-                     help="no context drafts in the steps the tree budget decodes plainly")
+                     help="no context (or reply-store) drafts in the steps the tree budget "
+                          "decodes plainly")
     gen.add_argument("--compare", action="store_true",
                      help="also run the autoregressive baseline and report the speedup")
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
@@ -320,8 +321,8 @@ def generate(args) -> int:
         print(f"  {stats.plain_steps} of the cycles were plain steps: {stats.fallback}")
     if stats.lookup_steps:
         print(f"  context drafts: {stats.lookup_steps} steps verified one ("
-              f"{stats.context_cycles} in place of a tree), {stats.lookup_accepted} drafted "
-              f"tokens accepted")
+              f"{stats.context_cycles} in place of a tree, {stats.store_steps} from the reply "
+              f"store), {stats.lookup_accepted} drafted tokens accepted")
     report = {"speculative": stats.summary()}
     if args.compare:
         base, speedups, same = compare(generator, args.prompt, options, spec)

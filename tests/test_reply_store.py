@@ -11,7 +11,7 @@ import torch
 from eagle_kernels.runtime import Engine, SamplingConfig
 from eagle_kernels.runtime.api import DEFAULT_REPLY_STORE
 from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
-from eagle_kernels.runtime.reply_store import STORE_MIN_SHARE, ReplyStore
+from eagle_kernels.runtime.reply_store import STORE_MIN_COUNT, STORE_MIN_SHARE, ReplyStore
 from runtime_helpers import tiny_target
 from test_lookup import plain_policy
 
@@ -21,20 +21,27 @@ def target():
     return tiny_target(seed=5)
 
 
-def test_the_longest_match_drafts_its_most_frequent_follower_above_the_share():
-    store = ReplyStore([[1, 2, 3, 4], [1, 2, 3, 5], [9, 2, 3, 5], [7, 2, 3, 6], [8, 8, 8]], 10)
-    assert store.draft([0, 2, 3]) == [5]  # (2, 3): 4 once, 5 twice, 6 once -> 5, share 1/2
-    assert store.draft([1, 2, 3]) == [4]  # (1, 2, 3): 4 and 5 once each -> the smaller id
+def test_the_longest_match_drafts_its_most_frequent_follower_seen_often_enough():
+    rows = [[9, 2, 3, 5]] * 12 + [[7, 2, 3, 6]] * 2 + [[1, 2, 3, 4]]
+    store = ReplyStore(rows + [[8, 8, 8]], 10)
+    assert store.draft([0, 2, 3]) == [5]  # (2, 3): 5 twelve times of 15
+    assert store.draft([9, 2, 3]) == [5]  # (9, 2, 3): 5 every time
     assert store.draft([7, 2, 3]) == [6]  # the longest match wins over the commoner short one
+    assert store.draft([1, 2, 3]) == []  # ... also when it drafts nothing: 4 once only
     assert store.draft([3]) == [] and store.draft([]) == []  # one-token matches draft nothing
-    assert store.draft([5, 5]) == [] and store.draft([8, 8]) == [8]
-    assert len(store) == 19
+    assert store.draft([8, 8]) == []  # (8, 8) followed by 8 once: below STORE_MIN_COUNT
+    assert len(store) == 63
 
 
-def test_a_follower_below_the_share_drafts_nothing():
-    rows = [[4, 5, t] for t in range(1, 4)]  # (4, 5) followed by three tokens once each
-    assert 1 / 3 < STORE_MIN_SHARE and ReplyStore(rows, 10).draft([4, 5]) == []
-    assert ReplyStore(rows + [[4, 5, 2]] * 3, 10).draft([4, 5]) == [2]  # 4 of 6
+def test_share_and_count_thresholds_and_ties():
+    assert STORE_MIN_SHARE > 1 / 2 and STORE_MIN_COUNT == 2
+    assert ReplyStore([[4, 5, 2]] * 2, 10).draft([4, 5]) == [2]  # 2 of 2
+    assert ReplyStore([[4, 5, 2]], 10).draft([4, 5]) == []  # once only
+    many = [[4, 5, 2]] * 8 + [[4, 5, 3]] * 2  # 8 of 10 = STORE_MIN_SHARE
+    assert ReplyStore(many, 10).draft([4, 5]) == [2]
+    assert ReplyStore(many + [[4, 5, 1]], 10).draft([4, 5]) == []  # 8 of 11
+    tied = ReplyStore([[4, 5, 3]] * 2 + [[4, 5, 2]] * 2, 10)
+    assert tied.followers[(4, 5)] == (2, 2, 0.5)  # the smaller id holds a tie
 
 
 def test_a_saved_store_loads_back_and_a_bad_file_is_refused_by_name(tmp_path):
@@ -64,9 +71,9 @@ def test_the_bundled_store_is_the_default_targets():
 
 
 def store_of(target, prompts, seed: int) -> ReplyStore:
-    """The target's own plain replies to ``prompts``, once as they are and twice with about a
-    third of their tokens changed: the changed tokens outnumber the true ones after the n-grams
-    before them, so the store drafts right in some steps and wrong in others."""
+    """The target's own plain replies to ``prompts``, once as they are and four times with
+    about a third of their tokens changed: after unchanged n-grams a changed token follows 4
+    times in 5 (enough to draft), so the store drafts right in some steps and wrong in others."""
     replies = Engine(target).generate(prompts, 30, speculative=False).tokens
     gen = torch.Generator().manual_seed(seed)
     changed = []
@@ -74,7 +81,7 @@ def store_of(target, prompts, seed: int) -> ReplyStore:
         tokens = torch.tensor(reply)
         hit = torch.rand(len(reply), generator=gen) < 1 / 3
         changed.append(torch.where(hit, (tokens + 1) % target.vocab_size, tokens).tolist())
-    return ReplyStore(replies + changed + changed, target.vocab_size)
+    return ReplyStore(replies + changed * 4, target.vocab_size)
 
 
 def varied_prompts(seed: int) -> list[list[int]]:

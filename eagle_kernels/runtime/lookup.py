@@ -17,7 +17,8 @@ on the tokens so far, never on the step's uniforms, so every emitted token follo
 sampling distribution exactly. Cycles of the head's tree take context drafts too (where the decode
 loop runs eagerly: a captured CUDA graph cannot ask the host for a draft): a cycle whose
 sequences have one verifies the chain instead of drafting a tree, and feeds the head the
-accepted tokens as any cycle does.
+accepted tokens as any cycle does. A plain step whose context has no draft may take one token
+from the engine's reply store instead (:mod:`.reply_store`), verified the same way.
 
 Draft length follows the match: n matched tokens propose n more (n from LOOKUP_MAX_NGRAM down
 to LOOKUP_MIN_NGRAM; longer matches are likelier to continue). Chosen on the target's greedy
