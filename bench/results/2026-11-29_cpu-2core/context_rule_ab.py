@@ -1,7 +1,7 @@
 """A/B of the context-draft rule in plain steps: the shortest match that proposes a draft
 (LOOKUP_MIN_NGRAM 2, as shipped, vs 3), with the reply store on in both, beside ours-AR;
 held-out prompts, one call per method per prompt and round, order rotating."""
-import json, statistics, sys, time
+import json, sys
 from pathlib import Path
 from eagle_kernels.data import humaneval_prompts, sharegpt_prompts
 from eagle_kernels.runtime import lookup
