@@ -171,7 +171,9 @@ def csv_section(path: Path, run: Path) -> list[str]:
         rows = list(csv.DictReader(handle))
     if not rows:
         return []
-    columns = [c for c in KERNEL_COLUMNS if c in rows[0]] or list(rows[0])[:8]
+    columns = [c for c in KERNEL_COLUMNS if c in rows[0]]
+    if len(columns) < 2:  # not a kernel benchmark's CSV (one shared name, e.g. "method")
+        columns = list(rows[0])[:8]
     env = rows[0]
     # the rate the floors used (bench/kernels/common.py floor_us); older CSVs lack the columns:
     # their floors were over the copy bandwidth alone

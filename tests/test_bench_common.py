@@ -186,3 +186,21 @@ def test_results_tables_name_the_rate_their_floors_used(tmp_path):
     assert ("floors over 4410.5 GB/s, the fastest of read 4410.5, write 4302.0 and copy 4251.9 "
             "GB/s measured in the run") in text
     assert text.count("floors over") == 1
+
+
+def test_a_csv_of_other_columns_keeps_its_own_first_columns(tmp_path):
+    """A CSV sharing one column name with the kernel tables (bench_reply_store's "method") is
+    rendered by its own first columns, not by that one name alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_results", Path(__file__).resolve().parents[1] / "bench" / "make_results.py")
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    run = tmp_path / "2026-01-05_cpu"
+    run.mkdir()
+    (run / "reply_store.csv").write_text("set,method,tokens_per_s,x_ours_ar,device\n"
+                                         "sharegpt,ours-eagle,167.9,1.148,CPU\n")
+    text = results.build(tmp_path)
+    assert "| set | method | tokens_per_s | x_ours_ar | device |" in text
+    assert "| sharegpt | ours-eagle | 167.9 | 1.148 | CPU |" in text

@@ -53,13 +53,15 @@ def test_only_the_no_store_method_runs_without_the_store():
 
 def test_the_table_divides_by_ours_ar_of_the_same_set():
     bench = load_bench()
-    row = dict(tokens=100, seconds=1.0, passes=100, store_steps=0, lookup_accepted=0,
-               same_as_ar=4)
+    row = dict(tokens=100, seconds=1.0, passes=100, store_steps=0, store_accepted=0,
+               lookup_accepted=0, same_as_ar=4)
     totals = {"ours-ar": row, "ours-eagle": {**row, "seconds": 0.8, "passes": 80,
-                                             "store_steps": 7, "lookup_accepted": 20},
+                                             "store_steps": 7, "store_accepted": 5,
+                                             "lookup_accepted": 20},
               "ours-eagle-no-store": {**row, "seconds": 0.9, "passes": 90}}
     rows = {r["method"]: r for r in bench.table({"set": totals}, 4)}
     assert rows["ours-eagle"]["x_ours_ar"] == 1.25 and rows["ours-eagle"]["store_steps"] == 7
     assert rows["ours-eagle"]["tokens_per_pass"] == 1.25
+    assert rows["ours-eagle"]["store_tokens_accepted"] == 5
     assert rows["ours-eagle-no-store"]["x_ours_ar"] == pytest.approx(1.111, abs=1e-3)
     assert rows["ours-ar"]["same_as_ours_ar"] == "4/4"

@@ -34,7 +34,7 @@ def test_the_longest_match_drafts_its_most_frequent_follower_seen_often_enough()
 
 
 def test_share_and_count_thresholds_and_ties():
-    assert STORE_MIN_SHARE > 1 / 2 and STORE_MIN_COUNT == 2
+    assert STORE_MIN_SHARE == 0.8 and STORE_MIN_COUNT == 2  # the cases below are built on them
     assert ReplyStore([[4, 5, 2]] * 2, 10).draft([4, 5]) == [2]  # 2 of 2
     assert ReplyStore([[4, 5, 2]], 10).draft([4, 5]) == []  # once only
     many = [[4, 5, 2]] * 8 + [[4, 5, 3]] * 2  # 8 of 10 = STORE_MIN_SHARE
@@ -60,8 +60,48 @@ def test_a_saved_store_loads_back_and_a_bad_file_is_refused_by_name(tmp_path):
         save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={"vocab_size": "10"})
         with pytest.raises(ValueError, match=name):
             ReplyStore.load(tmp_path / "bad.safetensors", 10)
+    save_file({"tokens": tokens.float(), "offsets": torch.tensor([0, 3])},
+              str(tmp_path / "bad.safetensors"), metadata={"vocab_size": "10"})
+    with pytest.raises(ValueError, match="expected int32 / int64 tokens"):
+        ReplyStore.load(tmp_path / "bad.safetensors", 10)
+    save_file({"tokens": tokens * 5, "offsets": torch.tensor([0, 3])},
+              str(tmp_path / "bad.safetensors"), metadata={"vocab_size": "10"})
+    with pytest.raises(ValueError, match=r"bad.safetensors: token ids must lie in \[0, 10\)"):
+        ReplyStore.load(tmp_path / "bad.safetensors", 10)
     with pytest.raises(ValueError, match=r"replies: token ids must lie in \[0, 10\), got 10"):
         ReplyStore([[1, 10]], 10)
+    with pytest.raises(TypeError, match=r"replies\[1\]: expected a sequence"):
+        ReplyStore([[1], "ab"], 10)
+    with pytest.raises(ValueError, match="vocab_size"):
+        ReplyStore([[1]], 0)
+
+
+def test_the_engine_refuses_a_store_it_cannot_draft_from(target):
+    engine = Engine(target, new_draft_head(EAGLE3, target), reply_store="store.safetensors")
+    with pytest.raises(TypeError, match="reply_store: expected a ReplyStore or None, got str"):
+        engine.generate([[1, 2]], 4)
+    engine.reply_store = ReplyStore([[1, 2]], target.vocab_size + 1)
+    with pytest.raises(ValueError, match=f"reply_store: expected a store of the target's "
+                                         f"{target.vocab_size}-token vocabulary"):
+        engine.generate([[1, 2]], 4)
+
+
+def test_a_row_with_room_for_one_token_takes_no_store_draft():
+    """A draft needs room for itself and the step's own token: a row that may record one more
+    token gets none (the store would draft for it), the others theirs."""
+    from types import SimpleNamespace
+
+    from eagle_kernels.runtime.calls import GenerationStats
+    from eagle_kernels.runtime.lookup import ContextDrafts
+
+    call = SimpleNamespace(generated=torch.tensor([0, 0, 0]), out=torch.zeros(3, 10),
+                           done=torch.tensor([False, False, False]),
+                           budgets=torch.tensor([10, 1, 2]), stats=GenerationStats("x"))
+    store = ReplyStore([[5, 6, 7]] * 2, 10)
+    context = ContextDrafts(call, [[5, 6], [5, 6], [5, 6]], store=store)
+    # row 1 may record one token (its step's own); rows 0 and 2 have room for a draft too
+    assert context.propose() == [[7], [], [7]] and context.store_rows == [0, 2]
+    assert call.stats.store_steps == 1
 
 
 def test_the_bundled_store_is_the_default_targets():
@@ -101,7 +141,8 @@ def test_store_drafts_keep_plain_greedy_output(target, max_new_tokens, eos):
     out = engine.generate(prompts, max_new_tokens, eos_token_ids=eos_ids)
     assert out.tokens == reference.tokens and out.stop_reasons == reference.stop_reasons
     stats = out.stats
-    assert stats.store_steps > 0 and stats.lookup_accepted > 0, stats.summary()
+    assert stats.store_steps > 0 and 0 < stats.store_accepted <= stats.lookup_accepted, \
+        stats.summary()
     assert stats.store_steps <= stats.lookup_steps <= stats.plain_steps == stats.cycles
     engine.prompt_lookup = False  # the store drafts only with the context's lookups on
     off = engine.generate(prompts, max_new_tokens, eos_token_ids=eos_ids)
@@ -120,12 +161,14 @@ def test_sampling_with_top_k_1_verifies_store_drafts_to_the_greedy_tokens(target
 
 
 def test_cycles_of_the_tree_take_no_store_drafts(target):
-    """A speculative call that never falls back (an optimistic prior, a store that would draft
-    every step): its cycles draft the head's tree, never the store's token."""
+    """A speculative call with a fixed tree (no tree budget: it never decodes plainly) and a
+    store holding its own prompts and outputs twice (a draft after every prefix of 2+
+    tokens): its cycles draft the head's tree, never the store's token."""
     prompts = varied_prompts(5)
     reference = Engine(target).generate(prompts, 12, speculative=False).tokens
+    seen = [prompt + reply for prompt, reply in zip(prompts, reference)] * 2
     engine = Engine(target, new_draft_head(EAGLE3, target), prompt_lookup=True,
-                    reply_store=store_of(target, prompts, 6))
+                    reply_store=ReplyStore(seen, target.vocab_size))
     out = engine.generate(prompts, 12)
     assert out.tokens == reference
     assert out.stats.store_steps == 0 and out.stats.cycles > 0 and not out.stats.plain_steps

@@ -11,8 +11,8 @@ from token ids to token ids, the order rotating from prompt to prompt and round 
 * ``ours-eagle-no-store``  the same without the store.
 
 Per set: tokens/s of each (total tokens over total seconds), the two speculative ones over
-ours-ar, tokens per target pass, steps that verified a store draft, and whether every output
-equals ours-ar's (it must). Writes ``reply_store.csv`` / ``.json`` / ``.png`` under ``--out``.
+ours-ar, tokens per target pass, steps that verified a store draft and the store's tokens
+accepted, and whether every output equals ours-ar's (it must). Writes ``reply_store.csv`` / ``.json`` / ``.png`` under ``--out``.
 
     python bench/e2e/bench_reply_store.py --prompts 24 --rounds 2 --out bench/results/local
 """
@@ -47,7 +47,7 @@ def run_call(generator, ids, method: str, max_new: int, eos) -> tuple[list[int],
 def run_set(generator, prompts: list[str], args) -> dict:
     eos = generator.eos_token_ids()
     totals = {m: {"tokens": 0, "seconds": 0.0, "passes": 0, "store_steps": 0,
-                  "lookup_accepted": 0, "same_as_ar": 0} for m in METHODS}
+                  "store_accepted": 0, "lookup_accepted": 0, "same_as_ar": 0} for m in METHODS}
     turn = 0
     for _ in range(args.rounds):
         for prompt in prompts:
@@ -63,6 +63,7 @@ def run_set(generator, prompts: list[str], args) -> dict:
                 row["seconds"] += seconds
                 row["passes"] += 1 + stats.cycles  # the prefill and every step or cycle
                 row["store_steps"] += stats.store_steps
+                row["store_accepted"] += stats.store_accepted
                 row["lookup_accepted"] += stats.lookup_accepted
             for method in METHODS:
                 totals[method]["same_as_ar"] += outputs[method] == outputs["ours-ar"]
@@ -77,10 +78,11 @@ def table(results: dict, calls: int) -> list[dict]:
             rate = t["tokens"] / t["seconds"]
             rows.append({"set": set_name, "method": method, "tokens_per_s": round(rate, 2),
                          "x_ours_ar": round(rate / ar_rate, 3),
+                         "same_as_ours_ar": f"{t['same_as_ar']}/{calls}",
                          "tokens_per_pass": round(t["tokens"] / t["passes"], 3),
                          "store_steps": t["store_steps"],
-                         "lookup_tokens_accepted": t["lookup_accepted"],
-                         "same_as_ours_ar": f"{t['same_as_ar']}/{calls}"})
+                         "store_tokens_accepted": t["store_accepted"],
+                         "lookup_tokens_accepted": t["lookup_accepted"]})
     return rows
 
 

@@ -22,7 +22,6 @@ import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
-RUNNABLE_DEVICE_TYPES = ("cpu", "cuda")  # where the ops have a backend
 CHECK_VALUES_ENV = "EAGLE_KERNELS_CHECK_VALUES"
 
 
@@ -146,7 +145,11 @@ def check_tensor(
         raise ValueError(f"{name}: expected shape {expected}, got {list(value.shape)}")
     if device is not None and value.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {value.device}")
-    if value.device.type not in RUNNABLE_DEVICE_TYPES:  # meta / mps / xpu: no kernel of ours
+    # meta / mps / xpu: no backend of ours. The device types are written here, not read from
+    # a module constant: the launchers call this helper, and every module constant a launcher's
+    # code reads enters its kernels' source digest (_digests.py), so a new one here would take
+    # every GPU-proven kernel out of auto until re-proven.
+    if value.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: expected a tensor on cpu or cuda, got one on {value.device}")
     if contiguous and not value.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous())")
@@ -189,7 +192,7 @@ def check_device(name: str, device) -> torch.device:
         parsed = torch.device(device)
     except RuntimeError:
         parsed = None
-    if parsed is None or parsed.type not in RUNNABLE_DEVICE_TYPES:
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: expected cpu, cuda or cuda:N, got {device!r}")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}: {device} requested, but this PyTorch sees no CUDA device")

@@ -34,8 +34,9 @@ DRAFT_WEIGHTS = ("auto", "exact", "q8_0")  # how the head's weights are kept (fr
 TARGET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the target runs in
 BUNDLED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 DEFAULT_HEAD = BUNDLED_HEADS / "smollm2-135m-instruct-eagle3"
+BUNDLED_STORES = Path(__file__).resolve().parent.parent / "stores"
 # the default target's own greedy replies to training-split prompts (see .reply_store)
-DEFAULT_REPLY_STORE = BUNDLED_HEADS.parent / "stores" / "smollm2-135m-instruct-replies.safetensors"
+DEFAULT_REPLY_STORE = BUNDLED_STORES / "smollm2-135m-instruct-replies.safetensors"
 
 
 @dataclass
@@ -118,6 +119,16 @@ def _load_head(draft, model: TargetModel, default_target: bool) -> DraftHead | N
     return load_draft_head(draft, model)
 
 
+def _default_reply_store(model: TargetModel) -> ReplyStore | None:
+    """The default target's bundled reply store (~1 s to build its table); None, with a
+    warning, where the install lacks it."""
+    if not DEFAULT_REPLY_STORE.is_file():
+        warnings.warn(f"no reply store at {DEFAULT_REPLY_STORE} (an incomplete install?): plain "
+                      f"steps draft from the context only")
+        return None
+    return ReplyStore.load(DEFAULT_REPLY_STORE, model.vocab_size)
+
+
 def _store_head_weights(head: DraftHead | None, draft_weights: str) -> str:
     """``"q8_0"`` rounds the head's projections to Q8_0 values (:func:`round_head_to_q8_0`:
     the cpu kernels stream them in 8 bits; an fp32 head only); ``"auto"`` does so for an fp32
@@ -165,8 +176,7 @@ class EagleGenerator:
             model, tokenizer, default_target = load_target_and_tokenizer(target, dtype, device)
             head = _load_head(draft, model, default_target)
             applied = _store_head_weights(head, draft_weights)
-        store = (ReplyStore.load(DEFAULT_REPLY_STORE, model.vocab_size)
-                 if default_target and head is not None and DEFAULT_REPLY_STORE.is_file() else None)
+        store = _default_reply_store(model) if default_target and head is not None else None
         engine = Engine(model, head, reply_store=store)
         generator = cls(engine, tokenizer)
         generator.draft_weights = applied

@@ -110,11 +110,13 @@ class GenerationStats:
     tree_cycles: dict[str, int] = field(default_factory=dict)  # "top_k/depth/nodes" -> cycles
     plain_steps: int = 0  # steps of plain decoding in a speculative call (see ``fallback``)
     fallback: str = ""  # why a speculative call decoded plainly, from where
-    lookup_steps: int = 0  # plain steps and cycles that verified context drafts (.lookup)
+    # context drafts (.lookup) and, in plain steps, the reply store's (.reply_store)
+    lookup_steps: int = 0  # plain steps and cycles that verified drafts of either kind
     context_cycles: int = 0  # of those, cycles that verified them in place of the tree
-    lookup_accepted: int = 0  # context-drafted tokens accepted (all sequences)
-    lookup_pauses: int = 0  # times context drafts lost to plain steps and paused (see .lookup)
-    store_steps: int = 0  # of lookup_steps, those with a draft from the reply store (.reply_store)
+    lookup_accepted: int = 0  # drafted tokens of either kind accepted (all sequences)
+    lookup_pauses: int = 0  # times the drafts lost to plain steps and paused (see .lookup)
+    store_steps: int = 0  # of lookup_steps, those where some row's draft was the store's
+    store_accepted: int = 0  # of lookup_accepted, the store's tokens
 
     @property
     def tau(self) -> float:
@@ -142,7 +144,8 @@ class GenerationStats:
                 "plain_steps": self.plain_steps, "fallback": self.fallback,
                 "lookup_steps": self.lookup_steps, "context_cycles": self.context_cycles,
                 "lookup_accepted": self.lookup_accepted,
-                "lookup_pauses": self.lookup_pauses, "store_steps": self.store_steps}
+                "lookup_pauses": self.lookup_pauses, "store_steps": self.store_steps,
+                "store_accepted": self.store_accepted}
 
 
 @dataclass

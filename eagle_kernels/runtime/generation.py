@@ -269,11 +269,23 @@ class Engine:
         vocab = self.target.vocab_size
         if any(t < 0 or t >= vocab for p in prompts for t in p):
             raise ValueError(f"prompts: token ids must lie in [0, {vocab})")
+        self._check_reply_store(vocab)
         if not isinstance(speculative, bool):  # "no" would read as True
             raise TypeError(f"speculative: expected a bool, got {type(speculative).__name__}")
         if speculative and self.head is None:
             raise ValueError("speculative: no draft head loaded; pass speculative=False")
         return prompts, eos_token_ids, SamplingConfig.of(sampling)
+
+    def _check_reply_store(self, vocab: int) -> None:
+        """The engine's reply store: None or a ReplyStore of the target's vocabulary (its
+        drafts are token ids the target embeds)."""
+        store = self.reply_store
+        if store is not None and not isinstance(store, ReplyStore):
+            raise TypeError(f"reply_store: expected a ReplyStore or None, got "
+                            f"{type(store).__name__}")
+        if store is not None and store.vocab_size != vocab:
+            raise ValueError(f"reply_store: expected a store of the target's {vocab}-token "
+                             f"vocabulary, got one of {store.vocab_size}")
 
     def _budgets(self, prompts, max_new_tokens, max_length) -> list[int]:
         """Each sequence's new tokens under ``max_length`` (None: the target's limit, the

@@ -100,6 +100,8 @@ class ContextIndex:
 class ContextDrafts:
     """One call's context drafts: the index of its sequences, each step's drafts (capped to
     what a row may still record), and the check that they pay (see the module docstring).
+    With ``store`` (a :class:`~.reply_store.ReplyStore`), a plain step's row without a context
+    draft takes the store's one token instead (paused with the rest; never in a cycle).
 
     ``propose()`` starts a step and returns each sequence's draft ([] for none, all [] while
     paused); ``observe(...)`` ends it with what the step recorded. The index is built at the
@@ -120,6 +122,7 @@ class ContextDrafts:
         # (call_progress, seconds) of the latest steps with and without drafts
         self.timed = {kind: deque(maxlen=LOOKUP_WINDOW) for kind in ("other", "draft")}
         self.drafts_since_check = 0
+        self.store_rows: list[int] = []  # rows whose draft of the current step is the store's
         self.paused = 0  # steps left before drafting is tried again
         self._began = 0.0
 
@@ -149,25 +152,28 @@ class ContextDrafts:
         drafts = [[] if stop or paused else
                   self.index.propose(b, max(min(LOOKUP_MAX_NGRAM, left[b] - 1), 0), shortest)
                   for b, stop in enumerate(done)]
-        stored = False
-        if self.store is not None and not in_cycle and not paused:  # (a cycle's draft
-            drafts, stored = self._with_store_drafts(drafts, done, left)  # replaces the tree)
+        self.store_rows = []
+        # the store drafts in plain steps only: a cycle's draft replaces the head's tree
+        if self.store is not None and not in_cycle and not paused:
+            drafts, self.store_rows = self._with_store_drafts(drafts, done, left)
         if in_cycle and not all(draft or stop for draft, stop in zip(drafts, done)):
             return [[] for _ in drafts]
         # (in a cycle the chain replaces a tree, which a batch verifies anyway)
         if not in_cycle and len(drafts) > 1 and any(drafts) and not self._cheap_for_a_batch(
                 drafts):
+            self.store_rows = []
             return [[] for _ in drafts]
-        if stored:
+        if self.store_rows:
             call.stats.store_steps += 1
         return drafts
 
-    def _with_store_drafts(self, drafts, done, left) -> tuple[list[list[int]], bool]:
+    def _with_store_drafts(self, drafts, done, left) -> tuple[list[list[int]], list[int]]:
         """Rows without a context draft take the reply store's (one token: it needs room for
-        itself and the step's own token); returns the drafts and whether any came from it."""
+        itself and the step's own token); returns the drafts and the rows it drafted for."""
         extra = [[] if draft or stop or left[b] < 2 else self.store.draft(self.index.tokens[b])
                  for b, (draft, stop) in enumerate(zip(drafts, done))]
-        return [draft or more for draft, more in zip(drafts, extra)], any(extra)
+        rows = [b for b, more in enumerate(extra) if more]
+        return [draft or more for draft, more in zip(drafts, extra)], rows
 
     def _cheap_for_a_batch(self, drafts: list[list[int]]) -> bool:
         if self.verify_steps is None:
@@ -184,9 +190,10 @@ class ContextDrafts:
         if drafted:
             stats = self.call.stats
             stats.lookup_steps += 1
-            # drafted tokens recorded (not what an EOS cut off)
-            stats.lookup_accepted += sum(min(a, max(c - 1, 0))
-                                         for a, c in zip(accepted.tolist(), counts))
+            # drafted tokens recorded (not what an EOS cut off), per row
+            kept = [min(a, max(c - 1, 0)) for a, c in zip(accepted.tolist(), counts)]
+            stats.lookup_accepted += sum(kept)
+            stats.store_accepted += sum(kept[b] for b in self.store_rows)
         for b, count in enumerate(counts):
             if count:
                 self.index.extend(b, rows[b][:count])

@@ -33,6 +33,9 @@ from typing import Sequence
 
 import torch
 
+from ..ops._validate import check_int
+from .calls import _token_list
+
 STORE_MIN_NGRAM = 2  # shortest match looked up (1-token matches mislead, as in .lookup)
 STORE_MAX_NGRAM = 4  # longest match looked up
 # A token is drafted when it followed its n-gram at least STORE_MIN_COUNT times and at least
@@ -49,13 +52,14 @@ class ReplyStore:
     the token lists the table was built from (what :meth:`save` writes).
     """
 
-    def __init__(self, replies: Sequence[Sequence[int]], vocab_size: int, source: str = ""):
-        self.replies = [list(map(int, reply)) for reply in replies]
-        self.vocab_size = vocab_size
+    def __init__(self, replies: Sequence[Sequence[int]], vocab_size: int, source: str = "",
+                 name: str = "replies"):
+        self.vocab_size = check_int("vocab_size", vocab_size, 1)
+        self.replies = [_token_list(f"{name}[{i}]", reply) for i, reply in enumerate(replies)]
         self.source = source
         bad = [t for reply in self.replies for t in reply if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"replies: token ids must lie in [0, {vocab_size}), got {bad[0]}")
+            raise ValueError(f"{name}: token ids must lie in [0, {vocab_size}), got {bad[0]}")
         self.followers = _most_frequent_followers(self.replies)
 
     def __len__(self) -> int:
@@ -99,6 +103,9 @@ class ReplyStore:
         if stored != str(vocab_size):
             raise ValueError(f"reply store {path}: made for a vocabulary of {stored} tokens, the "
                              f"target has {vocab_size}")
+        if tokens.dtype not in (torch.int32, torch.int64) or offsets.dtype != torch.int64:
+            raise ValueError(f"reply store {path}: expected int32 / int64 tokens and int64 "
+                             f"offsets, got {tokens.dtype} and {offsets.dtype}")
         if tokens.dim() != 1 or offsets.dim() != 1 or offsets.numel() < 1 or \
                 int(offsets[0]) != 0 or int(offsets[-1]) != tokens.numel() or \
                 bool((offsets[1:] < offsets[:-1]).any()):
@@ -106,7 +113,7 @@ class ReplyStore:
                              f"{tokens.numel()} tokens")
         flat, bounds = tokens.tolist(), offsets.tolist()
         replies = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        return cls(replies, vocab_size, metadata.get("source", ""))
+        return cls(replies, vocab_size, metadata.get("source", ""), f"reply store {path}")
 
 
 def _most_frequent_followers(replies: list[list[int]]
