@@ -10,14 +10,15 @@ STORE_MIN_COUNT times and STORE_MIN_SHARE of the time. The target verifies it as
 (:mod:`.lookup`: greedy acceptance, or rejection sampling of a deterministic draft), so the
 output is unchanged; only how many target passes it takes changes.
 
-Chosen by replaying the target's greedy replies to 32 + 32 held-out ShareGPT / HumanEval prompts
-x 128 tokens against the bundled store, each draft costing what the loop measured (a plain
-step's verify over k + 1 nodes ~ 1 + 0.35..0.45 k plain steps: every extra row adds ~2.4 ms of
-fp32 multiply-adds to the ~6 ms step): modelled speedups over plain decoding with context drafts
-alone 1.12 / 1.31 (0.35) and 1.07 / 1.21 (0.45), with the store's one token at share 0.8, count
-2 1.15 / 1.36 and 1.09 / 1.24; at share 0.5, count 1 the store kept 15-50 % of that at 0.45
-(1.07 / 1.23: its drafts were accepted ~30 % of the time in the loop, measured, below the ~45 %
-a 2-node verify needs), and a second drafted token lost more than it gained.
+Thresholds chosen by replaying the target's greedy replies to 32 + 32 held-out ShareGPT /
+HumanEval prompts x 128 tokens against the bundled store, a step verifying k drafted tokens
+costing 1 + PER k plain steps (bench/results/2026-11-29_cpu-2core/replay_drafts.*): modelled
+speedups over plain decoding with context drafts alone 1.12 / 1.31 at PER 0.35 and 1.07 / 1.21
+at 0.45; with the store at share 0.8, count 2: 1.15 / 1.36 and 1.08 / 1.24; at share 0.5, count
+1: the same at 0.35, 1.07 / 1.23 at 0.45. The loop paid 0.34 there (``loop_step_cost.txt``:
+each extra row is fp32 multiply-adds over every weight on 2 cores), more when the VM is slow in
+compute, and the share-0.5 store's drafts were accepted only 30 % of the time on ShareGPT in the
+loop (``reply_store-share0.5.json``).
 
 File format (safetensors): ``tokens`` int32 [T], the replies one after another, and
 ``offsets`` int64 [S + 1], where reply s is ``tokens[offsets[s]:offsets[s + 1]]``; metadata
@@ -39,8 +40,9 @@ from .calls import _token_list
 STORE_MIN_NGRAM = 2  # shortest match looked up (1-token matches mislead, as in .lookup)
 STORE_MAX_NGRAM = 4  # longest match looked up
 # A token is drafted when it followed its n-gram at least STORE_MIN_COUNT times and at least
-# STORE_MIN_SHARE of the time: on this project's 2-core CPU a 2-node verify costs ~1.45 plain
-# steps as the loop runs it, so a draft pays only where it is accepted more than ~45 % of the time.
+# STORE_MIN_SHARE of the time: on this project's 2-core CPU a plain step that verifies one
+# drafted token costs ~1.35-1.45 plain steps as the loop runs it, so a draft pays only where it
+# is accepted more than ~35-45 % of the time.
 STORE_MIN_SHARE = 0.8
 STORE_MIN_COUNT = 2
 

@@ -1,6 +1,6 @@
 """What a plain step that verifies one drafted token costs, as the speculative loop runs it:
 calls that decode plainly from the start (the tree budget's fallback), one with no drafts, one
-whose every step verifies a 1-token draft (a stand-in store drafting the last token again,
+whose every step verifies a 1-token draft (a store drafting the last token again,
 nearly always rejected; the drafts-lose pause turned off), ms per step over 128 tokens, medians
 of ROUNDS alternating calls; then, under cProfile, the C++ decoder stack's and the lm_head's
 time per call in each.
@@ -14,10 +14,11 @@ import sys
 
 from eagle_kernels.runtime import lookup
 from eagle_kernels.runtime.api import from_pretrained
+from eagle_kernels.runtime.reply_store import ReplyStore
 
 
-class RepeatLast:
-    """A reply store stand-in that drafts the last token again at every step."""
+class RepeatLast(ReplyStore):
+    """A reply store that drafts the last token again at every step."""
 
     def draft(self, history):
         return [int(history[-1])]
@@ -35,7 +36,7 @@ def main() -> int:
 
     def run(drafting: bool):
         engine.prompt_lookup = drafting
-        engine.reply_store = RepeatLast() if drafting else None
+        engine.reply_store = RepeatLast([], engine.target.vocab_size) if drafting else None
         return engine.generate([ids], 128)
 
     per_step = {False: [], True: []}
