@@ -86,7 +86,7 @@ def test_the_engine_refuses_a_store_it_cannot_draft_from(target):
         engine.generate([[1, 2]], 4)
 
 
-def test_a_row_with_room_for_one_token_takes_no_store_draft():
+def test_a_row_with_room_for_one_token_or_a_pause_takes_no_store_draft():
     """A draft needs room for itself and the step's own token: a row that may record one more
     token gets none (the store would draft for it), the others theirs."""
     from types import SimpleNamespace
@@ -101,6 +101,9 @@ def test_a_row_with_room_for_one_token_takes_no_store_draft():
     context = ContextDrafts(call, [[5, 6], [5, 6], [5, 6]], store=store)
     # row 1 may record one token (its step's own); rows 0 and 2 have room for a draft too
     assert context.propose() == [[7], [], [7]] and context.store_rows == [0, 2]
+    assert call.stats.store_steps == 1
+    context.paused = 2  # drafts found to lose: the store's pause with the context's
+    assert context.propose() == [[], [], []] and context.store_rows == []
     assert call.stats.store_steps == 1
 
 
