@@ -43,14 +43,17 @@ from make_results import agreement_lines  # noqa: E402
 STEPS = 3  # α_1..α_3: the depths CPU trees draft (runtime/tree_budget.py picks 1/1/2 .. 4/3/8)
 
 
-def greedy_replies(generator, prompts: list[str], max_new: int, batch: int) -> list[list[int]]:
-    """prompt ids + the target's greedy reply, per prompt."""
+def greedy_replies(generator, prompts: list[str], max_new: int, batch: int,
+                   eos_token_ids=()) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the target's greedy reply) per prompt (chat template), ``max_new`` tokens
+    or up to and with the first of ``eos_token_ids``."""
     from tqdm import tqdm
 
     sequences = []
     for start in tqdm(range(0, len(prompts), batch), desc="greedy replies", leave=False):
         ids = [generator.encode(p, chat=True) for p in prompts[start:start + batch]]
-        out = generator.engine.generate(ids, max_new, speculative=False)
+        out = generator.engine.generate(ids, max_new, speculative=False,
+                                        eos_token_ids=eos_token_ids)
         sequences.extend((prompt, reply) for prompt, reply in zip(ids, out.tokens))
     return sequences
 

@@ -21,19 +21,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "e2e"))
+from bench_agreement import greedy_replies  # noqa: E402  (the same batched greedy decoding)
 
 
 def replies(generator, prompts: list[str], max_new: int, batch: int) -> list[list[int]]:
-    """The target's greedy reply to each prompt (chat template), EOS included when reached."""
-    from tqdm import tqdm
-
-    out = []
-    eos = generator.eos_token_ids()
-    for start in tqdm(range(0, len(prompts), batch), desc="replies", leave=False):
-        ids = [generator.encode(p, chat=True) for p in prompts[start:start + batch]]
-        result = generator.engine.generate(ids, max_new, speculative=False, eos_token_ids=eos)
-        out.extend(result.tokens)
-    return out
+    """The target's greedy reply to each prompt, EOS included when reached."""
+    return [reply for _, reply in greedy_replies(generator, prompts, max_new, batch,
+                                                 generator.eos_token_ids())]
 
 
 def stored_counts(source: str) -> dict[str, str]:
