@@ -1,0 +1,329 @@
+"""Ours beside llama.cpp on this CPU: the same GGUF weights, the same prompts, one run.
+
+llama.cpp is what a CPU user runs a GGUF model with, so it is the peer of this project's CPU
+path. Both run the default target from the same file (SmolLM2-135M-Instruct.Q4_1.gguf: ours
+packs its blocks unchanged, llama.cpp reads them as they are), batch 1, greedy, the same
+threads, stopping at EOS or ``--max-new-tokens``. Per held-out prompt each method answers once,
+in an order that rotates from prompt to prompt (this VM's speed drifts over minutes):
+
+* ``ours-ar``           this runtime's plain decoding (fp32 activations);
+* ``ours-eagle``        its speculative decoding as ``from_pretrained()`` runs it (the tree
+                        budget's tree, context and reply-store drafts, plain steps where no tree
+                        pays);
+* ``llama.cpp``         ``llama-completion`` (plain decoding; its Q4_1 dot products round the
+                        activations to 8 bits, as llama.cpp does on every CPU);
+* ``llama.cpp-lookup``  ``llama-lookup``: llama.cpp's prompt-lookup speculative decoding (n-gram
+                        drafts from the context), the speculative peer that needs no draft model.
+
+llama.cpp gets the exact text of the chat-templated prompt, and the token ids it reads
+(``--verbose-prompt``) are checked against ours: a prompt whose ids differ is refused. Time is
+each method's own from token ids to token ids: ours the call's prefill + decode wall time,
+llama-completion its prompt-eval + eval + sampling times, llama-lookup its encode + decode
+times (process start and model load are left out of every method). Decode-only milliseconds per
+token are compared with the memory floor of the bytes each reads per token (ours: its packs;
+llama.cpp: the GGUF's tensors) over the read bandwidth measured in the same run (bench_cpu.py's
+measurement, before and after the calls).
+
+Outputs: ours-eagle must equal ours-ar token for token, and llama-lookup llama-completion's
+text. Across the two codes the texts are compared (they need not match: llama.cpp rounds its
+activations, ours does not). Writes ``llama_cpp.csv`` / ``.json`` / ``.png`` under ``--out``.
+
+Build llama.cpp for this CPU first (no network needed; the commit is recorded):
+
+    cmake -S llama.cpp -B llama.cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \\
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF
+    cmake --build llama.cpp/build --target llama-completion llama-lookup
+    python bench/e2e/bench_llama_cpp.py --llama-cpp llama.cpp/build --prompts 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu import bandwidth_calls, step_bytes  # noqa: E402
+from common import append_rows, environment  # noqa: E402
+
+from eagle_kernels.runtime.tree_budget import interleaved_medians  # noqa: E402
+
+METHODS = ("ours-ar", "ours-eagle", "llama.cpp", "llama.cpp-lookup")
+BINARIES = {"llama.cpp": "llama-completion", "llama.cpp-lookup": "llama-lookup"}
+CONTEXT = 2048          # llama.cpp's context (prompt + reply; the longest held-out prompt fits)
+BANDWIDTH_MB = 1024     # buffer streamed to measure the read bandwidth (bench_cpu's size)
+BANDWIDTH_ROUNDS = 5
+
+_PERF = re.compile(r"(prompt eval|eval|total) time =\s*([\d.]+) ms /\s*(\d+) (?:tokens|runs)")
+END_OF_TEXT = " [end of text]"  # what llama-completion prints at EOS
+_LOOKUP_TIME = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
+_LOOKUP_COUNT = re.compile(r"(n_drafted|n_accept)\s*=\s*(\d+)")
+_PROMPT_ID = re.compile(r" I\s+(\d+) -> '")  # --verbose-prompt: "<time> I <id> -> '<piece>'"
+_VERSION = re.compile(r"version: (\d+) \(([0-9a-f]+)\)")
+
+
+def find_binaries(build: Path) -> dict[str, Path]:
+    """llama-completion and llama-lookup under ``build`` (or its bin/)."""
+    found = {}
+    for method, name in BINARIES.items():
+        candidates = [build / "bin" / name, build / name]
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None:
+            raise SystemExit(f"--llama-cpp: no {name} under {build} (build it: see this file's "
+                             f"docstring)")
+        found[method] = path
+    return found
+
+
+def llama_cpp_version(binary: Path) -> str:
+    """``build N (commit)`` as the binary reports it."""
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+    match = _VERSION.search(out.stdout + out.stderr)
+    return f"build {match.group(1)} ({match.group(2)})" if match else "unknown"
+
+
+def _common_flags(gguf: Path, text: str, args) -> list[str]:
+    return ["-m", str(gguf), "-p", text, "-n", str(args.max_new_tokens), "-t", str(args.threads),
+            "-tb", str(args.threads), "-c", str(CONTEXT), "--temp", "0", "-s", "0"]
+
+
+def run_completion(binary: Path, gguf: Path, text: str, args) -> dict:
+    """llama-completion's reply text, its prompt ids and its own timings."""
+    cmd = [str(binary), *_common_flags(gguf, text, args), "-no-cnv", "--no-display-prompt",
+           "--verbose-prompt", "--simple-io"]
+    out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-completion failed ({out.returncode}): {out.stderr[-2000:]}")
+    perf = {name: (float(ms), int(count) if count else None)
+            for name, ms, count in _PERF.findall(out.stderr)}
+    if set(perf) != {"prompt eval", "eval", "total"}:
+        raise RuntimeError(f"llama-completion printed no timings: {out.stderr[-2000:]}")
+    eval_ms, runs = perf["eval"]
+    head = out.stderr.split("number of tokens in prompt", 1)[-1].split("sampler seed", 1)[0]
+    text = out.stdout.rstrip("\n")
+    text = text[:-len(END_OF_TEXT)] if text.endswith(END_OF_TEXT) else text
+    return {"text": text, "tokens": runs + 1,
+            # total: from the prompt's first token to the last reply token (prompt eval, eval,
+            # sampling and the rest it does between them)
+            "seconds": perf["total"][0] / 1e3,
+            "decode_seconds": eval_ms / 1e3, "decode_steps": runs,
+            "prompt_ids": [int(i) for i in _PROMPT_ID.findall(head)]}
+
+
+def run_lookup(binary: Path, gguf: Path, text: str, rendered_prompt: str, args) -> dict:
+    """llama-lookup's reply text (its stdout after the prompt it echoes), tokens and times."""
+    cmd = [str(binary), *_common_flags(gguf, text, args)]
+    out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-lookup failed ({out.returncode}): {out.stderr[-2000:]}")
+    times = {kind: (int(n), float(s)) for kind, n, s in _LOOKUP_TIME.findall(out.stderr)}
+    counts = {name: int(value) for name, value in _LOOKUP_COUNT.findall(out.stderr)}
+    if set(times) != {"encoded", "decoded"}:
+        raise RuntimeError(f"llama-lookup printed no timings: {out.stderr[-2000:]}")
+    reply = out.stdout.strip("\n")
+    if not reply.startswith(rendered_prompt):
+        raise RuntimeError("llama-lookup echoed a prompt other than the one it was given")
+    return {"text": reply[len(rendered_prompt):], "tokens": times["decoded"][0],
+            "seconds": times["encoded"][1] + times["decoded"][1],
+            "drafted": counts.get("n_drafted", 0), "accepted": counts.get("n_accept", 0)}
+
+
+def without_end_marks(text: str, marks: list[str]) -> str:
+    """``text`` up to the first end-of-turn mark (llama-lookup prints special tokens)."""
+    for mark in marks:
+        if mark and mark in text:
+            text = text[:text.index(mark)]
+    return text
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def run_ours(generator, ids: list[int], speculative: bool, args, eos) -> dict:
+    out = generator.engine.generate([ids], args.max_new_tokens, eos_token_ids=eos,
+                                    speculative=speculative)
+    stats, tokens = out.stats, out.tokens[0]
+    return {"ids": tokens, "tokens": len(tokens),
+            "seconds": stats.prefill_seconds + stats.decode_seconds,
+            "decode_seconds": stats.decode_seconds, "decode_steps": max(len(tokens) - 1, 0),
+            "text": generator.tokenizer.decode(tokens, skip_special_tokens=True)}
+
+
+def run_set(generator, binaries: dict, gguf: Path, prompts: list[str], args, turn: int) -> dict:
+    tokenizer = generator.tokenizer
+    eos = generator.eos_token_ids()
+    marks = [tokenizer.decode([t]) for t in eos]
+    totals = {m: {"tokens": 0, "seconds": 0.0, "decode_seconds": 0.0, "decode_steps": 0,
+                  "same": 0, "drafted": 0, "accepted": 0, "prefix_chars": 0, "chars": 0}
+              for m in METHODS}
+    for prompt in tqdm(prompts, desc="prompts"):
+        ids = generator.encode(prompt)
+        text = tokenizer.decode(ids)  # the chat-templated prompt, special tokens as text
+        order = METHODS[turn % len(METHODS):] + METHODS[:turn % len(METHODS)]
+        turn += 1
+        results = {}
+        for method in order:
+            if method == "llama.cpp":
+                results[method] = run_completion(binaries[method], gguf, text, args)
+                if results[method]["prompt_ids"] != ids:
+                    raise SystemExit(f"llama.cpp read other token ids than ours for a prompt "
+                                     f"({len(results[method]['prompt_ids'])} against {len(ids)})")
+            elif method == "llama.cpp-lookup":
+                results[method] = run_lookup(binaries[method], gguf, text, text, args)
+                results[method]["text"] = without_end_marks(results[method]["text"], marks)
+            else:
+                results[method] = run_ours(generator, ids, method == "ours-eagle", args, eos)
+        same = {"ours-ar": True,
+                "ours-eagle": results["ours-eagle"]["ids"] == results["ours-ar"]["ids"],
+                "llama.cpp": results["llama.cpp"]["text"] == results["ours-ar"]["text"],
+                # lookup may run a few tokens past the budget: its text starts with the plain one
+                "llama.cpp-lookup": results["llama.cpp-lookup"]["text"].startswith(
+                    results["llama.cpp"]["text"])}
+        reference = {"ours-ar": "ours-ar", "ours-eagle": "ours-ar", "llama.cpp": "ours-ar",
+                     "llama.cpp-lookup": "llama.cpp"}
+        for method, result in results.items():
+            row = totals[method]
+            for key in ("tokens", "seconds", "decode_seconds", "decode_steps", "drafted",
+                        "accepted"):
+                row[key] += result.get(key, 0)
+            row["same"] += same[method]
+            base = results[reference[method]]["text"]
+            row["prefix_chars"] += common_prefix(result["text"], base)
+            row["chars"] += len(base)
+    return totals
+
+
+def read_bandwidth() -> float:
+    """Bytes / s of the faster of bench_cpu's two DRAM streams (median of rounds)."""
+    moved, calls = bandwidth_calls(BANDWIDTH_MB)
+    return moved / min(interleaved_medians(calls, BANDWIDTH_ROUNDS, torch.device("cpu")))
+
+
+def gguf_step_bytes(gguf: Path) -> int:
+    """Bytes of the GGUF's tensors llama.cpp reads per token: all of them, except one row of an
+    embedding table that is not also the output matrix (SmolLM2 ties them: all)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors}
+    total = sum(tensors.values())
+    if "output.weight" in tensors and "token_embd.weight" in tensors:
+        total -= tensors["token_embd.weight"]
+    return total
+
+
+def table(results: dict, counts: dict, floors: dict) -> list[dict]:
+    rows = []
+    for set_name, totals in results.items():
+        rate = {m: t["tokens"] / t["seconds"] for m, t in totals.items()}
+        for method, t in totals.items():
+            decode_ms = t["decode_seconds"] / t["decode_steps"] * 1e3 if t["decode_steps"] else None
+            plain = method in ("ours-ar", "llama.cpp")
+            floor = floors["ours_ms"] if method.startswith("ours") else floors["llama_cpp_ms"]
+            rows.append({
+                "set": set_name, "method": method, "tokens": t["tokens"],
+                "tokens_per_s": round(rate[method], 2),
+                "x_ours_ar": round(rate[method] / rate["ours-ar"], 3),
+                "x_llama_cpp": round(rate[method] / rate["llama.cpp"], 3),
+                "decode_ms_per_token": round(decode_ms, 3) if plain and decode_ms else "",
+                "floor_ms": round(floor, 3) if plain else "",
+                "x_floor": round(decode_ms / floor, 3) if plain and decode_ms else "",
+                "same_as": {"ours-eagle": "ours-ar", "llama.cpp": "ours-ar",
+                            "llama.cpp-lookup": "llama.cpp"}.get(method, ""),
+                "same_outputs": f"{t['same']}/{counts[set_name]}",
+                "common_prefix": round(t["prefix_chars"] / max(t["chars"], 1), 3),
+                "drafted": t["drafted"] if method == "llama.cpp-lookup" else "",
+                "accepted": t["accepted"] if method == "llama.cpp-lookup" else ""})
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = sorted({r["set"] for r in rows})
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    width = 0.8 / len(METHODS)
+    for i, method in enumerate(METHODS):
+        values = [next(r["tokens_per_s"] for r in rows if r["set"] == s and r["method"] == method)
+                  for s in sets]
+        ax.bar([k + i * width for k in range(len(sets))], values, width, label=method)
+    ax.set_xticks([k + 1.5 * width for k in range(len(sets))], sets)
+    ax.set_ylabel("tokens / s (batch 1, greedy)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    from eagle_kernels.data import humaneval_prompts, sharegpt_prompts
+    from eagle_kernels.runtime.api import from_pretrained
+    from eagle_kernels.runtime.default_model import find_smollm2_gguf
+
+    parse = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parse.add_argument("--llama-cpp", required=True, help="llama.cpp build directory")
+    parse.add_argument("--llama-cpp-commit", default="",
+                       help="the llama.cpp commit built (recorded; a build from an archive, "
+                            "without git, reports none itself)")
+    parse.add_argument("--prompts", type=int, default=16, help="per set")
+    parse.add_argument("--max-new-tokens", type=int, default=128)
+    parse.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parse.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results"
+                                            / "local"))
+    args = parse.parse_args(argv)
+    started = time.perf_counter()
+    binaries = find_binaries(Path(args.llama_cpp))
+    gguf = find_smollm2_gguf()
+    torch.set_num_threads(args.threads)
+    generator = from_pretrained()
+    sets = {"sharegpt": sharegpt_prompts(args.prompts, split="heldout"),
+            "humaneval": humaneval_prompts(args.prompts)}
+    warm = generator.encode(sets["sharegpt"][0])  # untimed: first calls pay one-off costs
+    for speculative in (False, True):
+        generator.engine.generate([warm], 8, speculative=speculative)
+    bandwidths = [read_bandwidth()]
+    results = {}
+    for index, (name, prompts) in enumerate(sets.items()):
+        results[name] = run_set(generator, binaries, gguf, prompts, args, turn=index)
+    bandwidths.append(read_bandwidth())
+    bandwidth = statistics.mean(bandwidths)
+    target = generator.engine.target
+    ours_bytes, gguf_bytes = step_bytes(target, packed=True), gguf_step_bytes(gguf)
+    floors = {"ours_ms": ours_bytes / bandwidth * 1e3, "llama_cpp_ms": gguf_bytes / bandwidth * 1e3}
+    rows = table(results, {name: len(p) for name, p in sets.items()}, floors)
+    env = environment()
+    env["llama_cpp"] = llama_cpp_version(binaries["llama.cpp"])
+    env["llama_cpp_commit"] = args.llama_cpp_commit
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    append_rows(out / "llama_cpp.csv", [{**row, **env} for row in rows])
+    report = {"environment": env, "command": "python " + " ".join(sys.argv), "rows": rows,
+              "threads": args.threads, "read_bandwidth_gb_s": [round(b / 1e9, 2) for b in bandwidths],
+              "ours_step_bytes": ours_bytes, "gguf_step_bytes": gguf_bytes,
+              "floors_ms": {k: round(v, 3) for k, v in floors.items()},
+              "seconds": round(time.perf_counter() - started, 1)}
+    (out / "llama_cpp.json").write_text(json.dumps(report, indent=1))
+    plot(rows, out / "llama_cpp.png")
+    for row in rows:
+        print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
