@@ -1,0 +1,146 @@
+"""bench/e2e/bench_llama_cpp.py without llama.cpp: what it reads from llama-completion's and
+llama-lookup's output (in the formats they print), how it compares replies, and its table."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench():
+    for folder in ("kernels", "e2e"):
+        sys.path.insert(0, str(ROOT / "bench" / folder))
+    spec = importlib.util.spec_from_file_location("bench_llama_cpp",
+                                                  ROOT / "bench/e2e/bench_llama_cpp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Lines as llama-completion prints them (--verbose-prompt, perf at the end); a newline piece
+# spans two lines.
+COMPLETION_STDERR = """\
+0.00.483.911 I main: number of tokens in prompt = 4
+0.00.483.914 I      1 -> '<|im_start|>'
+0.00.483.916 I   9690 -> 'system'
+0.00.483.916 I    198 -> '
+'
+0.00.483.918 I   2683 -> 'You'
+0.00.483.941 I 
+0.00.483.952 I sampler seed: 0
+0.00.483.968 I sampler params: repeat_last_n = 64
+0.00.746.263 I common_perf_print:    sampling time =       2.03 ms
+0.00.746.265 I common_perf_print:    samplers time =       0.60 ms /    53 tokens
+0.00.746.271 I common_perf_print:        load time =     282.60 ms
+0.00.746.272 I common_perf_print: prompt eval time =     129.87 ms /    38 tokens (    3.42 ms per token,   292.61 tokens per second)
+0.00.746.275 I common_perf_print:        eval time =     129.18 ms /    14 runs   (    9.23 ms per token,   108.38 tokens per second)
+0.00.746.276 I common_perf_print:       total time =     263.09 ms /    52 tokens
+"""
+
+LOOKUP_STDERR = """\
+0.01.000.000 I encoded   38 tokens in    0.130 seconds, speed:  292.000 t/s
+0.01.000.001 I decoded  130 tokens in    1.250 seconds, speed:  104.000 t/s
+0.01.000.002 I 
+0.01.000.003 I n_draft      = 16
+0.01.000.004 I n_predict    = 130
+0.01.000.005 I n_drafted    = 48
+0.01.000.006 I t_draft_flat = 0.01 ms
+0.01.000.007 I n_accept     = 21
+"""
+
+
+def test_completion_output_gives_reply_ids_and_times():
+    bench = load_bench()
+    got = bench.parse_completion("Hello there. [end of text]\n\n\n", COMPLETION_STDERR)
+    assert got["text"] == "Hello there."
+    assert got["prompt_ids"] == [1, 9690, 198, 2683]
+    assert got["tokens"] == 15 and got["decode_steps"] == 14  # the first from the prompt's pass
+    assert got["seconds"] == pytest.approx(0.26309)  # total: prompt eval + eval + sampling
+    assert got["decode_seconds"] == pytest.approx(0.12918)
+    # a reply cut by the budget ends without the end-of-text mark and keeps its own text
+    assert bench.parse_completion("a [end of text] b\n", COMPLETION_STDERR)["text"] == \
+        "a [end of text] b"
+
+
+def test_completion_without_timings_is_refused():
+    bench = load_bench()
+    no_perf = COMPLETION_STDERR.split("common_perf_print")[0]
+    with pytest.raises(RuntimeError, match="no timings"):
+        bench.parse_completion("x", no_perf)
+
+
+def test_lookup_output_gives_reply_after_the_echoed_prompt():
+    bench = load_bench()
+    prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    got = bench.parse_lookup("\n\n" + prompt + "Hi!<|im_end|>\n\n", LOOKUP_STDERR, prompt)
+    assert got["text"] == "Hi!<|im_end|>"
+    assert bench.without_end_marks(got["text"], ["<|im_end|>"]) == "Hi!"
+    assert (got["tokens"], got["drafted"], got["accepted"]) == (130, 48, 21)
+    assert got["seconds"] == pytest.approx(1.38)
+    with pytest.raises(RuntimeError, match="other than"):
+        bench.parse_lookup("\n\nanother prompt\n\n", LOOKUP_STDERR, prompt)
+    with pytest.raises(RuntimeError, match="no timings"):
+        bench.parse_lookup("\n\n" + prompt, "nothing", prompt)
+
+
+def test_replies_compare_with_their_reference():
+    bench = load_bench()
+    results = {"ours-ar": {"ids": [1, 2], "text": "ab"}, "ours-eagle": {"ids": [1, 2]},
+               "llama.cpp": {"text": "ab"}, "llama.cpp-lookup": {"text": "abc"}}
+    assert all(bench.same_outputs(results).values())  # lookup ran one token past the budget
+    results["ours-eagle"]["ids"] = [1, 3]
+    results["llama.cpp"]["text"] = "ax"
+    same = bench.same_outputs(results)
+    assert not same["ours-eagle"] and not same["llama.cpp"] and not same["llama.cpp-lookup"]
+    assert bench.common_prefix("abcd", "abxd") == 2
+
+
+def test_table_ratios_and_floors():
+    bench = load_bench()
+    row = dict(tokens=100, seconds=1.0, decode_seconds=0.9, decode_steps=90, same=3, compared=4,
+               prompt_ids_equal=0, drafted=0, accepted=0, prefix_chars=50, chars=100)
+    totals = {"ours-ar": row, "ours-eagle": {**row, "seconds": 0.8},
+              "llama.cpp": {**row, "seconds": 2.0, "decode_seconds": 1.8, "compared": 3,
+                            "prompt_ids_equal": 3},
+              "llama.cpp-lookup": {**row, "seconds": 2.5, "drafted": 40, "accepted": 10}}
+    rows = {r["method"]: r for r in bench.table({"s": totals}, {"s": 4},
+                                                 {"ours_ms": 2.0, "llama_cpp_ms": 1.0})}
+    assert rows["ours-eagle"]["x_ours_ar"] == 1.25 and rows["ours-ar"]["x_llama_cpp"] == 2.0
+    assert rows["llama.cpp-lookup"]["x_llama_cpp"] == 0.8
+    # decode ms / token over the floor of the bytes each code reads; plain methods only
+    assert (rows["ours-ar"]["decode_ms_per_token"], rows["ours-ar"]["x_floor"]) == (10.0, 5.0)
+    assert (rows["llama.cpp"]["decode_ms_per_token"], rows["llama.cpp"]["x_floor"]) == (20.0, 20.0)
+    assert rows["ours-eagle"]["x_floor"] == "" and rows["llama.cpp-lookup"]["floor_ms"] == ""
+    assert rows["llama.cpp-lookup"]["same_as"] == "llama.cpp"
+    # replies compared only where llama.cpp read our prompt ids (3 of the 4 prompts)
+    assert rows["llama.cpp"]["same_outputs"] == "3/3"
+    assert (rows["llama.cpp"]["prompt_ids_equal"], rows["ours-ar"]["prompt_ids_equal"]) == ("3/4", "")
+    assert (rows["llama.cpp-lookup"]["drafted"], rows["ours-ar"]["drafted"]) == (40, "")
+
+
+def test_gguf_bytes_count_an_untied_embedding_as_one_row(monkeypatch):
+    bench = load_bench()
+    import gguf
+
+    tensors = [SimpleNamespace(name="token_embd.weight", n_bytes=1000),
+               SimpleNamespace(name="blk.0.attn_q.weight", n_bytes=30)]
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path: SimpleNamespace(tensors=tensors))
+    assert bench.gguf_step_bytes(Path("x.gguf")) == 1030  # tied: it is the output matrix
+    tensors.append(SimpleNamespace(name="output.weight", n_bytes=1000))
+    assert bench.gguf_step_bytes(Path("x.gguf")) == 1030
+
+
+def test_missing_binaries_are_named(tmp_path):
+    bench = load_bench()
+    with pytest.raises(SystemExit, match="llama-completion"):
+        bench.find_binaries(tmp_path)
+    (tmp_path / "bin").mkdir()
+    for name in bench.BINARIES.values():
+        (tmp_path / "bin" / name).write_text("")
+    assert set(bench.find_binaries(tmp_path)) == set(bench.BINARIES)
