@@ -6,6 +6,7 @@ Each run lives in its own directory under bench/results/ (``<date>_<machine>/``)
 by the benchmark scripts' ``--out``: ``tau.json`` (bench/e2e/bench_tau.py), ``agreement.json``
 (bench/e2e/bench_agreement.py), ``e2e.json``
 (bench/e2e/bench_e2e.py), ``official_eagle.json`` (bench/e2e/bench_official_eagle.py),
+``llama_cpp.json`` (bench/e2e/bench_llama_cpp.py),
 ``cycle*.json`` / kernel CSVs (GPU suite). This script only reads
 them and lays the numbers out as tables, with the device, versions, date and command of each.
 """
@@ -113,6 +114,25 @@ def official_section(run: Path, path: Path, report: dict) -> list[str]:
                      f"{row['speedup_over_own_plain']} | {row['ours_eagle_speedup_over_this']} | "
                      f"{row['tau']} | {row.get('capture_seconds', '')} | "
                      f"{row['identical_to_ours_ar']} | {row['identical_to_own_plain']} |")
+    return lines + [""]
+
+
+def llama_cpp_section(run: Path, report: dict) -> list[str]:
+    """bench/e2e/bench_llama_cpp.py: ours beside llama.cpp on the same GGUF and prompts."""
+    env, rows = report["environment"], report["rows"]
+    lines = [f"### Ours vs llama.cpp — `{run.name}`", "",
+             f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
+             f"llama.cpp {env.get('llama_cpp_commit') or env.get('llama_cpp', '?')}; "
+             f"{report['threads']} threads, batch 1, greedy; read bandwidth "
+             f"{report['read_bandwidth_gb_s']} GB/s (before, after); `{report['command']}`", "",
+             "| set | method | tokens/s | x ours-ar | x llama.cpp | decode ms / token | "
+             "x memory floor | same outputs as | same | prompt ids equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['set']} | {row['method']} | {row['tokens_per_s']} | "
+                     f"{row['x_ours_ar']} | {row['x_llama_cpp']} | "
+                     f"{row['decode_ms_per_token']} | {row['x_floor']} | {row['same_as']} | "
+                     f"{row['same_outputs']} | {row['prompt_ids_equal']} |")
     return lines + [""]
 
 
@@ -306,11 +326,14 @@ def build(results: Path = RESULTS) -> str:
             lines += e2e_section(run, json.loads((run / "e2e.json").read_text()))
         for path in sorted(run.rglob("official_eagle.json")):  # a GPU run: in stage4/
             lines += official_section(run, path, json.loads(path.read_text()))
+        if (run / "llama_cpp.json").is_file():
+            lines += llama_cpp_section(run, json.loads((run / "llama_cpp.json").read_text()))
         if (run / "verdict.txt").is_file():
             lines += [f"### Kernel verdict — `{run.name}`", "", "```",
                       (run / "verdict.txt").read_text().rstrip(), "```", ""]
         for path in sorted(run.rglob("*.csv")):
-            if path.name not in ("e2e.csv", "cpu.csv", "official_eagle.csv") and not (
+            if path.name not in ("e2e.csv", "cpu.csv", "official_eagle.csv",
+                                 "llama_cpp.csv") and not (
                     path.name.startswith(UNRENDERED_CSV_PREFIXES)):
                 lines += csv_section(path, run)
         for path in sorted(run.rglob("cycle.csv")):

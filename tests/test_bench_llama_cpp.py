@@ -92,12 +92,18 @@ def test_lookup_output_gives_reply_after_the_echoed_prompt():
 def test_replies_compare_with_their_reference():
     bench = load_bench()
     results = {"ours-ar": {"ids": [1, 2], "text": "ab"}, "ours-eagle": {"ids": [1, 2]},
-               "llama.cpp": {"text": "ab"}, "llama.cpp-lookup": {"text": "abc"}}
-    assert all(bench.same_outputs(results).values())  # lookup ran one token past the budget
+               "llama.cpp": {"text": "ab"}, "llama.cpp-lookup-16": {"text": "abc"},
+               "llama.cpp-lookup-4": {"text": "ab"}}
+    same = bench.same_outputs(results)
+    assert all(same.values()) and len(same) == 5  # lookup-16 ran one token past the budget
     results["ours-eagle"]["ids"] = [1, 3]
     results["llama.cpp"]["text"] = "ax"
     same = bench.same_outputs(results)
-    assert not same["ours-eagle"] and not same["llama.cpp"] and not same["llama.cpp-lookup"]
+    assert not any(same[m] for m in ("ours-eagle", "llama.cpp", "llama.cpp-lookup-16",
+                                     "llama.cpp-lookup-4"))
+    assert [bench.reference(m) for m in bench.method_names([16, 4])] == \
+        ["ours-ar"] * 3 + ["llama.cpp"] * 2
+    assert [bench.lookup_draft(m) for m in bench.method_names([16, 4])] == [None] * 3 + [16, 4]
     assert bench.common_prefix("abcd", "abxd") == 2
 
 
@@ -108,20 +114,20 @@ def test_table_ratios_and_floors():
     totals = {"ours-ar": row, "ours-eagle": {**row, "seconds": 0.8},
               "llama.cpp": {**row, "seconds": 2.0, "decode_seconds": 1.8, "compared": 3,
                             "prompt_ids_equal": 3},
-              "llama.cpp-lookup": {**row, "seconds": 2.5, "drafted": 40, "accepted": 10}}
+              "llama.cpp-lookup-4": {**row, "seconds": 2.5, "drafted": 40, "accepted": 10}}
     rows = {r["method"]: r for r in bench.table({"s": totals}, {"s": 4},
                                                  {"ours_ms": 2.0, "llama_cpp_ms": 1.0})}
     assert rows["ours-eagle"]["x_ours_ar"] == 1.25 and rows["ours-ar"]["x_llama_cpp"] == 2.0
-    assert rows["llama.cpp-lookup"]["x_llama_cpp"] == 0.8
+    assert rows["llama.cpp-lookup-4"]["x_llama_cpp"] == 0.8
     # decode ms / token over the floor of the bytes each code reads; plain methods only
     assert (rows["ours-ar"]["decode_ms_per_token"], rows["ours-ar"]["x_floor"]) == (10.0, 5.0)
     assert (rows["llama.cpp"]["decode_ms_per_token"], rows["llama.cpp"]["x_floor"]) == (20.0, 20.0)
-    assert rows["ours-eagle"]["x_floor"] == "" and rows["llama.cpp-lookup"]["floor_ms"] == ""
-    assert rows["llama.cpp-lookup"]["same_as"] == "llama.cpp"
+    assert rows["ours-eagle"]["x_floor"] == "" and rows["llama.cpp-lookup-4"]["floor_ms"] == ""
+    assert rows["llama.cpp-lookup-4"]["same_as"] == "llama.cpp"
     # replies compared only where llama.cpp read our prompt ids (3 of the 4 prompts)
     assert rows["llama.cpp"]["same_outputs"] == "3/3"
     assert (rows["llama.cpp"]["prompt_ids_equal"], rows["ours-ar"]["prompt_ids_equal"]) == ("3/4", "")
-    assert (rows["llama.cpp-lookup"]["drafted"], rows["ours-ar"]["drafted"]) == (40, "")
+    assert (rows["llama.cpp-lookup-4"]["drafted"], rows["ours-ar"]["drafted"]) == (40, "")
 
 
 def test_gguf_bytes_count_an_untied_embedding_as_one_row(monkeypatch):
@@ -144,3 +150,44 @@ def test_missing_binaries_are_named(tmp_path):
     for name in bench.BINARIES.values():
         (tmp_path / "bin" / name).write_text("")
     assert set(bench.find_binaries(tmp_path)) == set(bench.BINARIES)
+
+
+def test_results_page_renders_the_run_from_its_json(tmp_path):
+    """bench/make_results.py lays llama_cpp.json out as its own table (with the llama.cpp commit
+    and the bandwidth), not the CSV by its first columns."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("make_results",
+                                                  ROOT / "bench" / "make_results.py")
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    run = tmp_path / "2026-01-06_cpu"
+    run.mkdir()
+    row = {"set": "sharegpt", "method": "llama.cpp", "tokens_per_s": 90.6, "x_ours_ar": 0.588,
+           "x_llama_cpp": 1.0, "decode_ms_per_token": 8.735, "x_floor": 2.95,
+           "same_as": "ours-ar", "same_outputs": "2/24", "prompt_ids_equal": "24/24"}
+    env = {"device": "CPU", "torch": "2.13", "date": "2026-01-06", "commit": "abc",
+           "llama_cpp": "unknown", "llama_cpp_commit": "0253fb21f"}
+    (run / "llama_cpp.json").write_text(json.dumps(
+        {"environment": env, "rows": [row], "threads": 2, "read_bandwidth_gb_s": [32.3, 33.0],
+         "command": "python bench/e2e/bench_llama_cpp.py"}))
+    (run / "llama_cpp.csv").write_text("set,method,tokens_per_s\nsharegpt,llama.cpp,90.6\n")
+    text = results.build(tmp_path)
+    assert "### Ours vs llama.cpp — `2026-01-06_cpu`" in text and "llama.cpp 0253fb21f" in text
+    assert "| sharegpt | llama.cpp | 90.6 | 0.588 | 1.0 | 8.735 | 2.95 | ours-ar | 2/24 | 24/24 |" \
+        in text
+    assert "llama_cpp.csv" not in text
+
+
+def test_lookup_runs_with_its_draft_size(monkeypatch):
+    bench = load_bench()
+    seen = []
+
+    def run(cmd, **kwargs):
+        seen.append(cmd)
+        return SimpleNamespace(returncode=0, stdout="\n\npromptHi\n\n", stderr=LOOKUP_STDERR)
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    args = SimpleNamespace(max_new_tokens=8, threads=2)
+    assert bench.run_lookup(Path("llama-lookup"), Path("m.gguf"), "prompt", 4, args)["text"] == "Hi"
+    assert seen[0][-2:] == ["--draft-max", "4"] and "--temp" in seen[0]

@@ -12,8 +12,10 @@ in an order that rotates from prompt to prompt (this VM's speed drifts over minu
                         pays);
 * ``llama.cpp``         ``llama-completion`` (plain decoding; its Q4_1 dot products round the
                         activations to 8 bits, as llama.cpp does on every CPU);
-* ``llama.cpp-lookup``  ``llama-lookup``: llama.cpp's prompt-lookup speculative decoding (n-gram
-                        drafts from the context), the speculative peer that needs no draft model.
+* ``llama.cpp-lookup-N``  ``llama-lookup --draft-max N`` for each N of ``--lookup-drafts``:
+                        llama.cpp's prompt-lookup speculative decoding (n-gram drafts from the
+                        context, up to N tokens a pass), the speculative peer that needs no
+                        draft model (16, its default, and a short draft that suits 2 cores).
 
 llama.cpp gets the exact text of the chat-templated prompt; the token ids it reads
 (``--verbose-prompt``) are checked against ours, and where its tokenizer split the text otherwise
@@ -58,8 +60,10 @@ from common import append_rows, environment  # noqa: E402
 
 from eagle_kernels.runtime.tree_budget import interleaved_medians  # noqa: E402
 
-METHODS = ("ours-ar", "ours-eagle", "llama.cpp", "llama.cpp-lookup")
-BINARIES = {"llama.cpp": "llama-completion", "llama.cpp-lookup": "llama-lookup"}
+PLAIN_METHODS = ("ours-ar", "ours-eagle", "llama.cpp")
+LOOKUP = "llama.cpp-lookup"  # a method "llama.cpp-lookup-N" drafts up to N tokens a pass
+BINARIES = {"llama.cpp": "llama-completion", LOOKUP: "llama-lookup"}
+LOOKUP_DRAFTS = (16, 4)  # llama-lookup's default --draft-max, and a short one
 CONTEXT = 2048          # llama.cpp's context (prompt + reply; the longest held-out prompt fits)
 BANDWIDTH_MB = 1024     # buffer streamed to measure the read bandwidth (bench_cpu's size)
 BANDWIDTH_ROUNDS = 5
@@ -69,9 +73,21 @@ END_OF_TEXT = " [end of text]"  # what llama-completion prints at EOS
 _LOOKUP_TIME = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
 _LOOKUP_COUNT = re.compile(r"(n_drafted|n_accept)\s*=\s*(\d+)")
 _PROMPT_ID = re.compile(r" I\s+(\d+) -> '")  # --verbose-prompt: "<time> I <id> -> '<piece>'"
-REFERENCE = {"ours-ar": "ours-ar", "ours-eagle": "ours-ar", "llama.cpp": "ours-ar",
-             "llama.cpp-lookup": "llama.cpp"}  # whose output each method's is compared with
 _VERSION = re.compile(r"version: (\d+) \(([0-9a-f]+)\)")
+
+
+def method_names(lookup_drafts) -> tuple[str, ...]:
+    return PLAIN_METHODS + tuple(f"{LOOKUP}-{n}" for n in lookup_drafts)
+
+
+def lookup_draft(method: str) -> int | None:
+    """N of a ``llama.cpp-lookup-N`` method, else None."""
+    return int(method[len(LOOKUP) + 1:]) if method.startswith(LOOKUP + "-") else None
+
+
+def reference(method: str) -> str:
+    """The method whose output ``method``'s is compared with (ours-ar's is its own)."""
+    return "llama.cpp" if lookup_draft(method) is not None else "ours-ar"
 
 
 def find_binaries(build: Path) -> dict[str, Path]:
@@ -127,9 +143,9 @@ def parse_completion(stdout: str, stderr: str) -> dict:
             "prompt_ids": [int(i) for i in _PROMPT_ID.findall(head)]}
 
 
-def run_lookup(binary: Path, gguf: Path, text: str, args) -> dict:
+def run_lookup(binary: Path, gguf: Path, text: str, draft: int, args) -> dict:
     """llama-lookup's reply text (its stdout after the prompt it echoes), tokens and times."""
-    cmd = [str(binary), *_common_flags(gguf, text, args)]
+    cmd = [str(binary), *_common_flags(gguf, text, args), "--draft-max", str(draft)]
     out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         raise RuntimeError(f"llama-lookup failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -179,24 +195,26 @@ def run_ours(generator, ids: list[int], speculative: bool, args, eos) -> dict:
 
 
 def run_set(generator, binaries: dict, gguf: Path, prompts: list[str], args, turn: int) -> dict:
+    methods = method_names(args.lookup_drafts)
     tokenizer = generator.tokenizer
     eos = generator.eos_token_ids()
     marks = [tokenizer.decode([t]) for t in eos]
     totals = {m: {"tokens": 0, "seconds": 0.0, "decode_seconds": 0.0, "decode_steps": 0,
                   "same": 0, "compared": 0, "prompt_ids_equal": 0, "drafted": 0, "accepted": 0,
                   "prefix_chars": 0, "chars": 0}
-              for m in METHODS}
+              for m in methods}
     for prompt in tqdm(prompts, desc="prompts"):
         ids = generator.encode(prompt)
         text = tokenizer.decode(ids)  # the chat-templated prompt, special tokens as text
-        order = METHODS[turn % len(METHODS):] + METHODS[:turn % len(METHODS)]
+        order = methods[turn % len(methods):] + methods[:turn % len(methods)]
         turn += 1
         results = {}
         for method in order:
             if method == "llama.cpp":
                 results[method] = run_completion(binaries[method], gguf, text, args)
-            elif method == "llama.cpp-lookup":
-                results[method] = run_lookup(binaries[method], gguf, text, args)
+            elif lookup_draft(method) is not None:
+                results[method] = run_lookup(binaries[LOOKUP], gguf, text, lookup_draft(method),
+                                             args)
                 results[method]["text"] = without_end_marks(results[method]["text"], marks)
             else:
                 results[method] = run_ours(generator, ids, method == "ours-eagle", args, eos)
@@ -216,21 +234,23 @@ def run_set(generator, binaries: dict, gguf: Path, prompts: list[str], args, tur
                 continue
             row["compared"] += 1
             row["same"] += same[method]
-            base = results[REFERENCE[method]]["text"]
+            base = results[reference(method)]["text"]
             row["prefix_chars"] += common_prefix(result["text"], base)
             row["chars"] += len(base)
     return totals
 
 
 def same_outputs(results: dict) -> dict[str, bool]:
-    """Per method, whether its reply equals its reference's (REFERENCE): ours-eagle's tokens
-    ours-ar's, llama.cpp's text ours-ar's, llama-lookup's text llama-completion's (lookup may
-    run a few tokens past the budget, so its text need only start with the plain one)."""
-    return {"ours-ar": True,
+    """Per method, whether its reply equals its reference's: ours-eagle's tokens ours-ar's,
+    llama.cpp's text ours-ar's, llama-lookup's text llama-completion's (lookup may run a few
+    tokens past the budget, so its text need only start with the plain one)."""
+    same = {"ours-ar": True,
             "ours-eagle": results["ours-eagle"]["ids"] == results["ours-ar"]["ids"],
-            "llama.cpp": results["llama.cpp"]["text"] == results["ours-ar"]["text"],
-            "llama.cpp-lookup": results["llama.cpp-lookup"]["text"].startswith(
-                results["llama.cpp"]["text"])}
+            "llama.cpp": results["llama.cpp"]["text"] == results["ours-ar"]["text"]}
+    for method, result in results.items():
+        if lookup_draft(method) is not None:
+            same[method] = result["text"].startswith(results["llama.cpp"]["text"])
+    return same
 
 
 def read_bandwidth() -> float:
@@ -267,13 +287,13 @@ def table(results: dict, counts: dict, floors: dict) -> list[dict]:
                 "decode_ms_per_token": round(decode_ms, 3) if plain and decode_ms else "",
                 "floor_ms": round(floor, 3) if plain else "",
                 "x_floor": round(decode_ms / floor, 3) if plain and decode_ms else "",
-                "same_as": REFERENCE[method] if method != "ours-ar" else "",
+                "same_as": reference(method) if method != "ours-ar" else "",
                 "same_outputs": f"{t['same']}/{t['compared']}",
                 "prompt_ids_equal": (f"{t['prompt_ids_equal']}/{counts[set_name]}"
                                      if method == "llama.cpp" else ""),
                 "common_prefix": round(t["prefix_chars"] / max(t["chars"], 1), 3),
-                "drafted": t["drafted"] if method == "llama.cpp-lookup" else "",
-                "accepted": t["accepted"] if method == "llama.cpp-lookup" else ""})
+                "drafted": t["drafted"] if lookup_draft(method) is not None else "",
+                "accepted": t["accepted"] if lookup_draft(method) is not None else ""})
     return rows
 
 
@@ -284,13 +304,14 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sets = sorted({r["set"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
-    width = 0.8 / len(METHODS)
-    for i, method in enumerate(METHODS):
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
         values = [next(r["tokens_per_s"] for r in rows if r["set"] == s and r["method"] == method)
                   for s in sets]
         ax.bar([k + i * width for k in range(len(sets))], values, width, label=method)
-    ax.set_xticks([k + 1.5 * width for k in range(len(sets))], sets)
+    ax.set_xticks([k + (len(methods) - 1) * width / 2 for k in range(len(sets))], sets)
     ax.set_ylabel("tokens / s (batch 1, greedy)")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -309,6 +330,8 @@ def main(argv=None) -> int:
                             "without git, reports none itself)")
     parse.add_argument("--prompts", type=int, default=16, help="per set")
     parse.add_argument("--max-new-tokens", type=int, default=128)
+    parse.add_argument("--lookup-drafts", type=lambda text: [int(n) for n in text.split(",")],
+                       default=list(LOOKUP_DRAFTS), help="llama-lookup's --draft-max values")
     parse.add_argument("--threads", type=int, default=torch.get_num_threads())
     parse.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results"
                                             / "local"))
