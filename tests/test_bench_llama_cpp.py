@@ -190,4 +190,4 @@ def test_lookup_runs_with_its_draft_size(monkeypatch):
     monkeypatch.setattr(bench.subprocess, "run", run)
     args = SimpleNamespace(max_new_tokens=8, threads=2)
     assert bench.run_lookup(Path("llama-lookup"), Path("m.gguf"), "prompt", 4, args)["text"] == "Hi"
-    assert seen[0][-2:] == ["--draft-max", "4"] and "--temp" in seen[0]
+    assert seen[0][-2:] == ["--spec-draft-n-max", "4"] and "--temp" in seen[0]

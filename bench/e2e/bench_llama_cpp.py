@@ -12,10 +12,10 @@ in an order that rotates from prompt to prompt (this VM's speed drifts over minu
                         pays);
 * ``llama.cpp``         ``llama-completion`` (plain decoding; its Q4_1 dot products round the
                         activations to 8 bits, as llama.cpp does on every CPU);
-* ``llama.cpp-lookup-N``  ``llama-lookup --draft-max N`` for each N of ``--lookup-drafts``:
+* ``llama.cpp-lookup-N``  ``llama-lookup --spec-draft-n-max N`` for each N of ``--lookup-drafts``:
                         llama.cpp's prompt-lookup speculative decoding (n-gram drafts from the
                         context, up to N tokens a pass), the speculative peer that needs no
-                        draft model (16, its default, and a short draft that suits 2 cores).
+                        draft model (16, its default, and a short one: 4).
 
 llama.cpp gets the exact text of the chat-templated prompt; the token ids it reads
 (``--verbose-prompt``) are checked against ours, and where its tokenizer split the text otherwise
@@ -63,7 +63,7 @@ from eagle_kernels.runtime.tree_budget import interleaved_medians  # noqa: E402
 PLAIN_METHODS = ("ours-ar", "ours-eagle", "llama.cpp")
 LOOKUP = "llama.cpp-lookup"  # a method "llama.cpp-lookup-N" drafts up to N tokens a pass
 BINARIES = {"llama.cpp": "llama-completion", LOOKUP: "llama-lookup"}
-LOOKUP_DRAFTS = (16, 4)  # llama-lookup's default --draft-max, and a short one
+LOOKUP_DRAFTS = (16, 4)  # llama-lookup's default draft length, and a short one
 CONTEXT = 2048          # llama.cpp's context (prompt + reply; the longest held-out prompt fits)
 BANDWIDTH_MB = 1024     # buffer streamed to measure the read bandwidth (bench_cpu's size)
 BANDWIDTH_ROUNDS = 5
@@ -145,7 +145,7 @@ def parse_completion(stdout: str, stderr: str) -> dict:
 
 def run_lookup(binary: Path, gguf: Path, text: str, draft: int, args) -> dict:
     """llama-lookup's reply text (its stdout after the prompt it echoes), tokens and times."""
-    cmd = [str(binary), *_common_flags(gguf, text, args), "--draft-max", str(draft)]
+    cmd = [str(binary), *_common_flags(gguf, text, args), "--spec-draft-n-max", str(draft)]
     out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         raise RuntimeError(f"llama-lookup failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     parse.add_argument("--prompts", type=int, default=16, help="per set")
     parse.add_argument("--max-new-tokens", type=int, default=128)
     parse.add_argument("--lookup-drafts", type=lambda text: [int(n) for n in text.split(",")],
-                       default=list(LOOKUP_DRAFTS), help="llama-lookup's --draft-max values")
+                       default=list(LOOKUP_DRAFTS), help="llama-lookup's --spec-draft-n-max values")
     parse.add_argument("--threads", type=int, default=torch.get_num_threads())
     parse.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results"
                                             / "local"))
