@@ -97,6 +97,28 @@ def e2e_section(run: Path, report: dict) -> list[str]:
     return lines + [""]
 
 
+# (header, key) of the columns of the peers' tables
+OFFICIAL_COLUMNS = (("set", "set"), ("method", "method"), ("tokens/s", "tokens_per_second"),
+                    ("x its own plain decoding", "speedup_over_own_plain"),
+                    ("ours-eagle x it", "ours_eagle_speedup_over_this"), ("τ", "tau"),
+                    ("capture_s", "capture_seconds"), ("== ours-ar", "identical_to_ours_ar"),
+                    ("== own plain", "identical_to_own_plain"))
+LLAMA_CPP_COLUMNS = (("set", "set"), ("method", "method"), ("tokens/s", "tokens_per_s"),
+                     ("x ours-ar", "x_ours_ar"), ("x llama.cpp", "x_llama_cpp"),
+                     ("decode ms / token", "decode_ms_per_token"), ("x memory floor", "x_floor"),
+                     ("same outputs as", "same_as"), ("same", "same_outputs"),
+                     ("prompt ids equal", "prompt_ids_equal"))
+
+
+def markdown_table(columns, rows: list[dict]) -> list[str]:
+    """A markdown table of ``rows`` under ``columns`` ((header, key) pairs); a key a row lacks
+    (a column newer than its run) is left empty."""
+    return (["| " + " | ".join(header for header, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(str(row.get(key, "")) for _, key in columns) + " |"
+               for row in rows])
+
+
 def official_section(run: Path, path: Path, report: dict) -> list[str]:
     """bench/e2e/bench_official_eagle.py's ``path`` in ``run``: ours beside the official EAGLE
     code (on a GPU, ours' seconds include capturing each call's CUDA graph: capture_s)."""
@@ -106,15 +128,8 @@ def official_section(run: Path, path: Path, report: dict) -> list[str]:
              f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
              f"official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; ours' "
              f"target weights: {rows[0].get('target_weights', 'packs')}; "
-             f"`{report['command']}`", "",
-             "| set | method | tokens/s | x its own plain decoding | ours-eagle x it | τ | "
-             "capture_s | == ours-ar | == own plain |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row['set']} | {row['method']} | {row['tokens_per_second']} | "
-                     f"{row['speedup_over_own_plain']} | {row['ours_eagle_speedup_over_this']} | "
-                     f"{row['tau']} | {row.get('capture_seconds', '')} | "
-                     f"{row['identical_to_ours_ar']} | {row['identical_to_own_plain']} |")
-    return lines + [""]
+             f"`{report['command']}`", ""]
+    return lines + markdown_table(OFFICIAL_COLUMNS, rows) + [""]
 
 
 def llama_cpp_section(run: Path, report: dict) -> list[str]:
@@ -124,16 +139,8 @@ def llama_cpp_section(run: Path, report: dict) -> list[str]:
              f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
              f"llama.cpp {env.get('llama_cpp_commit') or env.get('llama_cpp', '?')}; "
              f"{report['threads']} threads, batch 1, greedy; read bandwidth "
-             f"{report['read_bandwidth_gb_s']} GB/s (before, after); `{report['command']}`", "",
-             "| set | method | tokens/s | x ours-ar | x llama.cpp | decode ms / token | "
-             "x memory floor | same outputs as | same | prompt ids equal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row['set']} | {row['method']} | {row['tokens_per_s']} | "
-                     f"{row['x_ours_ar']} | {row['x_llama_cpp']} | "
-                     f"{row['decode_ms_per_token']} | {row['x_floor']} | {row['same_as']} | "
-                     f"{row['same_outputs']} | {row['prompt_ids_equal']} |")
-    return lines + [""]
+             f"{report['read_bandwidth_gb_s']} GB/s (before, after); `{report['command']}`", ""]
+    return lines + markdown_table(LLAMA_CPP_COLUMNS, rows) + [""]
 
 
 def _gemv_sentence(floors: dict) -> str:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "kernels"))
 import pytest  # noqa: E402
-from common import (Bandwidth, Timing, floor_us, memory_bandwidth, timing_columns,  # noqa: E402
-                    written_if_interrupted)
+from common import (Bandwidth, Timing, floor_us, memory_bandwidth, plot_bars,  # noqa: E402
+                    timing_columns, written_if_interrupted)
 from op_bytes import (acceptance_bytes, attention_bytes, build_tree_bytes,  # noqa: E402
                       expand_bytes, kv_copy_bytes, linear_bytes, rejected_chains, rerank_bytes,
                       rms_norm_bytes, rope_bytes, silu_mul_bytes, topk_bytes)
@@ -204,3 +204,20 @@ def test_a_csv_of_other_columns_keeps_its_own_first_columns(tmp_path):
     text = results.build(tmp_path)
     assert "| set | method | tokens_per_s | x_ours_ar | device |" in text
     assert "| sharegpt | ours-eagle | 167.9 | 1.148 | CPU |" in text
+
+
+def test_grouped_bars_take_the_rows_series_order(tmp_path, monkeypatch):
+    """plot_bars (the peers' and the reply store's bar charts): groups sorted, series in the
+    rows' order, one bar per (group, series)."""
+    import matplotlib.axes
+
+    drawn = []
+    real_bar = matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar",
+                        lambda self, x, h, *a, **k: (drawn.append((k["label"], list(h))),
+                                                     real_bar(self, x, h, *a, **k))[1])
+    rows = [{"set": "b", "method": "m2", "v": 1}, {"set": "a", "method": "m2", "v": 2},
+            {"set": "b", "method": "m1", "v": 3}, {"set": "a", "method": "m1", "v": 4}]
+    plot_bars(rows, "set", "method", "v", tmp_path / "x.png", "v", baseline=1.0)
+    assert drawn == [("m2", [2.0, 1.0]), ("m1", [4.0, 3.0])]
+    assert (tmp_path / "x.png").stat().st_size > 0

@@ -56,7 +56,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import bandwidth_calls, step_bytes  # noqa: E402
-from common import append_rows, environment  # noqa: E402
+from common import append_rows, environment, plot_bars  # noqa: E402
 
 from eagle_kernels.runtime.tree_budget import interleaved_medians  # noqa: E402
 
@@ -297,27 +297,6 @@ def table(results: dict, counts: dict, floors: dict) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sets = sorted({r["set"] for r in rows})
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, ax = plt.subplots(figsize=(6.5, 3.5))
-    width = 0.8 / len(methods)
-    for i, method in enumerate(methods):
-        values = [next(r["tokens_per_s"] for r in rows if r["set"] == s and r["method"] == method)
-                  for s in sets]
-        ax.bar([k + i * width for k in range(len(sets))], values, width, label=method)
-    ax.set_xticks([k + (len(methods) - 1) * width / 2 for k in range(len(sets))], sets)
-    ax.set_ylabel("tokens / s (batch 1, greedy)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main(argv=None) -> int:
     from eagle_kernels.data import humaneval_prompts, sharegpt_prompts
     from eagle_kernels.runtime.api import from_pretrained
@@ -368,7 +347,8 @@ def main(argv=None) -> int:
               "floors_ms": {k: round(v, 3) for k, v in floors.items()},
               "seconds": round(time.perf_counter() - started, 1)}
     (out / "llama_cpp.json").write_text(json.dumps(report, indent=1))
-    plot(rows, out / "llama_cpp.png")
+    plot_bars(rows, "set", "method", "tokens_per_s", out / "llama_cpp.png",
+              "tokens / s (batch 1, greedy)")
     for row in rows:
         print(row)
     return 0

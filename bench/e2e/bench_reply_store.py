@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
-from common import append_rows, environment  # noqa: E402
+from common import append_rows, environment, plot_bars  # noqa: E402
 
 METHODS = ("ours-ar", "ours-eagle", "ours-eagle-no-store")
 
@@ -86,27 +86,6 @@ def table(results: dict, calls: int) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sets = sorted({r["set"] for r in rows})
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    width = 0.8 / len(METHODS)
-    for i, method in enumerate(METHODS):
-        values = [next(r["x_ours_ar"] for r in rows if r["set"] == s and r["method"] == method)
-                  for s in sets]
-        ax.bar([k + i * width for k in range(len(sets))], values, width, label=method)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks([k + width for k in range(len(sets))], sets)
-    ax.set_ylabel("tokens/s over ours-ar")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main(argv=None) -> int:
     from eagle_kernels.data import humaneval_prompts, sharegpt_prompts
     from eagle_kernels.runtime.api import from_pretrained
@@ -134,7 +113,8 @@ def main(argv=None) -> int:
               "store_tokens": len(generator.engine.reply_store),
               "seconds": round(time.perf_counter() - started, 1)}
     (out / "reply_store.json").write_text(json.dumps(report, indent=1))
-    plot(rows, out / "reply_store.png")
+    plot_bars(rows, "set", "method", "x_ours_ar", out / "reply_store.png",
+              "tokens/s over ours-ar", baseline=1.0)
     for r in rows:
         print(r)
     return 0

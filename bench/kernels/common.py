@@ -275,6 +275,34 @@ def plot_rows(rows: list[dict], x: str, y: str, series: str, png_path: str | os.
     plt.close(figure)
 
 
+def plot_bars(rows: list[dict], group: str, series: str, y: str, png_path: str | os.PathLike,
+              ylabel: str, baseline: float | None = None) -> None:
+    """Grouped bars: one group per value of ``group`` (sorted), one bar per value of ``series``
+    (in the rows' order) of height ``y``; a grey line at ``baseline``; saved as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({row[group] for row in rows})
+    names = list(dict.fromkeys(row[series] for row in rows))
+    figure, axes = plt.subplots(figsize=(6.5, 3.5))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        heights = [next(float(r[y]) for r in rows if r[group] == g and r[series] == name)
+                   for g in groups]
+        axes.bar([k + i * width for k in range(len(groups))], heights, width, label=name)
+    if baseline is not None:
+        axes.axhline(baseline, color="grey", lw=0.8)
+    axes.set_xticks([k + (len(names) - 1) * width / 2 for k in range(len(groups))], groups)
+    axes.set_ylabel(ylabel)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png_path, dpi=120)
+    plt.close(figure)
+
+
 def launch_us(device: torch.device | str) -> float:
     """One graphed launch of a trivial kernel, timed as the kernels are (behind an L2 flush, so
     the GPU waits on nothing the host does): the fixed cost every graphed kernel pays. 0 off a
