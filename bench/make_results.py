@@ -47,6 +47,11 @@ def sweep_lines(report: dict) -> list[str]:
     return lines
 
 
+def provenance(env: dict) -> str:
+    """Where and from what a run came: device, torch, date, commit."""
+    return f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}"
+
+
 def tau_section(run: Path, report: dict) -> list[str]:
     env = report["environment"]
     label = f" — {report['label']}" if report.get("label") else ""
@@ -125,8 +130,7 @@ def official_section(run: Path, path: Path, report: dict) -> list[str]:
     env, rows = report["environment"], report["rows"]
     where = path.parent.relative_to(run.parent).as_posix()  # a GPU run's: <run>/stage4/...
     lines = [f"### Ours vs the official EAGLE code — `{where}`", "",
-             f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
-             f"official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; ours' "
+             provenance(env) + f", official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; ours' "
              f"target weights: {rows[0].get('target_weights', 'packs')}; "
              f"`{report['command']}`", ""]
     return lines + markdown_table(OFFICIAL_COLUMNS, rows) + [""]
@@ -136,8 +140,7 @@ def llama_cpp_section(run: Path, report: dict) -> list[str]:
     """bench/e2e/bench_llama_cpp.py: ours beside llama.cpp on the same GGUF and prompts."""
     env, rows = report["environment"], report["rows"]
     lines = [f"### Ours vs llama.cpp — `{run.name}`", "",
-             f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}, "
-             f"llama.cpp {env.get('llama_cpp_commit') or env.get('llama_cpp', '?')}; "
+             provenance(env) + f", llama.cpp {env.get('llama_cpp_commit') or env.get('llama_cpp', '?')}; "
              f"{report['threads']} threads, batch 1, greedy; read bandwidth "
              f"{report['read_bandwidth_gb_s']} GB/s (before, after); `{report['command']}`", ""]
     return lines + markdown_table(LLAMA_CPP_COLUMNS, rows) + [""]
@@ -163,8 +166,7 @@ def cpu_section(run: Path, report: dict) -> list[str]:
     """bench/e2e/bench_cpu.py: floors, AR step, verify(N), drafting, each with its ratios."""
     env, floors = report["environment"], report["floors"]
     lines = [f"### CPU fast path — `{run.name}`", "",
-             f"{env['device']}, torch {env['torch']}, {env['date']}, commit {env['commit']}; "
-             f"{floors['cpu_isa']}, {floors['threads']} threads, context {floors['context']}, "
+             provenance(env) + f"; {floors['cpu_isa']}, {floors['threads']} threads, context {floors['context']}, "
              f"{floors.get('activations', 'fp32')} activations; "
              f"command `{report['command']}`", "",
              f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
