@@ -112,7 +112,8 @@ LLAMA_CPP_COLUMNS = (("set", "set"), ("method", "method"), ("tokens/s", "tokens_
                      ("x ours-ar", "x_ours_ar"), ("x llama.cpp", "x_llama_cpp"),
                      ("decode ms / token", "decode_ms_per_token"), ("x memory floor", "x_floor"),
                      ("same outputs as", "same_as"), ("same", "same_outputs"),
-                     ("prompt ids equal", "prompt_ids_equal"))
+                     ("common prefix", "common_prefix"), ("prompt ids equal", "prompt_ids_equal"),
+                     ("drafted", "drafted"), ("accepted", "accepted"))
 
 
 def markdown_table(columns, rows: list[dict]) -> list[str]:
@@ -130,19 +131,24 @@ def official_section(run: Path, path: Path, report: dict) -> list[str]:
     env, rows = report["environment"], report["rows"]
     where = path.parent.relative_to(run.parent).as_posix()  # a GPU run's: <run>/stage4/...
     lines = [f"### Ours vs the official EAGLE code — `{where}`", "",
-             provenance(env) + f", official EAGLE {rows[0]['official_commit'][:12]}; batch 1, greedy; ours' "
-             f"target weights: {rows[0].get('target_weights', 'packs')}; "
+             provenance(env) + f", official EAGLE {rows[0]['official_commit'][:12]}; batch 1, "
+             f"greedy; ours' target weights: {rows[0].get('target_weights', 'packs')}; "
              f"`{report['command']}`", ""]
     return lines + markdown_table(OFFICIAL_COLUMNS, rows) + [""]
 
 
 def llama_cpp_section(run: Path, report: dict) -> list[str]:
-    """bench/e2e/bench_llama_cpp.py: ours beside llama.cpp on the same GGUF and prompts."""
-    env, rows = report["environment"], report["rows"]
+    """bench/e2e/bench_llama_cpp.py: ours beside llama.cpp on the same GGUF and prompts (a field
+    a run's JSON lacks is left out, never a reason to stop the page)."""
+    env, rows = report.get("environment", {}), report.get("rows", [])
+    bandwidth = " / ".join(map(str, report.get("read_bandwidth_gb_s", [])))
+    commit = env.get("llama_cpp_commit") or env.get("llama_cpp", "?")
     lines = [f"### Ours vs llama.cpp — `{run.name}`", "",
-             provenance(env) + f", llama.cpp {env.get('llama_cpp_commit') or env.get('llama_cpp', '?')}; "
-             f"{report['threads']} threads, batch 1, greedy; read bandwidth "
-             f"{report['read_bandwidth_gb_s']} GB/s (before, after); `{report['command']}`", ""]
+             f"{env.get('device', '?')} ({env.get('cpu_model') or 'model not recorded'}), torch "
+             f"{env.get('torch', '?')}, {env.get('date', '?')}, commit {env.get('commit', '?')}, "
+             f"llama.cpp {commit}; {report.get('threads', '?')} threads, batch 1, greedy; read "
+             f"bandwidth {bandwidth or '?'} GB/s (before / after the calls); "
+             f"`{report.get('command', '?')}`", ""]
     return lines + markdown_table(LLAMA_CPP_COLUMNS, rows) + [""]
 
 
@@ -166,8 +172,8 @@ def cpu_section(run: Path, report: dict) -> list[str]:
     """bench/e2e/bench_cpu.py: floors, AR step, verify(N), drafting, each with its ratios."""
     env, floors = report["environment"], report["floors"]
     lines = [f"### CPU fast path — `{run.name}`", "",
-             provenance(env) + f"; {floors['cpu_isa']}, {floors['threads']} threads, context {floors['context']}, "
-             f"{floors.get('activations', 'fp32')} activations; "
+             provenance(env) + f"; {floors['cpu_isa']}, {floors['threads']} threads, context "
+             f"{floors['context']}, {floors.get('activations', 'fp32')} activations; "
              f"command `{report['command']}`", "",
              f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
              f"in-cache GEMM {floors['gemm_gflop_s']} GFLOP/s; a decode step reads "

@@ -58,28 +58,38 @@ LOOKUP_STDERR = """\
 def test_completion_output_gives_reply_ids_and_times():
     bench = load_bench()
     got = bench.parse_completion("Hello there. [end of text]\n\n\n", COMPLETION_STDERR)
-    assert got["text"] == "Hello there."
+    assert got["text"] == "Hello there."  # EOS
     assert got["prompt_ids"] == [1, 9690, 198, 2683]
     assert got["tokens"] == 15 and got["decode_steps"] == 14  # the first from the prompt's pass
     assert got["seconds"] == pytest.approx(0.26309)  # total: prompt eval + eval + sampling
     assert got["decode_seconds"] == pytest.approx(0.12918)
-    # a reply cut by the budget ends without the end-of-text mark and keeps its own text
-    assert bench.parse_completion("a [end of text] b\n", COMPLETION_STDERR)["text"] == \
+    # a reply cut by the budget keeps its own text, its closing newlines included (code often
+    # ends a line there, and ours keeps them)
+    assert bench.parse_completion("def f():\n    return 1\n\n\n", COMPLETION_STDERR)["text"] == \
+        "def f():\n    return 1\n"
+    assert bench.parse_completion("a [end of text] b\n\n", COMPLETION_STDERR)["text"] == \
         "a [end of text] b"
 
 
-def test_completion_without_timings_is_refused():
+def test_completion_without_timings_or_prompt_ids_is_refused():
     bench = load_bench()
     no_perf = COMPLETION_STDERR.split("common_perf_print")[0]
     with pytest.raises(RuntimeError, match="no timings"):
         bench.parse_completion("x", no_perf)
+    # a log without the level prefix (--no-log-prefix) lists ids the parser cannot read: said,
+    # not taken for a prompt llama.cpp tokenized otherwise
+    unprefixed = COMPLETION_STDERR.replace(" I    ", " ").replace(" I  ", " ")
+    with pytest.raises(RuntimeError, match="verbose-prompt"):
+        bench.parse_completion("x", unprefixed)
 
 
 def test_lookup_output_gives_reply_after_the_echoed_prompt():
     bench = load_bench()
     prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    got = bench.parse_lookup("\n\n" + prompt + "Hi!<|im_end|>\n\n", LOOKUP_STDERR, prompt)
+    got = bench.parse_lookup("\n\n" + prompt + "Hi!<|im_end|>\n\n\n\n", LOOKUP_STDERR, prompt)
     assert got["text"] == "Hi!<|im_end|>"
+    cut = bench.parse_lookup("\n\n" + prompt + "x = 1\n\n\n\n\n", LOOKUP_STDERR, prompt)
+    assert cut["text"] == "x = 1\n"  # its own closing newline kept
     assert bench.without_end_marks(got["text"], ["<|im_end|>"]) == "Hi!"
     assert (got["tokens"], got["drafted"], got["accepted"]) == (130, 48, 21)
     assert got["seconds"] == pytest.approx(1.38)
@@ -130,7 +140,7 @@ def test_table_ratios_and_floors():
     assert (rows["llama.cpp-lookup-4"]["drafted"], rows["ours-ar"]["drafted"]) == (40, "")
 
 
-def test_gguf_bytes_count_an_untied_embedding_as_one_row(monkeypatch):
+def test_gguf_bytes_leave_out_an_untied_embedding_table(monkeypatch):
     bench = load_bench()
     import gguf
 
@@ -174,8 +184,9 @@ def test_results_page_renders_the_run_from_its_json(tmp_path):
     (run / "llama_cpp.csv").write_text("set,method,tokens_per_s\nsharegpt,llama.cpp,90.6\n")
     text = results.build(tmp_path)
     assert "### Ours vs llama.cpp — `2026-01-06_cpu`" in text and "llama.cpp 0253fb21f" in text
-    assert "| sharegpt | llama.cpp | 90.6 | 0.588 | 1.0 | 8.735 | 2.95 | ours-ar | 2/24 | 24/24 |" \
-        in text
+    assert ("| sharegpt | llama.cpp | 90.6 | 0.588 | 1.0 | 8.735 | 2.95 | ours-ar | 2/24 |  | "
+            "24/24 |  |  |") in text  # columns a run lacks (common prefix, drafts) stay empty
+    assert "32.3 / 33.0 GB/s" in text
     assert "llama_cpp.csv" not in text
 
 
@@ -185,9 +196,31 @@ def test_lookup_runs_with_its_draft_size(monkeypatch):
 
     def run(cmd, **kwargs):
         seen.append(cmd)
-        return SimpleNamespace(returncode=0, stdout="\n\npromptHi\n\n", stderr=LOOKUP_STDERR)
+        return SimpleNamespace(returncode=0, stdout="\n\npromptHi\n\n\n\n", stderr=LOOKUP_STDERR)
 
     monkeypatch.setattr(bench.subprocess, "run", run)
     args = SimpleNamespace(max_new_tokens=8, threads=2)
     assert bench.run_lookup(Path("llama-lookup"), Path("m.gguf"), "prompt", 4, args)["text"] == "Hi"
     assert seen[0][-2:] == ["--spec-draft-n-max", "4"] and "--temp" in seen[0]
+
+
+def test_tally_compares_llama_cpp_only_where_it_read_our_ids():
+    bench = load_bench()
+    methods = bench.method_names([4])
+    totals = {m: dict.fromkeys(bench.TALLIED + ("same", "compared", "prompt_ids_equal",
+                                               "prefix_chars", "chars"), 0) for m in methods}
+    timing = {"tokens": 3, "seconds": 1.0, "decode_seconds": 0.5, "decode_steps": 2}
+    results = {"ours-ar": {**timing, "ids": [5, 6], "text": "ab"},
+               "ours-eagle": {**timing, "ids": [5, 6], "text": "ab"},
+               "llama.cpp": {**timing, "text": "ab", "prompt_ids": [1, 2]},
+               "llama.cpp-lookup-4": {**timing, "text": "ab", "drafted": 4, "accepted": 2}}
+    bench.tally(totals, results, [1, 2])
+    results["llama.cpp"] = {**timing, "text": "zz", "prompt_ids": [1, 3]}
+    results["llama.cpp-lookup-4"]["text"] = "zz"
+    bench.tally(totals, results, [1, 2])  # llama.cpp read other ids for this prompt
+    plain = totals["llama.cpp"]
+    assert (plain["tokens"], plain["seconds"]) == (6, 2.0)  # timed both times
+    assert (plain["compared"], plain["same"], plain["prompt_ids_equal"]) == (1, 1, 1)
+    lookup = totals["llama.cpp-lookup-4"]  # compared with llama.cpp's reply either way
+    assert (lookup["compared"], lookup["same"], lookup["drafted"]) == (2, 2, 8)
+    assert (totals["ours-eagle"]["compared"], totals["ours-eagle"]["same"]) == (2, 2)

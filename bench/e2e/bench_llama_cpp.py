@@ -20,9 +20,13 @@ in an order that rotates from prompt to prompt (this VM's speed drifts over minu
 llama.cpp gets the exact text of the chat-templated prompt; the token ids it reads
 (``--verbose-prompt``) are checked against ours, and where its tokenizer split the text otherwise
 (a few HumanEval prompts: ``prompt_ids_equal``), the two codes' replies are not compared. Time is
-each method's own from token ids to token ids: ours the call's prefill + decode wall time,
-llama-completion its prompt-eval + eval + sampling times, llama-lookup its encode + decode
-times (process start and model load are left out of every method). Decode-only milliseconds per
+each method's own: ours the call's prefill + decode wall time (token ids to token ids);
+llama-completion its perf "total time" (from its perf reset after loading, so its thread pools,
+tokenizing and --verbose-prompt logging, ~2 ms a call, count against it); llama-lookup its
+encode + decode times (process start and model load are left out of every method). Tokens:
+ours and llama-completion count the reply with its EOS; llama-lookup's own count, which may run
+past the budget (it stops once it passed it) and include tokens drafted after an EOS: a slight
+advantage to it. Decode-only milliseconds per
 token are compared with the memory floor of the bytes each reads per token (ours: its packs;
 llama.cpp: the GGUF's tensors) over the read bandwidth measured in the same run (bench_cpu.py's
 measurement, before and after the calls).
@@ -31,12 +35,14 @@ Outputs: ours-eagle must equal ours-ar token for token, and llama-lookup llama-c
 text. Across the two codes the texts are compared (they need not match: llama.cpp rounds its
 activations, ours does not). Writes ``llama_cpp.csv`` / ``.json`` / ``.png`` under ``--out``.
 
-Build llama.cpp for this CPU first (no network needed; the commit is recorded):
+Build llama.cpp for this CPU first (no network needed; how it was built from a source archive,
+and the commit: bench/results/2026-11-29b_cpu-2core/README.md):
 
     cmake -S llama.cpp -B llama.cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \\
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF
-    cmake --build llama.cpp/build --target llama-completion llama-lookup
-    python bench/e2e/bench_llama_cpp.py --llama-cpp llama.cpp/build --prompts 16
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \\
+        -DGGML_OPENMP=ON
+    cmake --build llama.cpp/build -j2 --target llama-completion llama-lookup
+    python bench/e2e/bench_llama_cpp.py --llama-cpp llama.cpp/build --llama-cpp-commit SHA
 """
 
 from __future__ import annotations
@@ -67,12 +73,20 @@ LOOKUP_DRAFTS = (16, 4)  # llama-lookup's default draft length, and a short one
 CONTEXT = 2048          # llama.cpp's context (prompt + reply; the longest held-out prompt fits)
 BANDWIDTH_MB = 1024     # buffer streamed to measure the read bandwidth (bench_cpu's size)
 BANDWIDTH_ROUNDS = 5
+# what every call reports and a set's totals add up (lookup's draft counts: 0 for the others)
+TALLIED = ("tokens", "seconds", "decode_seconds", "decode_steps", "drafted", "accepted")
 
 _PERF = re.compile(r"(prompt eval|eval|total) time =\s*([\d.]+) ms /\s*(\d+) (?:tokens|runs)")
-END_OF_TEXT = " [end of text]"  # what llama-completion prints at EOS
+# What the binaries print around a reply on stdout: llama-completion the reply, " [end of
+# text]\n" at EOS, then "\n\n"; llama-lookup "\n\n", the prompt's pieces, the reply's, then
+# "\n\n" twice.
+END_OF_TEXT = " [end of text]\n"
+COMPLETION_TAIL = "\n\n"
+LOOKUP_HEAD, LOOKUP_TAIL = "\n\n", "\n\n\n\n"
 _LOOKUP_TIME = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
 _LOOKUP_COUNT = re.compile(r"(n_drafted|n_accept)\s*=\s*(\d+)")
 _PROMPT_ID = re.compile(r" I\s+(\d+) -> '")  # --verbose-prompt: "<time> I <id> -> '<piece>'"
+_PROMPT_COUNT = re.compile(r"number of tokens in prompt = (\d+)")
 _VERSION = re.compile(r"version: (\d+) \(([0-9a-f]+)\)")
 
 
@@ -115,10 +129,11 @@ def _common_flags(gguf: Path, text: str, args) -> list[str]:
             "-tb", str(args.threads), "-c", str(CONTEXT), "--temp", "0", "-s", "0"]
 
 
-def run_completion(binary: Path, gguf: Path, text: str, args) -> dict:
-    """llama-completion's reply text, its prompt ids and its own timings."""
+def run_completion(binary: Path, gguf: Path, text: str, args, extra: tuple = ()) -> dict:
+    """llama-completion's reply text, its prompt ids and its own timings (``extra``: more
+    flags)."""
     cmd = [str(binary), *_common_flags(gguf, text, args), "-no-cnv", "--no-display-prompt",
-           "--verbose-prompt", "--simple-io"]
+           "--verbose-prompt", "--simple-io", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         raise RuntimeError(f"llama-completion failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -132,15 +147,19 @@ def parse_completion(stdout: str, stderr: str) -> dict:
     if set(perf) != {"prompt eval", "eval", "total"}:
         raise RuntimeError(f"llama-completion printed no timings: {stderr[-2000:]}")
     eval_ms, runs = perf["eval"]
+    count = _PROMPT_COUNT.search(stderr)
     head = stderr.split("number of tokens in prompt", 1)[-1].split("sampler seed", 1)[0]
-    text = stdout.rstrip("\n")
-    text = text[:-len(END_OF_TEXT)] if text.endswith(END_OF_TEXT) else text
-    return {"text": text, "tokens": runs + 1,
-            # total: from the prompt's first token to the last reply token (prompt eval, eval,
-            # sampling and the rest it does between them)
+    prompt_ids = [int(i) for i in _PROMPT_ID.findall(head)]
+    if count is None or len(prompt_ids) != int(count.group(1)):
+        raise RuntimeError("llama-completion's --verbose-prompt listing was not read (a log "
+                           "format without the ' I ' level prefix?)")
+    text = stdout.removesuffix(COMPLETION_TAIL).removesuffix(END_OF_TEXT)
+    return {"text": text, "tokens": runs + 1,  # the first token comes from the prompt's pass
+            # from llama.cpp's perf reset to its perf print: prompt eval, eval, sampling and
+            # what it does between them
             "seconds": perf["total"][0] / 1e3,
             "decode_seconds": eval_ms / 1e3, "decode_steps": runs,
-            "prompt_ids": [int(i) for i in _PROMPT_ID.findall(head)]}
+            "prompt_ids": prompt_ids}
 
 
 def run_lookup(binary: Path, gguf: Path, text: str, draft: int, args) -> dict:
@@ -159,7 +178,7 @@ def parse_lookup(stdout: str, stderr: str, prompt: str) -> dict:
     counts = {name: int(value) for name, value in _LOOKUP_COUNT.findall(stderr)}
     if set(times) != {"encoded", "decoded"}:
         raise RuntimeError(f"llama-lookup printed no timings: {stderr[-2000:]}")
-    reply = stdout.strip("\n")
+    reply = stdout.removeprefix(LOOKUP_HEAD).removesuffix(LOOKUP_TAIL)
     if not reply.startswith(prompt):
         raise RuntimeError("llama-lookup echoed a prompt other than the one it was given")
     return {"text": reply[len(prompt):], "tokens": times["decoded"][0],
@@ -199,10 +218,8 @@ def run_set(generator, binaries: dict, gguf: Path, prompts: list[str], args, tur
     tokenizer = generator.tokenizer
     eos = generator.eos_token_ids()
     marks = [tokenizer.decode([t]) for t in eos]
-    totals = {m: {"tokens": 0, "seconds": 0.0, "decode_seconds": 0.0, "decode_steps": 0,
-                  "same": 0, "compared": 0, "prompt_ids_equal": 0, "drafted": 0, "accepted": 0,
-                  "prefix_chars": 0, "chars": 0}
-              for m in methods}
+    totals = {m: dict.fromkeys(TALLIED + ("same", "compared", "prompt_ids_equal",
+                                          "prefix_chars", "chars"), 0) for m in methods}
     for prompt in tqdm(prompts, desc="prompts"):
         ids = generator.encode(prompt)
         text = tokenizer.decode(ids)  # the chat-templated prompt, special tokens as text
@@ -218,26 +235,29 @@ def run_set(generator, binaries: dict, gguf: Path, prompts: list[str], args, tur
                 results[method]["text"] = without_end_marks(results[method]["text"], marks)
             else:
                 results[method] = run_ours(generator, ids, method == "ours-eagle", args, eos)
-        same = same_outputs(results)
-        # llama.cpp's tokenizer splits a few prompts otherwise (HumanEval's "\n    0": "\n   ",
-        # " ", "0" in transformers, "\n    ", "0" in llama.cpp): both codes then answered a
-        # prompt differing in one split, which costs the same time, but their replies are
-        # compared only where the ids were equal
-        same_prompt = results["llama.cpp"]["prompt_ids"] == ids
-        totals["llama.cpp"]["prompt_ids_equal"] += same_prompt
-        for method, result in results.items():
-            row = totals[method]
-            for key in ("tokens", "seconds", "decode_seconds", "decode_steps", "drafted",
-                        "accepted"):
-                row[key] += result.get(key, 0)
-            if method == "llama.cpp" and not same_prompt:
-                continue
-            row["compared"] += 1
-            row["same"] += same[method]
-            base = results[reference(method)]["text"]
-            row["prefix_chars"] += common_prefix(result["text"], base)
-            row["chars"] += len(base)
+        tally(totals, results, ids)
     return totals
+
+
+def tally(totals: dict, results: dict, ids: list[int]) -> None:
+    """Add one prompt's ``results`` (per method) to ``totals``. llama.cpp's tokenizer splits a
+    few prompts otherwise (HumanEval's "\\n    0": "\\n   ", " ", "0" in transformers, "\\n    ",
+    "0" in llama.cpp): both codes then answered prompts one split apart, which costs the same
+    time, so such a call counts in the times but its reply is not compared with ours."""
+    same = same_outputs(results)
+    same_prompt = results["llama.cpp"]["prompt_ids"] == ids
+    totals["llama.cpp"]["prompt_ids_equal"] += same_prompt
+    for method, result in results.items():
+        row = totals[method]
+        for key in TALLIED:
+            row[key] += result.get(key, 0)
+        if method == "llama.cpp" and not same_prompt:
+            continue
+        row["compared"] += 1
+        row["same"] += same[method]
+        base = results[reference(method)]["text"]
+        row["prefix_chars"] += common_prefix(result["text"], base)
+        row["chars"] += len(base)
 
 
 def same_outputs(results: dict) -> dict[str, bool]:
@@ -251,6 +271,16 @@ def same_outputs(results: dict) -> dict[str, bool]:
         if lookup_draft(method) is not None:
             same[method] = result["text"].startswith(results["llama.cpp"]["text"])
     return same
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), "" where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else ""
 
 
 def read_bandwidth() -> float:
@@ -310,11 +340,18 @@ def main(argv=None) -> int:
     parse.add_argument("--prompts", type=int, default=16, help="per set")
     parse.add_argument("--max-new-tokens", type=int, default=128)
     parse.add_argument("--lookup-drafts", type=lambda text: [int(n) for n in text.split(",")],
-                       default=list(LOOKUP_DRAFTS), help="llama-lookup's --spec-draft-n-max values")
+                       default=list(LOOKUP_DRAFTS),
+                       help="llama-lookup's --spec-draft-n-max values, comma-separated")
     parse.add_argument("--threads", type=int, default=torch.get_num_threads())
     parse.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results"
                                             / "local"))
     args = parse.parse_args(argv)
+    if args.prompts < 1 or args.max_new_tokens < 1 or args.threads < 1:
+        parse.error(f"--prompts, --max-new-tokens and --threads: expected >= 1, got "
+                    f"{args.prompts}, {args.max_new_tokens}, {args.threads}")
+    if min(args.lookup_drafts) < 1 or len(set(args.lookup_drafts)) != len(args.lookup_drafts):
+        parse.error(f"--lookup-drafts: expected distinct draft lengths >= 1, got "
+                    f"{args.lookup_drafts}")
     started = time.perf_counter()
     binaries = find_binaries(Path(args.llama_cpp))
     gguf = find_smollm2_gguf()
@@ -338,11 +375,13 @@ def main(argv=None) -> int:
     env = environment()
     env["llama_cpp"] = llama_cpp_version(binaries["llama.cpp"])
     env["llama_cpp_commit"] = args.llama_cpp_commit
+    env["cpu_model"] = cpu_model()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     append_rows(out / "llama_cpp.csv", [{**row, **env} for row in rows])
     report = {"environment": env, "command": "python " + " ".join(sys.argv), "rows": rows,
-              "threads": args.threads, "read_bandwidth_gb_s": [round(b / 1e9, 2) for b in bandwidths],
+              "threads": args.threads,
+              "read_bandwidth_gb_s": [round(b / 1e9, 2) for b in bandwidths],
               "ours_step_bytes": ours_bytes, "gguf_step_bytes": gguf_bytes,
               "floors_ms": {k: round(v, 3) for k, v in floors.items()},
               "seconds": round(time.perf_counter() - started, 1)}

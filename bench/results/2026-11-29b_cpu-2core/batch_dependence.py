@@ -9,7 +9,6 @@ Ours is row-invariant by construction (tests/test_row_invariance.py checks it bi
     .venv/bin/python bench/results/2026-11-29b_cpu-2core/batch_dependence.py /tmp/llamacpp/build 12
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,13 +22,6 @@ from eagle_kernels.runtime.api import from_pretrained  # noqa: E402
 from eagle_kernels.runtime.default_model import find_smollm2_gguf  # noqa: E402
 
 
-def reply(binary, gguf, text, args, extra):
-    cmd = [str(binary), *bench._common_flags(gguf, text, args), "-no-cnv", "--no-display-prompt",
-           "--verbose-prompt", "--simple-io", *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    return bench.parse_completion(out.stdout, out.stderr)["text"]
-
-
 def main():
     build, count = Path(sys.argv[1]), int(sys.argv[2])
     args = type("Args", (), {"max_new_tokens": 128, "threads": 2})
@@ -41,8 +33,8 @@ def main():
         equal, prefixes = 0, []
         for prompt in prompts:
             text = generator.tokenizer.decode(generator.encode(prompt))
-            whole = reply(binary, gguf, text, args, [])
-            one_by_one = reply(binary, gguf, text, args, ["-ub", "1"])
+            whole = bench.run_completion(binary, gguf, text, args)["text"]
+            one_by_one = bench.run_completion(binary, gguf, text, args, ("-ub", "1"))["text"]
             equal += whole == one_by_one
             prefixes.append(bench.common_prefix(whole, one_by_one))
         equal_total += equal
