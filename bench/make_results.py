@@ -148,7 +148,9 @@ def llama_cpp_section(run: Path, report: dict) -> list[str]:
              f"{env.get('torch', '?')}, {env.get('date', '?')}, commit {env.get('commit', '?')}, "
              f"llama.cpp {commit}; {report.get('threads', '?')} threads, batch 1, greedy; read "
              f"bandwidth {bandwidth or '?'} GB/s (before / after the calls); "
-             f"`{report.get('command', '?')}`", ""]
+             + (f"llama-lookup's static n-gram cache: {report['lookup_static']}; "
+                if report.get("lookup_static") else "")
+             + f"`{report.get('command', '?')}`", ""]
     return lines + markdown_table(LLAMA_CPP_COLUMNS, rows) + [""]
 
 

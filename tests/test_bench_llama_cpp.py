@@ -187,6 +187,7 @@ def test_results_page_renders_the_run_from_its_json(tmp_path):
     assert ("| sharegpt | llama.cpp | 90.6 | 0.588 | 1.0 | 8.735 | 2.95 | ours-ar | 2/24 |  | "
             "24/24 |  |  |") in text  # columns a run lacks (common prefix, drafts) stay empty
     assert "32.3 / 33.0 GB/s" in text
+    assert "static n-gram cache" not in text  # none given to that run
     assert "llama_cpp.csv" not in text
 
 
@@ -202,6 +203,9 @@ def test_lookup_runs_with_its_draft_size(monkeypatch):
     args = SimpleNamespace(max_new_tokens=8, threads=2)
     assert bench.run_lookup(Path("llama-lookup"), Path("m.gguf"), "prompt", 4, args)["text"] == "Hi"
     assert seen[0][-2:] == ["--spec-draft-n-max", "4"] and "--temp" in seen[0]
+    args.lookup_static = Path("replies.bin")  # its static n-gram cache, when given
+    bench.run_lookup(Path("llama-lookup"), Path("m.gguf"), "prompt", 4, args)
+    assert seen[1][-4:] == ["--spec-draft-n-max", "4", "-lcs", "replies.bin"]
 
 
 def test_tally_compares_llama_cpp_only_where_it_read_our_ids():

@@ -15,7 +15,9 @@ in an order that rotates from prompt to prompt (this VM's speed drifts over minu
 * ``llama.cpp-lookup-N``  ``llama-lookup --spec-draft-n-max N`` for each N of ``--lookup-drafts``:
                         llama.cpp's prompt-lookup speculative decoding (n-gram drafts from the
                         context, up to N tokens a pass), the speculative peer that needs no
-                        draft model (16, its default, and a short one: 4).
+                        draft model (16, its default, and a short one: 4); with
+                        ``--lookup-static CACHE`` also from a static n-gram cache
+                        (``llama-lookup-create``), its analog of our reply store.
 
 llama.cpp gets the exact text of the chat-templated prompt; the token ids it reads
 (``--verbose-prompt``) are checked against ours, and where its tokenizer split the text otherwise
@@ -165,6 +167,8 @@ def parse_completion(stdout: str, stderr: str) -> dict:
 def run_lookup(binary: Path, gguf: Path, text: str, draft: int, args) -> dict:
     """llama-lookup's reply text (its stdout after the prompt it echoes), tokens and times."""
     cmd = [str(binary), *_common_flags(gguf, text, args), "--spec-draft-n-max", str(draft)]
+    if getattr(args, "lookup_static", None):
+        cmd += ["-lcs", str(args.lookup_static)]
     out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         raise RuntimeError(f"llama-lookup failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -342,6 +346,9 @@ def main(argv=None) -> int:
     parse.add_argument("--lookup-drafts", type=lambda text: [int(n) for n in text.split(",")],
                        default=list(LOOKUP_DRAFTS),
                        help="llama-lookup's --spec-draft-n-max values, comma-separated")
+    parse.add_argument("--lookup-static", type=Path,
+                       help="a static n-gram cache (llama-lookup-create -lcs) llama-lookup also "
+                            "drafts from")
     parse.add_argument("--threads", type=int, default=torch.get_num_threads())
     parse.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results"
                                             / "local"))
@@ -352,6 +359,8 @@ def main(argv=None) -> int:
     if min(args.lookup_drafts) < 1 or len(set(args.lookup_drafts)) != len(args.lookup_drafts):
         parse.error(f"--lookup-drafts: expected distinct draft lengths >= 1, got "
                     f"{args.lookup_drafts}")
+    if args.lookup_static is not None and not args.lookup_static.is_file():
+        parse.error(f"--lookup-static: no such file {args.lookup_static}")
     started = time.perf_counter()
     binaries = find_binaries(Path(args.llama_cpp))
     gguf = find_smollm2_gguf()
@@ -381,6 +390,9 @@ def main(argv=None) -> int:
     append_rows(out / "llama_cpp.csv", [{**row, **env} for row in rows])
     report = {"environment": env, "command": "python " + " ".join(sys.argv), "rows": rows,
               "threads": args.threads,
+              "lookup_static": (f"{args.lookup_static.name}, "
+                                f"{args.lookup_static.stat().st_size} bytes"
+                                if args.lookup_static else None),
               "read_bandwidth_gb_s": [round(b / 1e9, 2) for b in bandwidths],
               "ours_step_bytes": ours_bytes, "gguf_step_bytes": gguf_bytes,
               "floors_ms": {k: round(v, 3) for k, v in floors.items()},
