@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -199,12 +200,8 @@ def without_end_marks(text: str, marks: list[str]) -> str:
 
 
 def common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """Characters ``a`` and ``b`` share from their start."""
+    return len(os.path.commonprefix([a, b]))
 
 
 def run_ours(generator, ids: list[int], speculative: bool, args, eos) -> dict:
