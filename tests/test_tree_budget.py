@@ -97,6 +97,24 @@ def test_cycle_costs_are_timed_with_value_checks_off_as_the_loop_runs(target, mo
     assert seen and not any(seen)
 
 
+def test_start_up_step_is_timed_in_a_row_of_steps(target, monkeypatch):
+    """Every round of the start-up timing runs plain steps untimed first, then the timed step,
+    then the trees' calls: a step timed right after the largest tree's verify cost ~1.4x what
+    steps in a row cost (see SETTLE_SECONDS)."""
+    from eagle_kernels.runtime import tree_budget
+
+    order = []
+    monkeypatch.setattr(tree_budget, "SETTLE_SECONDS", 0.0)  # one untimed step a round
+    monkeypatch.setattr(tree_budget, "_step_call", lambda *args: lambda: order.append("step"))
+    monkeypatch.setattr(tree_budget, "cycle_calls", lambda *args: [
+        lambda: order.append("draft"), lambda: order.append("verify")])
+    head = new_draft_head(EAGLE3, target)
+    costs, step = tree_budget.measure_trees(target, head, trees=[MEDIUM], context=16, repeats=2)
+    warm_up = ["step", "draft", "verify"]
+    assert order == warm_up + ["step", "step", "draft", "verify"] * 2
+    assert set(costs) == {MEDIUM} and step > 0
+
+
 def test_trees_that_cannot_pay_are_not_measured_further():
     """A tree whose cycle costs more plain steps than the most tokens it can yield (max_depth
     + 1) is dropped; one costing exactly that many is kept, and so is the first tree, which the
@@ -192,7 +210,8 @@ def test_relative_medians_take_each_ratio_within_one_round(monkeypatch):
 
     times = [[0.8, 1.28, 1.2, 1.16, 1.6],  # costs 0.8 of the reference at speeds 1 .. 2
              [1.0, 1.6, 1.5, 1.55, 2.0]]   # the reference (round 4: 1.55, not 1.45)
-    monkeypatch.setattr(tree_budget, "interleaved_times", lambda calls, repeats, device: times)
+    monkeypatch.setattr(tree_budget, "interleaved_times",
+                        lambda calls, repeats, device, settle=None: times)
     call, reference = tree_budget.relative_medians([None, None], 5, torch.device("cpu"), 1)
     assert reference == 1.55 and call / reference == pytest.approx(0.8, rel=1e-12)
     call, reference = tree_budget.interleaved_medians([None, None], 5, torch.device("cpu"))

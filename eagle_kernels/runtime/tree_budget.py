@@ -64,6 +64,12 @@ PAIR_SECONDS = 10.0  # a cycle and plain steps timed this close together saw one
 PAIR_STEPS = 5  # a cycle timing is compared with the median of this many steps nearest in time
 STEP_SAMPLE_SECONDS = 0.25  # plain steps kept for pairing: one per this many seconds ...
 STEP_SAMPLES = 256  # ... this many of them (at least a minute of plain decoding)
+# Start-up timing (measure_trees) runs plain steps untimed this long before each round's timed
+# step. A step right after a large tree's verify cost 6.3-6.7 ms on a 2-core VM where steps in
+# a row cost 4.5-4.8 ms (it took ~12 steps, ~60 ms, to come back; after a 1/1/2 cycle there was
+# no such lag): a step timed after the largest tree made every cycle look ~1.4x cheaper in steps
+# than the loop found it, and a first call speculated at a loss (make demo: 0.76-0.93x).
+SETTLE_SECONDS = 0.06
 
 
 def expected_tau(nodes: int, depth: int, alpha: float, top_k: int) -> float:
@@ -110,13 +116,16 @@ class CycleCost:
         return self.draft + self.verify
 
 
-def interleaved_times(calls: list, repeats: int, device: torch.device) -> list[list[float]]:
+def interleaved_times(calls: list, repeats: int, device: torch.device,
+                      settle: Callable[[], None] | None = None) -> list[list[float]]:
     """Seconds of each call in each of ``repeats`` rounds (every call once per round, after one
-    warm-up each)."""
+    warm-up each); ``settle``, where given, runs untimed at the start of every round."""
     for fn in calls:
         fn()
     times: list[list[float]] = [[] for _ in calls]
     for _ in range(repeats):
+        if settle is not None:
+            settle()
         for fn, spent in zip(calls, times):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -155,14 +164,14 @@ def interleaved_medians(calls: list, repeats: int, device: torch.device) -> list
     return [_median(spent) for spent in interleaved_times(calls, repeats, device)]
 
 
-def relative_medians(calls: list, repeats: int, device: torch.device,
-                     reference: int) -> list[float]:
+def relative_medians(calls: list, repeats: int, device: torch.device, reference: int,
+                     settle: Callable[[], None] | None = None) -> list[float]:
     """Seconds of each call as (median over rounds of its time / ``calls[reference]``'s time in
     the same round) x the reference's median: each ratio is taken within one round, so a speed
     change between rounds (this VM's memory bandwidth moves ~2x within minutes) moves no ratio.
     Medians of whole runs, as :func:`interleaved_medians` takes them, once put a 3-node cycle
     at 1.31 plain steps where repeated measurements gave 1.17."""
-    times = interleaved_times(calls, repeats, device)
+    times = interleaved_times(calls, repeats, device, settle)
     base = times[reference]
     scale = _median(base)
     return [_median([t / b for t, b in zip(spent, base)]) * scale for spent in times]
@@ -188,6 +197,15 @@ def cycle_calls(target, head, tree: TreeConfig, context: int, batch: int):
         return target.logits(hidden)
 
     return (lambda: draft_tree(head, draft_cache, root, root_hidden, tree)), verify
+
+
+def settle_steps(step: Callable[[], object], seconds: float) -> None:
+    """Run ``step`` untimed until ``seconds`` have passed (at least once): what a plain step
+    costs is what it costs in a row of plain steps, as decoding runs them."""
+    end = time.perf_counter() + seconds
+    step()
+    while time.perf_counter() < end:
+        step()
 
 
 def _step_call(target, context: int, batch: int):
@@ -549,15 +567,22 @@ def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: 
                   repeats: int = 5) -> tuple[dict[TreeConfig, CycleCost], float]:
     """Cycle costs of every candidate tree on this device and a plain decoding step's
     seconds, all timed in the same interleaved rounds, each relative to the plain step of its
-    round (see :func:`relative_medians`); value checks off, as inside the generation loop."""
+    round (see :func:`relative_medians`); value checks off, as inside the generation loop.
+
+    Each round opens with plain steps run untimed for SETTLE_SECONDS (:func:`settle_steps`),
+    then the timed step, then the trees in the order given (CANDIDATE_TREES: the smallest
+    first): a step is timed as it runs in a row of steps, not in the wake of the largest tree's
+    verify (see SETTLE_SECONDS)."""
     trees = list(trees)
     with torch.inference_mode(), no_value_checks(), weights_unchanged():  # as the loop runs
-        calls = [call for tree in trees
-                 for call in cycle_calls(target, head, tree, context, batch)]
-        calls.append(_step_call(target, context, batch))
-        seconds = relative_medians(calls, repeats, target.device, reference=len(calls) - 1)
-    costs = {tree: CycleCost(seconds[2 * i], seconds[2 * i + 1]) for i, tree in enumerate(trees)}
-    return costs, seconds[-1]
+        step = _step_call(target, context, batch)
+        calls = [step] + [call for tree in trees
+                          for call in cycle_calls(target, head, tree, context, batch)]
+        seconds = relative_medians(calls, repeats, target.device, reference=0,
+                                   settle=lambda: settle_steps(step, SETTLE_SECONDS))
+    costs = {tree: CycleCost(seconds[1 + 2 * i], seconds[2 + 2 * i])
+             for i, tree in enumerate(trees)}
+    return costs, seconds[0]
 
 
 def trees_that_can_pay(costs: dict[TreeConfig, CycleCost], step: float) -> list[TreeConfig]:
