@@ -177,7 +177,10 @@ def cpu_section(run: Path, report: dict) -> list[str]:
              provenance(env) + f"; {floors['cpu_isa']}, {floors['threads']} threads, context "
              f"{floors['context']}, {floors.get('activations', 'fp32')} activations; "
              f"command `{report['command']}`", "",
-             f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s, "
+             f"Measured in the same run: read bandwidth {floors['read_bandwidth_gb_s']} GB/s"
+             + (f" (DRAM {floors['dram_bandwidth_gb_s']}, a buffer of the step's bytes re-read "
+                f"{floors['step_sized_bandwidth_gb_s']}; the faster counts)"
+                if "dram_bandwidth_gb_s" in floors else "") + ", "
              f"in-cache GEMM {floors['gemm_gflop_s']} GFLOP/s; a decode step reads "
              f"{floors['weight_bytes'] / 1e6:.0f} MB of weights"
              + (f" + {floors['kv_bytes'] / 1e6:.1f} MB of K / V" if "kv_bytes" in floors else "")

@@ -8,16 +8,19 @@ EAGLE-3 head, every ratio against something measured in the same process, and ev
 measurement below (floors included) timed in the same interleaved rounds, medians over
 ``--repeats``, so the machine's drift cannot favour one of them:
 
-* floors (physical: bytes / measured bandwidth, FLOPs / measured rate): DRAM read bandwidth
-  (the faster of a 1 GiB reduction and our GEMV over 1 GiB) -> memory floor = (bytes of the
+* floors (physical: bytes / measured bandwidth, FLOPs / measured rate): read bandwidth, the
+  faster of DRAM's (a 1 GiB reduction and our GEMV over 1 GiB) and that of a buffer of the
+  step's own bytes read again and again as decoding reads its weights (the same two calls, in
+  a row: a last-level cache that holds it serves it faster; this Intel VM's 260 MB L3 read 123
+  MB at ~48 GB/s, 1 GiB at ~28) -> memory floor = (bytes of the
   weights a decode step reads, as the kernels store them: the target's layers are exact 4-bit
   Q4_1 packs, the fp32 floor reported beside; + the K / V rows its attention reads, fp32
   cache: context x layers x 2 x kv width x 4 bytes) / bandwidth; GEMM rate on an in-cache
   matrix (the faster of torch's matmul and ours, [64 x 1536] x [1536 x 576]) -> compute
   floor(N) = FLOPs of N tokens / that rate; a row's floor is max(memory, compute floor(N));
 * ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax, inside
-  ``ops.weights_unchanged()`` as the engine's loop, timed after the first of steps run back
-  to back as decoding runs them: InARow), against its floor; and (``floors``, not a floor:
+  ``ops.weights_unchanged()`` as the engine's loop, timed in a row after steps run back to
+  back for SETTLE_SECONDS, as decoding runs them: InARow), against its floor; and (``floors``, not a floor:
   our own kernels' speed) against the step's one-row GEMVs timed over in-cache weights
   (one_row_calls): what our GEMV needs with no DRAM in the way;
 * ``ar_step_long``: the same step after 1024 and 2048 tokens of context: what longer chats
@@ -52,19 +55,19 @@ from common import append_rows, environment  # noqa: E402
 from eagle_kernels import ops  # noqa: E402
 from eagle_kernels.ops._validate import no_value_checks  # noqa: E402
 from eagle_kernels.runtime.layers import head_dim_of  # noqa: E402
-from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, cycle_calls,  # noqa: E402
-                                               interleaved_medians)
+from eagle_kernels.runtime.tree_budget import (CANDIDATE_TREES, SETTLE_SECONDS,  # noqa: E402
+                                               cycle_calls, interleaved_medians, settle_steps)
 
 VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-# AR steps and verify passes run WARM_STEPS + STEPS_IN_A_ROW times back to back per round and
-# the last STEPS_IN_A_ROW are timed (their mean; medians over rounds): a decoding loop runs step
-# after step, and one step timed right after the round's other calls ran 18 % slower than each
-# of 8 in a row (4.5 against 3.7 ms; the engine's own loop timed 3.9 ms then). A cycle's
-# drafting stays timed once, after the call before it: in a cycle it follows the target's
-# weight stream, which evicts the head's weights; drafting again and again would find them in
-# L3.
+# AR steps and verify passes run back to back per round, untimed for SETTLE_SECONDS (the tree
+# budget's, at least once), then STEPS_IN_A_ROW times timed (their mean; medians over rounds):
+# a decoding loop runs step after step, and one step timed right after the round's other calls
+# ran 18 % slower than each of 8 in a row (4.5 against 3.7 ms; the engine's own loop timed 3.9
+# ms then); after a 16-node verify steps took ~12 steps (~60 ms) to come back from 6.6 to 4.8
+# ms (2026-11-29, Intel VM), so three warm-up steps were not enough. A cycle's drafting stays
+# timed once, after the call before it: in a cycle it follows the target's weight stream, which
+# evicts the head's weights; drafting again and again would find them in L3.
 STEPS_IN_A_ROW = 4
-WARM_STEPS = 3
 LONG_CONTEXTS = (1024, 2048)  # ar_step_long
 
 
@@ -74,9 +77,10 @@ GEMM_PASSES = 8
 
 
 def bandwidth_calls(megabytes: int) -> tuple[int, list]:
-    """Bytes, and two calls that each stream them from DRAM: a torch reduction over a buffer
-    and our one-row GEMM over a weight of the same size (each far larger than the caches). The
-    faster gives the bandwidth, so the floor is never flattered by a slow way of reading.
+    """Bytes, and two calls that each read them: a torch reduction over a buffer and our
+    one-row GEMM over a weight of the same size (1 GiB: from DRAM; the step's own bytes: from
+    wherever re-reading them comes from). The faster gives the bandwidth, so the floor is never
+    flattered by a slow way of reading.
 
     The buffer holds random values, as weights do: this VM's memory serves pages of repeated
     content faster (our GEMV read a 1 GiB buffer of ones at 66 GB/s and one of random values at
@@ -239,15 +243,15 @@ def ar_step_call(target, context: int):
 
 
 class InARow:
-    """``call`` run WARM_STEPS + STEPS_IN_A_ROW times back to back, as one call of a timing
-    round; the mean seconds of the last STEPS_IN_A_ROW go to ``seconds`` (one per round)."""
+    """``call`` run back to back, untimed for SETTLE_SECONDS (at least once), then
+    STEPS_IN_A_ROW times, as one call of a timing round; the mean seconds of those
+    STEPS_IN_A_ROW go to ``seconds`` (one per round)."""
 
     def __init__(self, call):
         self.call, self.seconds = call, []
 
     def __call__(self):
-        for _ in range(WARM_STEPS):
-            self.call()
+        settle_steps(self.call, SETTLE_SECONDS)
         start = time.perf_counter()
         for _ in range(STEPS_IN_A_ROW):
             self.call()
@@ -270,12 +274,16 @@ def timed_together(target, head, args) -> dict:
     (the AR step against a floor, a cycle against the AR step) would measure the drift."""
     draw = torch.Generator().manual_seed(0)
     stream_bytes, streams = bandwidth_calls(args.bandwidth_mb)
+    step_megabytes = -(-(step_bytes(target, packed=True)
+                         + cache_bytes(target, args.context)) >> 20)  # rounded up
+    step_stream_bytes, step_streams = bandwidth_calls(step_megabytes)
     down = target.model.layers[0].mlp.down_proj.weight  # SmolLM2-135M's is [576 x 1536]
     gemm_flops, gemms = gemm_calls(down if tuple(down.shape) == (576, 1536) else None)
     one_row_counts, one_row = one_row_calls(target)
     # weights_unchanged: the engine runs its loop in one such block (weights stamped once).
     with torch.inference_mode(), no_value_checks(), ops.weights_unchanged():
-        groups = {"streams": streams, "gemms": gemms, "one_row": one_row,
+        groups = {"streams": streams, "step_streams": [InARow(c) for c in step_streams],
+                  "gemms": gemms, "one_row": one_row,
                   # the first calls after the streams and GEMMs ran ~3-5 % slow even after 3
                   # warm-up steps: the long contexts take that place, the AR step follows
                   # verify (the ratios to it are then not flattered)
@@ -289,9 +297,11 @@ def timed_together(target, head, args) -> dict:
         seconds = iter(interleaved_medians([call for calls in groups.values() for call in calls],
                                            args.repeats, target.device))
         timed = {name: [next(seconds) for _ in calls] for name, calls in groups.items()}
-    for name in ("ar", "long", "verify"):  # the steps in a row, without the first
+    for name in ("ar", "long", "verify", "step_streams"):  # in a row, after the settling
         timed[name] = [call.median() for call in groups[name]]
-    timed["bandwidth"] = stream_bytes / min(timed["streams"])
+    timed["dram_bandwidth"] = stream_bytes / min(timed["streams"])
+    timed["step_sized_bandwidth"] = step_stream_bytes / min(timed["step_streams"])
+    timed["bandwidth"] = max(timed["dram_bandwidth"], timed["step_sized_bandwidth"])
     timed["gemm_rate"] = gemm_flops / min(timed["gemms"])
     timed["in_cache_gemv"] = (sum(c * t for c, t in zip(one_row_counts, timed["one_row"]))
                               if one_row_counts else None)
@@ -303,7 +313,8 @@ def measure(generator, args) -> tuple[list[dict], dict]:
     timed = timed_together(target, head, args)
     bandwidth, rate, ar = timed["bandwidth"], timed["gemm_rate"], timed["ar"][0]
     # The kernels stream the packs (the target's layers in 4 bits): the floor counts those bytes;
-    # the fp32 floor (every weight in fp32, what the step read before narrow packs) is kept beside.
+    # the fp32 floor (every weight in fp32, what the step read before narrow packs) is kept beside,
+    # at DRAM's bandwidth (538 MB is twice what the largest cache measured here holds).
     weight_bytes, fp32_bytes = step_bytes(target, packed=True), step_bytes(target)
     kv_bytes = cache_bytes(target, args.context)
     memory_floor = (weight_bytes + kv_bytes) / bandwidth
@@ -340,10 +351,13 @@ def measure(generator, args) -> tuple[list[dict], dict]:
              for key in columns} for row in rows]
     gemv = timed["in_cache_gemv"]
     floors = {"read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+              "dram_bandwidth_gb_s": round(timed["dram_bandwidth"] / 1e9, 2),
+              "step_sized_bandwidth_gb_s": round(timed["step_sized_bandwidth"] / 1e9, 2),
               "gemm_gflop_s": round(rate / 1e9, 1), "weight_bytes": weight_bytes,
               "kv_bytes": kv_bytes, "memory_floor_ms": round(memory_floor * 1e3, 3),
               "compute_floor_ms": round(flops / rate * 1e3, 3), "fp32_weight_bytes": fp32_bytes,
-              "fp32_memory_floor_ms": round((fp32_bytes + kv_bytes) / bandwidth * 1e3, 3),
+              "fp32_memory_floor_ms": round((fp32_bytes + kv_bytes) / timed["dram_bandwidth"]
+                                            * 1e3, 3),
               # our own GEMVs over in-cache weights: how far the step is from our kernels'
               # compute speed (not a floor: a slower GEMV would raise it)
               "in_cache_gemv_ms": round(gemv * 1e3, 3) if gemv else None,
@@ -352,8 +366,8 @@ def measure(generator, args) -> tuple[list[dict], dict]:
               "threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
               "activations": ops.cpu_activations(),
               "timing": f"medians of {args.repeats} interleaved rounds; AR steps and verify "
-                        f"passes: the last {STEPS_IN_A_ROW} of "
-                        f"{WARM_STEPS + STEPS_IN_A_ROW} in a row per round"}
+                        f"passes: {STEPS_IN_A_ROW} in a row per round, after the same call "
+                        f"ran untimed for {SETTLE_SECONDS} s"}
     return rows, floors
 
 
@@ -363,7 +377,9 @@ def _cpu_isa() -> str:
 
 
 def print_report(rows: list[dict], floors: dict) -> None:
-    print(f"read bandwidth {floors['read_bandwidth_gb_s']} GB/s, in-cache GEMM "
+    print(f"read bandwidth {floors['read_bandwidth_gb_s']} GB/s (DRAM "
+          f"{floors['dram_bandwidth_gb_s']}, a buffer of the step's bytes re-read "
+          f"{floors['step_sized_bandwidth_gb_s']}), in-cache GEMM "
           f"{floors['gemm_gflop_s']} GFLOP/s, weights + KV read per step "
           f"{(floors['weight_bytes'] + floors['kv_bytes']) / 1e6:.0f} MB -> memory floor "
           f"{floors['memory_floor_ms']} ms, compute floor {floors['compute_floor_ms']} ms "
