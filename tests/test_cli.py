@@ -149,12 +149,13 @@ def test_activations_warning_names_targets_the_mode_leaves_alone(gen):
 
 def test_compare_alternates_the_modes_and_reports_each_rounds_speedup():
     """--compare runs COMPARE_ROUNDS rounds of one call per mode, alternating which goes first
-    (the first speculative call is the one already printed), and reports each round's speedup
-    within the round; one call whose tokens differ makes the outputs not identical."""
+    (the call already printed, a process's first, is not timed again), and reports each
+    round's speedup within the round; one call whose tokens differ makes the outputs not
+    identical."""
     from types import SimpleNamespace
 
     calls = []
-    speed = {True: [200.0, 150.0], False: [100.0, 120.0, 90.0]}  # tokens/s, in call order
+    speed = {True: [110.0, 200.0, 150.0], False: [100.0, 120.0, 90.0]}  # tokens/s, call order
 
     class Generator:
         engine = SimpleNamespace(head=object())
@@ -168,8 +169,8 @@ def test_compare_alternates_the_modes_and_reports_each_rounds_speedup():
     first = SimpleNamespace(tokens=[[1, 2, 3]], stats=SimpleNamespace(tokens_per_second=50.0))
     assert cli.COMPARE_ROUNDS == 3
     base, speedups, same = cli.compare(Generator(), ["hi"], {}, first)
-    assert calls == [False, False, True, True, False]
-    assert speedups == [50 / 100, 200 / 120, 150 / 90] and base.stats.tokens_per_second == 100
+    assert calls == [True, False, False, True, True, False]
+    assert speedups == [110 / 100, 200 / 120, 150 / 90] and base.stats.tokens_per_second == 100
     assert not same  # the fifth call's tokens differ
 
 
