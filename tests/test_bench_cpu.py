@@ -23,6 +23,13 @@ def test_bench_cpu_smoke(tmp_path):
     floors = report["floors"]
     assert floors["memory_floor_ms"] > 0 and floors["gemm_gflop_s"] > 0
     assert floors["kv_bytes"] > 0 and floors["compute_floor_ms"] > 0
+    # the floor reads at the faster of DRAM and a re-read buffer of the step's bytes (a cache
+    # may hold those); the fp32 weights (538 MB) at DRAM's
+    assert floors["read_bandwidth_gb_s"] == max(floors["dram_bandwidth_gb_s"],
+                                                floors["step_sized_bandwidth_gb_s"])
+    fp32_bytes = floors["fp32_weight_bytes"] + floors["kv_bytes"]
+    fp32_ms = fp32_bytes / floors["dram_bandwidth_gb_s"] / 1e6
+    assert abs(floors["fp32_memory_floor_ms"] - fp32_ms) <= 2e-3 * fp32_ms
     ar_row = next(row for row in report["rows"] if row["what"] == "ar_step")
     # the step's floor is physical: max(weights + KV over bandwidth, FLOPs over the GEMM rate)
     bound = max(floors["memory_floor_ms"], floors["compute_floor_ms"])

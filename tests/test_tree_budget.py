@@ -99,20 +99,30 @@ def test_cycle_costs_are_timed_with_value_checks_off_as_the_loop_runs(target, mo
 
 def test_start_up_step_is_timed_in_a_row_of_steps(target, monkeypatch):
     """Every round of the start-up timing runs plain steps untimed first, then the timed step,
-    then the trees' calls: a step timed right after the largest tree's verify cost ~1.4x what
-    steps in a row cost (see SETTLE_SECONDS)."""
+    then the trees' calls (a step timed right after the largest tree's verify cost ~1.4x what
+    steps in a row cost: see SETTLE_SECONDS); each tree gets its own drafting and verify times
+    and the step its own (calls timed 1, 2, 3, ... s in the order they are made)."""
     from eagle_kernels.runtime import tree_budget
 
     order = []
     monkeypatch.setattr(tree_budget, "SETTLE_SECONDS", 0.0)  # one untimed step a round
     monkeypatch.setattr(tree_budget, "_step_call", lambda *args: lambda: order.append("step"))
-    monkeypatch.setattr(tree_budget, "cycle_calls", lambda *args: [
-        lambda: order.append("draft"), lambda: order.append("verify")])
+    monkeypatch.setattr(tree_budget, "cycle_calls", lambda target, head, tree, *args: [
+        lambda: order.append(("draft", tree)), lambda: order.append(("verify", tree))])
+    real_times = tree_budget.interleaved_times
+
+    def times(calls, repeats, device, settle=None):
+        real_times(calls, repeats, device, settle)  # runs the calls: records their order
+        return [[float(index + 1)] * repeats for index in range(len(calls))]
+
+    monkeypatch.setattr(tree_budget, "interleaved_times", times)
     head = new_draft_head(EAGLE3, target)
-    costs, step = tree_budget.measure_trees(target, head, trees=[MEDIUM], context=16, repeats=2)
-    warm_up = ["step", "draft", "verify"]
-    assert order == warm_up + ["step", "step", "draft", "verify"] * 2
-    assert set(costs) == {MEDIUM} and step > 0
+    trees = [SMALL, MEDIUM]
+    costs, step = tree_budget.measure_trees(target, head, trees=trees, context=16, repeats=2)
+    cycle = [("draft", SMALL), ("verify", SMALL), ("draft", MEDIUM), ("verify", MEDIUM)]
+    assert order == ["step", *cycle] + (["step", "step", *cycle] * 2)
+    assert step == 1.0
+    assert costs == {SMALL: CycleCost(2.0, 3.0), MEDIUM: CycleCost(4.0, 5.0)}
 
 
 def test_trees_that_cannot_pay_are_not_measured_further():

@@ -11,8 +11,9 @@ measurement below (floors included) timed in the same interleaved rounds, median
 * floors (physical: bytes / measured bandwidth, FLOPs / measured rate): read bandwidth, the
   faster of DRAM's (a 1 GiB reduction and our GEMV over 1 GiB) and that of a buffer of the
   step's own bytes read again and again as decoding reads its weights (the same two calls, in
-  a row: a last-level cache that holds it serves it faster; this Intel VM's 260 MB L3 read 123
-  MB at ~48 GB/s, 1 GiB at ~28) -> memory floor = (bytes of the
+  a row: a last-level cache that holds it serves it faster; on an Intel VM with a 260 MB L3,
+  `2026-11-29d`, 53.3 GB/s against DRAM's 25.2; the long contexts' rows read more bytes and
+  keep this bandwidth, a floor that can only be too low) -> memory floor = (bytes of the
   weights a decode step reads, as the kernels store them: the target's layers are exact 4-bit
   Q4_1 packs, the fp32 floor reported beside; + the K / V rows its attention reads, fp32
   cache: context x layers x 2 x kv width x 4 bytes) / bandwidth; GEMM rate on an in-cache
@@ -20,9 +21,9 @@ measurement below (floors included) timed in the same interleaved rounds, median
   floor(N) = FLOPs of N tokens / that rate; a row's floor is max(memory, compute floor(N));
 * ``ar_step``: one autoregressive step as the engine runs it (target + logits + argmax, inside
   ``ops.weights_unchanged()`` as the engine's loop, timed in a row after steps run back to
-  back for SETTLE_SECONDS, as decoding runs them: InARow), against its floor; and (``floors``, not a floor:
-  our own kernels' speed) against the step's one-row GEMVs timed over in-cache weights
-  (one_row_calls): what our GEMV needs with no DRAM in the way;
+  back for SETTLE_SECONDS, as decoding runs them: InARow), against its floor; and
+  (``floors``, not a floor: our own kernels' speed) against the step's one-row GEMVs timed
+  over in-cache weights (one_row_calls): what our GEMV needs with no DRAM in the way;
 * ``ar_step_long``: the same step after 1024 and 2048 tokens of context: what longer chats
   cost;
 * ``verify`` for N = 1..64 tree nodes (a random EAGLE-like tree's real packed mask, also
@@ -63,8 +64,8 @@ VERIFY_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 # budget's, at least once), then STEPS_IN_A_ROW times timed (their mean; medians over rounds):
 # a decoding loop runs step after step, and one step timed right after the round's other calls
 # ran 18 % slower than each of 8 in a row (4.5 against 3.7 ms; the engine's own loop timed 3.9
-# ms then); after a 16-node verify steps took ~12 steps (~60 ms) to come back from 6.6 to 4.8
-# ms (2026-11-29, Intel VM), so three warm-up steps were not enough. A cycle's drafting stays
+# ms then); after a 6/4/16 cycle steps took ~15-18 steps (~80-90 ms) to come back from 6.7 to
+# 4.7 ms (2026-11-29d, Intel VM), so three warm-up steps were not enough. A cycle's drafting stays
 # timed once, after the call before it: in a cycle it follows the target's weight stream, which
 # evicts the head's weights; drafting again and again would find them in L3.
 STEPS_IN_A_ROW = 4
@@ -245,7 +246,8 @@ def ar_step_call(target, context: int):
 class InARow:
     """``call`` run back to back, untimed for SETTLE_SECONDS (at least once), then
     STEPS_IN_A_ROW times, as one call of a timing round; the mean seconds of those
-    STEPS_IN_A_ROW go to ``seconds`` (one per round)."""
+    STEPS_IN_A_ROW go to ``seconds``, one per call: the first is interleaved_times' warm-up
+    call, left out of the median (one per round)."""
 
     def __init__(self, call):
         self.call, self.seconds = call, []
@@ -258,7 +260,7 @@ class InARow:
         self.seconds.append((time.perf_counter() - start) / STEPS_IN_A_ROW)
 
     def median(self) -> float:
-        return statistics.median(self.seconds)
+        return statistics.median(self.seconds[1:] or self.seconds)
 
 
 def cache_bytes(target, context: int) -> int:
@@ -285,8 +287,8 @@ def timed_together(target, head, args) -> dict:
         groups = {"streams": streams, "step_streams": [InARow(c) for c in step_streams],
                   "gemms": gemms, "one_row": one_row,
                   # the first calls after the streams and GEMMs ran ~3-5 % slow even after 3
-                  # warm-up steps: the long contexts take that place, the AR step follows
-                  # verify (the ratios to it are then not flattered)
+                  # warm-up steps (before the settling by time): the long contexts take that
+                  # place, the AR step follows verify (the ratios to it are then not flattered)
                   "long": [InARow(ar_step_call(target, context))
                            for context in args.long_contexts],
                   "verify": [InARow(verify_call(target, nodes, args.context, draw))

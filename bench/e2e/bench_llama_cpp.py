@@ -284,16 +284,17 @@ def cpu_model() -> str:
     return match.group(1).strip() if match else ""
 
 
-def read_bandwidth(step_megabytes: int) -> float:
-    """Bytes / s, the fastest of bench_cpu's two streams over DRAM (BANDWIDTH_MB) and the same
-    two over a buffer of a step's bytes re-read in a row, as decoding re-reads its weights (a
-    last-level cache that holds them serves them faster: see bench_cpu); medians of rounds."""
+def read_bandwidths(step_megabytes: int) -> tuple[float, float]:
+    """Bytes / s over DRAM (the faster of bench_cpu's two streams over BANDWIDTH_MB) and over a
+    buffer of a step's bytes re-read in a row, as decoding re-reads its weights (a last-level
+    cache that holds them serves them faster: see bench_cpu); medians of rounds. The floor
+    takes the faster of the two."""
     moved, calls = bandwidth_calls(BANDWIDTH_MB)
     dram = moved / min(interleaved_medians(calls, BANDWIDTH_ROUNDS, torch.device("cpu")))
     moved, calls = bandwidth_calls(step_megabytes)
     in_a_row = [InARow(call) for call in calls]
     interleaved_medians(in_a_row, BANDWIDTH_ROUNDS, torch.device("cpu"))
-    return max(dram, moved / min(call.median() for call in in_a_row))
+    return dram, moved / min(call.median() for call in in_a_row)
 
 
 def gguf_step_bytes(gguf: Path) -> int:
@@ -377,11 +378,12 @@ def main(argv=None) -> int:
     target = generator.engine.target
     ours_bytes, gguf_bytes = step_bytes(target, packed=True), gguf_step_bytes(gguf)
     step_megabytes = -(-max(ours_bytes, gguf_bytes) >> 20)  # rounded up
-    bandwidths = [read_bandwidth(step_megabytes)]
+    measured = [read_bandwidths(step_megabytes)]
     results = {}
     for index, (name, prompts) in enumerate(sets.items()):
         results[name] = run_set(generator, binaries, gguf, prompts, args, turn=index)
-    bandwidths.append(read_bandwidth(step_megabytes))
+    measured.append(read_bandwidths(step_megabytes))
+    bandwidths = [max(pair) for pair in measured]  # before and after the calls
     bandwidth = statistics.mean(bandwidths)
     floors = {"ours_ms": ours_bytes / bandwidth * 1e3, "llama_cpp_ms": gguf_bytes / bandwidth * 1e3}
     rows = table(results, {name: len(p) for name, p in sets.items()}, floors)
@@ -398,6 +400,8 @@ def main(argv=None) -> int:
                                 f"{args.lookup_static.stat().st_size} bytes"
                                 if args.lookup_static else None),
               "read_bandwidth_gb_s": [round(b / 1e9, 2) for b in bandwidths],
+              "dram_bandwidth_gb_s": [round(dram / 1e9, 2) for dram, _ in measured],
+              "step_sized_bandwidth_gb_s": [round(sized / 1e9, 2) for _, sized in measured],
               "ours_step_bytes": ours_bytes, "gguf_step_bytes": gguf_bytes,
               "floors_ms": {k: round(v, 3) for k, v in floors.items()},
               "seconds": round(time.perf_counter() - started, 1)}

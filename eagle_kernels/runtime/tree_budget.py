@@ -65,11 +65,11 @@ PAIR_STEPS = 5  # a cycle timing is compared with the median of this many steps 
 STEP_SAMPLE_SECONDS = 0.25  # plain steps kept for pairing: one per this many seconds ...
 STEP_SAMPLES = 256  # ... this many of them (at least a minute of plain decoding)
 # Start-up timing (measure_trees) runs plain steps untimed this long before each round's timed
-# step. A step right after a large tree's verify cost 6.3-6.7 ms on a 2-core VM where steps in
-# a row cost 4.5-4.8 ms (it took ~12 steps, ~60 ms, to come back; after a 1/1/2 cycle there was
-# no such lag): a step timed after the largest tree made every cycle look ~1.4x cheaper in steps
-# than the loop found it, and a first call speculated at a loss (make demo: 0.76-0.93x).
-SETTLE_SECONDS = 0.06
+# step. On a 2-core VM a step right after a 6/4/16 cycle cost 6.7 ms where steps in a row cost
+# 4.7 ms, and came back over ~15-18 steps (~80-90 ms; after a 1/1/2 cycle there was no such lag:
+# bench/results/2026-11-29d_cpu-2core/steps_after_a_cycle.txt): a step timed right after the
+# largest tree's verify made every cycle look cheaper in plain steps than the loop finds it.
+SETTLE_SECONDS = 0.1
 
 
 def expected_tau(nodes: int, depth: int, alpha: float, top_k: int) -> float:
@@ -199,13 +199,18 @@ def cycle_calls(target, head, tree: TreeConfig, context: int, batch: int):
     return (lambda: draft_tree(head, draft_cache, root, root_hidden, tree)), verify
 
 
-def settle_steps(step: Callable[[], object], seconds: float) -> None:
-    """Run ``step`` untimed until ``seconds`` have passed (at least once): what a plain step
-    costs is what it costs in a row of plain steps, as decoding runs them."""
+def settle_steps(step: Callable[[], object], seconds: float,
+                 device: torch.device | None = None) -> None:
+    """Run ``step`` untimed until ``seconds`` have passed (at least once), each run finished
+    before the next on a CUDA ``device`` (not queued for the timed call to wait on): what a
+    plain step costs is what it costs in a row of plain steps, as decoding runs them."""
     end = time.perf_counter() + seconds
-    step()
-    while time.perf_counter() < end:
+    while True:
         step()
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if time.perf_counter() >= end:
+            return
 
 
 def _step_call(target, context: int, batch: int):
@@ -579,7 +584,8 @@ def measure_trees(target, head, trees=CANDIDATE_TREES, batch: int = 1, context: 
         calls = [step] + [call for tree in trees
                           for call in cycle_calls(target, head, tree, context, batch)]
         seconds = relative_medians(calls, repeats, target.device, reference=0,
-                                   settle=lambda: settle_steps(step, SETTLE_SECONDS))
+                                   settle=lambda: settle_steps(step, SETTLE_SECONDS,
+                                                               target.device))
     costs = {tree: CycleCost(seconds[1 + 2 * i], seconds[2 + 2 * i])
              for i, tree in enumerate(trees)}
     return costs, seconds[0]
