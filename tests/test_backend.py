@@ -97,6 +97,35 @@ def test_value_checks_can_be_turned_off(monkeypatch):
     assert ops.greedy_accept_chain(tokens, logits).num_accepted.tolist() == [0]
 
 
+def test_value_checks_turned_off_in_one_thread_stay_on_in_another():
+    """A no_value_checks block (a generation loop's step, a training step) holds for its own
+    thread only: another thread's calls are still checked, also while the block is open (one
+    process-wide counter switched them off for every thread)."""
+    import threading
+
+    from eagle_kernels.ops._validate import no_value_checks
+
+    entered, release, seen = threading.Event(), threading.Event(), []
+
+    def loop():
+        with no_value_checks():
+            seen.append(ops.value_checks_enabled())
+            entered.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        assert ops.value_checks_enabled()
+        with pytest.raises(ValueError, match="tokens: expected values in"):
+            ops.greedy_accept_chain(torch.tensor([[0, 99]]), torch.zeros(1, 2, 4))
+    finally:
+        release.set()
+        worker.join()
+    assert seen == [False] and ops.value_checks_enabled()
+
+
 # --------------------------------------------------------------------------------------------
 # What a backend can take (issue 13 b): supports= at registration, facts from every op
 # --------------------------------------------------------------------------------------------

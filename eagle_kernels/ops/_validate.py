@@ -25,22 +25,30 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 CHECK_VALUES_ENV = "EAGLE_KERNELS_CHECK_VALUES"
 
 
-_VALUE_CHECKS_OFF = [0]  # depth of no_value_checks() blocks
+class _ChecksOff(threading.local):
+    """The depth of this thread's open :func:`no_value_checks` blocks: a block in one thread
+    (a generation loop, a training step) leaves another thread's calls checked."""
+
+    depth = 0
+
+
+_VALUE_CHECKS_OFF = _ChecksOff()
 
 
 @contextlib.contextmanager
 def no_value_checks():
-    """Skip content scans inside the block (a training loop checks its loss instead)."""
-    _VALUE_CHECKS_OFF[0] += 1
+    """Skip content scans inside the block, in this thread (a training loop checks its loss
+    instead)."""
+    _VALUE_CHECKS_OFF.depth += 1
     try:
         yield
     finally:
-        _VALUE_CHECKS_OFF[0] -= 1
+        _VALUE_CHECKS_OFF.depth -= 1
 
 
 def value_checks_enabled() -> bool:
     """Whether ops should check tensor contents (see the module docstring)."""
-    if _VALUE_CHECKS_OFF[0] or os.environ.get(CHECK_VALUES_ENV, "1") == "0":
+    if _VALUE_CHECKS_OFF.depth or os.environ.get(CHECK_VALUES_ENV, "1") == "0":
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
