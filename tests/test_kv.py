@@ -81,6 +81,8 @@ def test_bad_inputs():
         ops.compact_kv([k, position_cache(1, 9)], lens, nodes, count)
     with pytest.raises(ValueError, match="num_accepted: expected values in"):
         ops.compact_kv([k], lens, nodes, torch.tensor([3], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"accepted_nodes: expected at least one column"):
+        ops.compact_kv([k], lens, torch.zeros(1, 0, dtype=torch.int32), count * 0)
     with pytest.raises(ValueError, match="accepted_nodes: expected the root"):
         ops.compact_kv([k], lens, torch.tensor([[1, 2, -1]], dtype=torch.int32), count)
     with pytest.raises(ValueError, match="accepted_nodes: expected strictly increasing"):

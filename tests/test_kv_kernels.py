@@ -249,6 +249,7 @@ def test_rope_write_kv_stays_inside_the_caches_and_tables_without_checks(gen):
 
 @pytest.mark.parametrize("change, message", [
     (dict(q=torch.randn(2, 1, 2, 3)), "q: expected shape"),
+    (dict(q=None), "q: expected a torch.Tensor, got NoneType"),  # was an AttributeError
     (dict(k=torch.randn(2, 1, 1, 4).half()), "k: expected dtype"),
     (dict(k=torch.randn(2, 2, 1, 4)), "k: expected shape"),
     (dict(positions=torch.zeros(2, 1, dtype=torch.int32)), "positions: expected dtype"),

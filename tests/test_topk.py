@@ -135,10 +135,18 @@ def test_bad_inputs():
         ops.eagle2_expand(torch.zeros(2, 3), torch.zeros(2, 2, 3), 1)
     with pytest.raises(ValueError, match="top_k: expected an int in"):
         ops.eagle2_expand(torch.zeros(2, 3), torch.zeros(2, 3, 2), 7)
-    for frontier, children in ((torch.tensor([[float("inf"), -1.0]]), torch.zeros(1, 2, 2)),
-                               (torch.zeros(1, 2), torch.tensor([[[0.0, float("nan")]] * 2]))):
-        with pytest.raises(ValueError, match="child_log_probs: expected log-probabilities"):
+    for frontier, children, name in (
+            (torch.tensor([[float("inf"), -1.0]]), torch.zeros(1, 2, 2), "frontier_scores"),
+            (torch.zeros(1, 2), torch.tensor([[[0.0, float("nan")]] * 2]), "child_log_probs")):
+        with pytest.raises(ValueError, match=f"{name}: expected log-probabilities"):
             ops.eagle2_expand(frontier, children, 1)  # +inf + -inf would be a NaN score
+    # an empty dimension is the tensor's fault, not k's / top_k's
+    with pytest.raises(ValueError, match="logits: expected a vocabulary of at least one"):
+        ops.topk_log_softmax(torch.randn(2, 0), 1)
+    with pytest.raises(ValueError, match="frontier_scores: expected at least one frontier node"):
+        ops.eagle2_expand(torch.zeros(2, 0), torch.zeros(2, 0, 3), 1)
+    with pytest.raises(ValueError, match="child_log_probs: expected at least one child"):
+        ops.eagle2_expand(torch.zeros(2, 3), torch.zeros(2, 3, 0), 1)
     tokens, scores, parents = golden_candidates()
     with pytest.raises(ValueError, match="num_nodes: expected an int in"):
         ops.eagle2_rerank(torch.tensor([1]), tokens, scores, parents, 12)

@@ -95,6 +95,7 @@ def rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, cache_lens, of
     The rotated ``q`` [B, T, Hq, D]; the caches hold the rotated ``k`` and ``v``, bit for bit
     what apply_rope then write_kv leave (the reference is those two ops).
     """
+    check_tensor("q", q, FLOAT_DTYPES, (None, None, None, None))  # q.numel() for the tables
     check_tensor("k", k, FLOAT_DTYPES, (None, None, None, None))  # k.numel() for the tables
     check_rope("q", q, positions, cos, sin, rotated=q.numel() + k.numel())
     check_tensor("k", k, (q.dtype,), (q.shape[0], q.shape[1], None, q.shape[3]), q.device)
@@ -129,6 +130,9 @@ def compact_kv(caches: Sequence[torch.Tensor], cache_lens, accepted_nodes, num_a
                          first.device)
     check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), first.device)
     check_tensor("accepted_nodes", accepted_nodes, (torch.int32,), (batch, None), first.device)
+    if accepted_nodes.shape[1] == 0:
+        raise ValueError(f"accepted_nodes: expected at least one column (the root), got shape "
+                         f"{tuple(accepted_nodes.shape)}")
     check_tensor("num_accepted", num_accepted, (torch.int32,), (batch,), first.device)
     width = accepted_nodes.shape[1]
     check_range("num_accepted", num_accepted, 0, width, " (accepted_nodes has that many columns)")

@@ -55,8 +55,8 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (None, None))
     vocab = logits.shape[1]
+    check_logits("logits", logits)  # first: an empty vocabulary is the logits' fault, not k's
     check_int("k", k, 1, vocab)
-    check_logits("logits", logits)
     if d2t is not None:
         check_tensor("d2t", d2t, (torch.int64,), (vocab,), logits.device)
         if value_checks_enabled() and bool(((torch.arange(vocab, device=d2t.device) + d2t) < 0)
@@ -84,12 +84,20 @@ def eagle2_expand(frontier_scores, child_log_probs, top_k: int, backend: str = "
     batch, frontier = frontier_scores.shape
     check_tensor("child_log_probs", child_log_probs, (torch.float32,), (batch, frontier, None),
                  frontier_scores.device)
+    for name, tensor, what in (("frontier_scores", frontier_scores, "frontier node (dim 1)"),
+                               ("child_log_probs", child_log_probs, "child a node (dim 2)")):
+        if tensor.shape[-1] == 0:
+            raise ValueError(f"{name}: expected at least one {what}, got shape "
+                             f"{tuple(tensor.shape)}")
     check_int("top_k", top_k, 1, frontier * child_log_probs.shape[2])
     # +inf is refused with NaN: +inf + -inf makes a NaN score, which would rank first
-    if value_checks_enabled() and bool(nan_or_posinf(child_log_probs).any()
-                                       | nan_or_posinf(frontier_scores).any()):
-        raise ValueError("child_log_probs: expected log-probabilities, <= 0 or -inf: no NaN or "
-                         "+inf (frontier_scores too)")
+    if value_checks_enabled():
+        bad = torch.stack([nan_or_posinf(frontier_scores).any(),
+                           nan_or_posinf(child_log_probs).any()]).tolist()  # one host sync
+        for name, found in zip(("frontier_scores", "child_log_probs"), bad):
+            if found:
+                raise ValueError(f"{name}: expected log-probabilities, <= 0 or -inf, got NaN "
+                                 "or +inf")
     _, implementation = resolve("eagle2_expand", backend, frontier_scores.device,
                                 candidates=frontier * child_log_probs.shape[2], top_k=top_k)
     return implementation(frontier_scores, child_log_probs, top_k)
