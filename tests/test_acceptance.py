@@ -1,6 +1,7 @@
 """Acceptance ops: greedy and stochastic goldens, invariants, sampling parameters, bad input."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -345,7 +346,9 @@ def test_bad_inputs(gen):
                           ([0, 2, 2, 2], "strictly increasing node indices")):
         bad = paths.clone()
         bad[0, -1, :len(row)] = torch.tensor(row[:bad.shape[2]], dtype=torch.int32)
-        with pytest.raises(ValueError, match=f"paths: expected {expected}"):
+        shown = re.escape(str(bad[0, -1].tolist()))  # the message shows the row that came
+        with pytest.raises(ValueError, match=f"paths: expected {expected}.*got paths\\[0, "
+                                             f"{bad.shape[1] - 1}\\] = {shown}"):
             ops.greedy_accept_tree(GOLDEN_TOKENS, bad, logits)
     with pytest.raises(ValueError, match="target_logits: expected finite"):
         ops.greedy_accept_tree(GOLDEN_TOKENS, paths, logits * float("nan"))
@@ -356,18 +359,21 @@ def test_bad_inputs(gen):
     with pytest.raises(ValueError, match="parents: trees must be topologically ordered"):
         ops.stochastic_accept_tree(GOLDEN_TOKENS, torch.tensor([[-1, 0, 0, 1, 1, 6, 5]],
                                                                dtype=torch.int32), *args[2:])
-    with pytest.raises(ValueError, match="temperature: expected a finite value > 0"):
+    with pytest.raises(ValueError, match="temperature: expected a finite value > 0.*got 0.0"):
         ops.stochastic_accept_tree(*args, temperature=0.0)
-    with pytest.raises(ValueError, match="top_p: expected values in"):
+    with pytest.raises(ValueError, match="top_p: expected values in.*got 1.5"):
         ops.stochastic_accept_tree(*args, top_p=1.5)
-    with pytest.raises(ValueError, match="top_k: expected >= 0"):
+    with pytest.raises(ValueError, match="top_k: expected >= 0.*got -1"):
         ops.stochastic_accept_tree(*args, top_k=-1)
     with pytest.raises(TypeError, match="temperature: expected a number"):
         ops.stochastic_accept_tree(*args, temperature="hot")
     with pytest.raises(ValueError, match=r"temperature: expected shape \[1\]"):
         ops.stochastic_accept_tree(*args, temperature=torch.ones(2))
-    with pytest.raises(ValueError, match=r"accept_uniforms: expected values in \[0, 1\)"):
-        ops.stochastic_accept_tree(GOLDEN_TOKENS, GOLDEN_PARENTS, logits, uniforms + 1, bonus)
+    over = uniforms.clone()
+    over[0, 3] = 1.0
+    with pytest.raises(ValueError, match=r"accept_uniforms: expected values in \[0, 1\), got "
+                                         r"1.0 at index \[0, 3\]"):
+        ops.stochastic_accept_tree(GOLDEN_TOKENS, GOLDEN_PARENTS, logits, over, bonus)
     with pytest.raises(ValueError, match="max_depth: expected >= the tree depth 3"):
         ops.stochastic_accept_tree(*args, max_depth=2)
     chain_tokens = torch.tensor([[1, 2, 3]])

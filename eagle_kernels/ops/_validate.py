@@ -160,7 +160,8 @@ def check_tensor(
     if value.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: expected a tensor on cpu or cuda, got one on {value.device}")
     if contiguous and not value.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous())")
+        raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), got "
+                         f"strides {list(value.stride())} for shape {list(value.shape)}")
     return value
 
 
@@ -229,6 +230,13 @@ def check_model_path(name: str, path) -> None:
                          + ("" if found.exists() else " (no such file or directory)"))
 
 
+def first_found(value: torch.Tensor, bad: torch.Tensor) -> str:
+    """"got V at index [i, ...]": the first entry of ``value`` where ``bad`` (its shape, bool)
+    holds, for a message that says what came."""
+    index = torch.nonzero(bad)[0].tolist()
+    return f"got {value[tuple(index)].item()!r} at index {index}"
+
+
 def check_range(name: str, value: torch.Tensor, low: int, high: int, what: str = "") -> None:
     """Value check: every entry in [low, high) (skipped when value checks are off)."""
     if not value_checks_enabled() or value.numel() == 0:
@@ -283,8 +291,9 @@ def check_uniforms(name: str, uniforms: torch.Tensor) -> None:
     """Value check: uniform random numbers in [0, 1)."""
     if not value_checks_enabled() or uniforms.numel() == 0:
         return
-    if bool(((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any()):
-        raise ValueError(f"{name}: expected values in [0, 1)")
+    bad = (uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)
+    if bool(bad.any()):
+        raise ValueError(f"{name}: expected values in [0, 1), {first_found(uniforms, bad)}")
 
 
 def check_same_device(**tensors: torch.Tensor) -> torch.device:

@@ -33,7 +33,8 @@ from ._backend import (cpu_extension, cuda_extension, cuda_limit, cuda_stream, r
                        resolve)
 from ._triton import tl, triton
 from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_parents, check_range,
-                        check_same_device, check_tensor, check_uniforms, value_checks_enabled)
+                        check_same_device, check_tensor, check_uniforms, first_found,
+                        value_checks_enabled)
 from .reference import AcceptResult
 from .tree import check_max_depth
 
@@ -63,18 +64,25 @@ def _check_path_rows(paths) -> None:
     increasing node indices: a parent's index is below its child's), then -1 padding; row 0
     of every tree a path, a later row possibly all padding. A row that broke this would be
     accepted as given: a path starting elsewhere, or one node's token taken twice."""
-    if bool((paths[:, :1, 0] != 0).any()):
+    bad = paths[:, :1, 0] != 0  # [B, 1]: nothing to check in a tree of no rows
+    if bool(bad.any()):
+        tree = int(torch.nonzero(bad)[0, 0])
         raise ValueError("paths: expected row 0 of every tree to start at the root (node 0); "
-                         "build_tree always emits at least one root-to-leaf row")
+                         "build_tree always emits at least one root-to-leaf row; got paths["
+                         f"{tree}, 0] = {paths[tree, 0].tolist()}")
     used = paths >= 0
-    if bool((used[..., 0] & (paths[..., 0] != 0)).any()):
-        raise ValueError("paths: expected every row to start at the root (node 0) or be all "
-                         "-1 padding")
-    if bool((used[..., 1:] & ~used[..., :-1]).any()):
-        raise ValueError("paths: expected a row's -1 padding after its nodes, never between")
-    if bool(((paths[..., 1:] <= paths[..., :-1]) & used[..., 1:]).any()):
-        raise ValueError("paths: expected strictly increasing node indices along a row (a "
-                         "parent's index is below its child's)")
+    for bad, expected in (
+            (used[..., 0] & (paths[..., 0] != 0),
+             "every row to start at the root (node 0) or be all -1 padding"),
+            ((used[..., 1:] & ~used[..., :-1]).any(-1),
+             "a row's -1 padding after its nodes, never between"),
+            (((paths[..., 1:] <= paths[..., :-1]) & used[..., 1:]).any(-1),
+             "strictly increasing node indices along a row (a parent's index is below its "
+             "child's)")):
+        if bool(bad.any()):
+            tree, row = torch.nonzero(bad)[0].tolist()
+            raise ValueError(f"paths: expected {expected}; got paths[{tree}, {row}] = "
+                             f"{paths[tree, row].tolist()}")
 
 
 def greedy_accept_tree(tokens, paths, target_logits, backend: str = "auto") -> AcceptResult:
@@ -128,8 +136,11 @@ def stochastic_accept_chain(tokens, draft_probs, target_logits, accept_uniforms,
     batch, num_nodes, vocab, row_max = _check_tree_logits(tokens, target_logits)
     check_tensor("draft_probs", draft_probs, (torch.float32,), (batch, num_nodes - 1, vocab),
                  tokens.device)
-    if value_checks_enabled() and bool(((draft_probs < 0) | draft_probs.isnan()).any()):
-        raise ValueError("draft_probs: expected non-negative probabilities, got negative or NaN")
+    if value_checks_enabled():
+        bad = (draft_probs < 0) | draft_probs.isnan()
+        if bool(bad.any()):
+            raise ValueError("draft_probs: expected non-negative probabilities, "
+                             f"{first_found(draft_probs, bad)}")
     _check_uniforms(batch, num_nodes, tokens.device, accept_uniforms, bonus_uniforms)
     check_sampling(batch, tokens.device, temperature, top_k, top_p, row_max)
     _, implementation = resolve("stochastic_accept_chain", backend, tokens.device,

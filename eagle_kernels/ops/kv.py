@@ -31,7 +31,8 @@ import torch
 from . import reference
 from ._backend import cpu_extension, cuda_extension, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._validate import FLOAT_DTYPES, check_int, check_range, check_tensor, value_checks_enabled
+from ._validate import (FLOAT_DTYPES, check_int, check_range, check_tensor, first_found,
+                        value_checks_enabled)
 from .attention_triton import EXACT_ROUNDING, interpreter_upcast
 from .decoder import check_rope
 from .decoder_triton import _rope_heads, rope_blocks
@@ -166,11 +167,16 @@ def _check_accepted_path(cache_lens, accepted_nodes, num_accepted, max_len: int)
     """Root first, strictly increasing node indices, every source and target inside the cache."""
     column = torch.arange(accepted_nodes.shape[1], device=accepted_nodes.device)
     used = column <= num_accepted.unsqueeze(1)
-    if bool((accepted_nodes[:, 0] != 0).any()):
-        raise ValueError("accepted_nodes: expected the root (node 0) in column 0")
+    bad = accepted_nodes[:, 0] != 0
+    if bool(bad.any()):
+        raise ValueError(f"accepted_nodes: expected the root (node 0) in column 0, "
+                         f"{first_found(accepted_nodes[:, 0], bad)}")
     steps = accepted_nodes[:, 1:] - accepted_nodes[:, :-1]
-    if bool(((steps <= 0) & used[:, 1:]).any()):
-        raise ValueError("accepted_nodes: expected strictly increasing node indices along the path")
+    bad = (steps <= 0) & used[:, 1:]
+    if bool(bad.any()):
+        row = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"accepted_nodes: expected strictly increasing node indices along the "
+                         f"path, got row {row}: {accepted_nodes[row].tolist()}")
     source_end = cache_lens + torch.where(used, accepted_nodes, 0).amax(1)
     check_range("cache_lens + accepted_nodes", source_end, 0, max_len, " (inside the cache)")
 

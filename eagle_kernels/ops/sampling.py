@@ -39,7 +39,8 @@ import torch
 from . import reference
 from ._backend import cuda_extension, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._validate import FLOAT_DTYPES, check_logits, check_tensor, value_checks_enabled
+from ._validate import (FLOAT_DTYPES, check_logits, check_tensor, first_found,
+                        value_checks_enabled)
 
 
 def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p,
@@ -66,13 +67,17 @@ def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p,
 
     temperature, top_k, top_p = values(temperature, 1.0), values(top_k, 0), values(top_p, 1.0)
     # Written as "not (inside)" so that NaN, which fails every comparison, is refused too.
-    if bool((~((temperature > 0) & (temperature < math.inf))).any()):
+    bad = ~((temperature > 0) & (temperature < math.inf))
+    if bool(bad.any()):
         raise ValueError("temperature: expected a finite value > 0 (use the greedy ops for "
-                         "temperature 0)")
-    if bool((top_k < 0).any()):
-        raise ValueError("top_k: expected >= 0 (0 disables top-k)")
-    if bool((~((top_p > 0) & (top_p <= 1))).any()):
-        raise ValueError("top_p: expected values in (0, 1] (1 disables top-p)")
+                         f"temperature 0), {first_found(temperature, bad)}")
+    bad = top_k < 0
+    if bool(bad.any()):
+        raise ValueError(f"top_k: expected >= 0 (0 disables top-k), {first_found(top_k, bad)}")
+    bad = ~((top_p > 0) & (top_p <= 1))
+    if bool(bad.any()):
+        raise ValueError("top_p: expected values in (0, 1] (1 disables top-p), "
+                         f"{first_found(top_p, bad)}")
     if row_max is not None and row_max.numel():
         if not bool(torch.isfinite(scaled_row_max(row_max, temperature, batch)).all()):
             raise ValueError("temperature: expected one at which logits / temperature stays "

@@ -30,8 +30,8 @@ import torch
 from . import reference
 from ._backend import cpu_extension, cuda_extension, cuda_limit, cuda_stream, register, resolve
 from ._triton import tl, triton
-from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_tensor, nan_or_posinf,
-                        value_checks_enabled)
+from ._validate import (FLOAT_DTYPES, check_int, check_logits, check_tensor, first_found,
+                        nan_or_posinf, value_checks_enabled)
 from .sampling import (LOGIT_DTYPE_CODES, chunk_max_sum, merged_max_sum, ordered_bits,
                        vocab_chunks)
 
@@ -59,9 +59,11 @@ def topk_log_softmax(logits, k: int, d2t=None, backend: str = "auto"):
     check_int("k", k, 1, vocab)
     if d2t is not None:
         check_tensor("d2t", d2t, (torch.int64,), (vocab,), logits.device)
-        if value_checks_enabled() and bool(((torch.arange(vocab, device=d2t.device) + d2t) < 0)
-                                           .any()):
-            raise ValueError("d2t: draft id + offset must be a non-negative target id")
+        if value_checks_enabled():
+            bad = (torch.arange(vocab, device=d2t.device) + d2t) < 0
+            if bool(bad.any()):
+                raise ValueError("d2t: draft id + offset must be a non-negative target id, "
+                                 f"{first_found(d2t, bad)}")
     _, implementation = resolve("topk_log_softmax", backend, logits.device, k=k)
     return implementation(logits, k, d2t)
 

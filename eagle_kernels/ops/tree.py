@@ -26,7 +26,7 @@ from ._backend import (cpu_extension, cuda_extension, cuda_limit, cuda_stream, r
                        resolve)
 from ._triton import tl, triton
 from ._validate import (check_int, check_parents, check_range, check_same_device, check_tensor,
-                        value_checks_enabled)
+                        first_found, value_checks_enabled)
 from .reference import DraftTree
 from .topk import NO_KEY, cpu_select_supports, order_key, rank_rows
 
@@ -138,8 +138,10 @@ def eagle2_rerank(root_tokens, candidate_tokens, candidate_scores, candidate_par
         with_root = torch.cat([torch.full((batch, 1), -1, dtype=torch.int32, device=device),
                                candidate_parents + 1], dim=1)
         check_parents("candidate_parents (as tree with the root prepended)", with_root)
-        if bool(torch.isnan(candidate_scores).any()):
-            raise ValueError("candidate_scores: expected no NaN")
+        bad = torch.isnan(candidate_scores)
+        if bool(bad.any()):
+            raise ValueError("candidate_scores: expected no NaN, "
+                             f"{first_found(candidate_scores, bad)}")
     max_depth = check_int("max_depth", num_nodes - 1 if max_depth is None else max_depth, 0,
                           max(num_nodes - 1, MAX_PADDED_DEPTH))
     name, implementation = resolve("eagle2_rerank", backend, device, candidates=candidates,
