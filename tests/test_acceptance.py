@@ -365,6 +365,9 @@ def test_bad_inputs(gen):
         ops.stochastic_accept_tree(*args, top_p=1.5)
     with pytest.raises(ValueError, match="top_k: expected >= 0.*got -1"):
         ops.stochastic_accept_tree(*args, top_k=-1)
+    for name in ("top_k", "temperature"):  # past int64: torch's "Overflow when unpacking long"
+        with pytest.raises(ValueError, match=f"{name}: expected a value of magnitude below 2"):
+            ops.stochastic_accept_tree(*args, **{name: 2**63})
     with pytest.raises(TypeError, match="temperature: expected a number"):
         ops.stochastic_accept_tree(*args, temperature="hot")
     with pytest.raises(ValueError, match=r"temperature: expected shape \[1\]"):

@@ -59,6 +59,8 @@ def check_sampling(batch: int, device: torch.device, temperature, top_k, top_p,
                 value, int if name == "top_k" else (int, float)):
             kind = "an int" if name == "top_k" else "a number"
             raise TypeError(f"{name}: expected {kind} or a [B] tensor, got {type(value).__name__}")
+        elif isinstance(value, int) and not -2**62 < value < 2**62:  # past int64 / float32
+            raise ValueError(f"{name}: expected a value of magnitude below 2**62, got {value}")
 
     def values(value, neutral):  # a tensor's values are read only where value checks are on
         if isinstance(value, torch.Tensor) and not value_checks_enabled():
