@@ -257,6 +257,7 @@ def test_rope_write_kv_stays_inside_the_caches_and_tables_without_checks(gen):
     (dict(cos=torch.randn(5, 6)), "cos: expected shape"),
     (dict(k_cache=torch.zeros(2, 10, 2, 4)), "k_cache: expected shape"),
     (dict(offset=10), r"k: 1 new rows past offset 10 do not fit the caches' max_len 10"),
+    (dict(offset=2**63), r"offset: expected an int in \[0, 10\]"),  # bounded, no overflow
     (dict(q=torch.randn(2, 1, 0, 4), cos=torch.randn(0, 4), sin=torch.randn(0, 4)),
      "cos: expected at least one row"),  # k's rows need one even where q has no heads
 ])

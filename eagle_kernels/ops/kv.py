@@ -65,8 +65,8 @@ def _check_write(k, v, k_cache, v_cache, cache_lens, offset) -> None:
     check_tensor("k_cache", k_cache, (k.dtype,), (batch, None, heads, dim), k.device)
     check_tensor("v_cache", v_cache, (k.dtype,), tuple(k_cache.shape), k.device)
     check_tensor("cache_lens", cache_lens, (torch.int32,), (batch,), k.device)
-    check_int("offset", offset, 0, None)
     max_len = k_cache.shape[1]
+    check_int("offset", offset, 0, max_len)  # bounded even with no new rows (no int64 overflow)
     if count and offset + count > max_len:
         raise ValueError(f"k: {count} new rows past offset {offset} do not fit the caches' "
                          f"max_len {max_len}")
