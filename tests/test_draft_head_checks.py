@@ -306,3 +306,16 @@ def test_directory_without_weights_or_config_raises(gen, tmp_path):
     torch.save(eagle1_state(gen), path / "pytorch_model.bin")
     with pytest.raises(ValueError, match="config.json"):
         load_draft_head(path, target)
+
+
+@pytest.mark.parametrize("value", [str(HIDDEN), float(HIDDEN), -1, HIDDEN // 2, True])
+def test_eagle3_target_hidden_size_other_than_the_targets_raises(value, gen, tmp_path):
+    """config.target_hidden_size is no LlamaConfig field, so transformers checks nothing of it:
+    "64" or 64.0 reached nn.Linear as a size (a TypeError, a traceback in the CLI), -1
+    torch.empty; one that differs from the target's hidden size cannot be this target's."""
+    target = tiny_target(gen)
+    config = eagle3_config(target_hidden=False, target_hidden_size=value)
+    path = write_eagle3(tmp_path / "h", eagle3_state(gen), config)
+    with pytest.raises(ValueError, match=rf"config\.target_hidden_size: expected the target's "
+                                         rf"hidden size {HIDDEN} \(an int\) or none"):
+        load_draft_head(path, target)

@@ -93,6 +93,10 @@ def test_from_hf_rejects_what_it_cannot_share(tokenizer):
         target_from_hf(model.model)  # the bare LlamaModel: no lm_head, no "model." prefix
     with pytest.raises(TypeError, match="model"):
         target_from_hf(object())
+    # float64 weights were taken, then failed mid-generation in an op naming an inner tensor
+    with pytest.raises(ValueError, match=r"model: expected one dtype of torch.float32, "
+                                         r"torch.bfloat16, torch.float16 .*torch.float64"):
+        target_from_hf(tiny_hf_model(tokenizer, "llama", layers=2, seed=3).double())
     assert eagle_kernels.from_hf(model, tokenizer, draft="none", dtype=torch.float32,
                                  device="cpu").engine.head is None
 

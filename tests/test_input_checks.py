@@ -229,3 +229,41 @@ def test_decoder_step_and_from_hf_name_wrong_types():
         args = {"model": torch.nn.Linear(1, 1), "tokenizer": lambda text: text, **kwargs}
         with pytest.raises(error, match=match):
             from_hf(**args)
+
+
+def test_engine_settings_and_call_inputs_name_themselves():
+    """An engine's settings are read when a call starts, and a wrong one failed deep inside
+    (tree="auto": "'str' object has no attribute 'max_depth'"; a head made for another target
+    drafted with that target's tables); prompts and EOS ids name the entry that came
+    (generate(5): "'int' object is not iterable"; an EOS id of 2**63: torch's overflow)."""
+    from eagle_kernels.runtime import Engine
+    from eagle_kernels.runtime.draft_heads import EAGLE3, new_draft_head
+
+    from runtime_helpers import tiny_target
+
+    target = tiny_target()
+    engine = Engine(target, new_draft_head(EAGLE3, target))
+    vocab = target.vocab_size
+    for setting, value, error, match in (
+            ("tree", "auto", TypeError, "tree: expected a TreeConfig, got str"),
+            ("tree_policy", "auto", TypeError, "tree_policy: expected an AdaptiveTree"),
+            ("prompt_lookup", "no", TypeError, "prompt_lookup: expected a bool, got str"),
+            ("cuda_graphs", 0, TypeError, "cuda_graphs: expected a bool, got int"),
+            ("head", new_draft_head(EAGLE3, tiny_target(seed=1)), ValueError,
+             "head: expected a head loaded for this engine's target"),
+            ("head", "eagle", TypeError, "head: expected a DraftHead or None")):
+        saved = getattr(engine, setting)
+        setattr(engine, setting, value)
+        with pytest.raises(error, match=match):
+            engine.generate([[1, 2]], 2)
+        setattr(engine, setting, saved)
+    for prompts, eos, error, match in (
+            (5, [0], TypeError, "prompts: expected a sequence of token lists, got int"),
+            (None, [0], TypeError, "prompts: expected a sequence of token lists, got NoneType"),
+            ([[1, 2], [3, vocab]], [0], ValueError,
+             rf"prompts\[1\]: expected token ids in \[0, {vocab}\), got {vocab} at index 1"),
+            ([[1, 2]], [2**63], ValueError, f"eos_token_ids: expected token ids in .*got {2**63}"),
+            ([[1, 2]], [vocab], ValueError, "eos_token_ids: expected token ids in")):
+        with pytest.raises(error, match=match):
+            engine.generate(prompts, 2, eos_token_ids=eos)
+    assert engine.generate([[1, 2]], 2).tokens  # the settings restored: a call runs

@@ -375,6 +375,16 @@ def test_directory_without_safetensors_raises(gen, tmp_path):
         load_target(path)
 
 
+def test_unreadable_safetensors_raises_naming_the_file(gen, tmp_path):
+    """A truncated file raised safetensors' SafetensorError (a plain Exception: the CLI printed
+    a traceback); the draft head's loader already named its file."""
+    path = _tiny_llama_dir(gen, tmp_path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match="model.safetensors is not a readable safetensors file"):
+        load_target(path)
+
+
 # -------------------------------------------------------------------------- the real model
 
 

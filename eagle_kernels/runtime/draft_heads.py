@@ -331,6 +331,13 @@ def _check_against_target(kind: str, raw: dict, config, state: dict,
         if width != 3 * target.hidden_size:
             raise ValueError(f"draft fc.weight: expected {3 * target.hidden_size} input columns "
                              f"(3 x the target's hidden size), got {width}")
+    # not a LlamaConfig field, so transformers checks nothing of it: "576" or 576.0 reached
+    # nn.Linear as a size (a TypeError), -1 torch.empty
+    target_hidden = raw.get("target_hidden_size")
+    if target_hidden is not None and (type(target_hidden) is not int
+                                      or target_hidden != target.hidden_size):
+        raise ValueError(f"draft config.target_hidden_size: expected the target's hidden size "
+                         f"{target.hidden_size} (an int) or none, got {target_hidden!r}")
     embed = state.get("embed_tokens.weight")
     if embed is not None and tuple(embed.shape) != (target.vocab_size, target.hidden_size):
         raise ValueError(f"draft embed_tokens.weight: expected {(target.vocab_size, target.hidden_size)},"

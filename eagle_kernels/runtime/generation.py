@@ -253,10 +253,36 @@ class Engine:
         chunks = (self._new_tokens(call, counts) for counts in steps) if emit else steps
         return GenerationStream(chunks, call)
 
+    def _check_settings(self) -> None:
+        """The engine's settings, read when a call starts (they may be set at any time): each
+        of its type, and a head made for this target."""
+        if not isinstance(self.target, TargetModel):
+            raise TypeError(f"target: expected a TargetModel (eagle_kernels.runtime.model), got "
+                            f"{type(self.target).__name__}")
+        if self.head is not None:
+            if not isinstance(self.head, DraftHead):
+                raise TypeError(f"head: expected a DraftHead or None, got "
+                                f"{type(self.head).__name__}")
+            if self.head._target[0] is not self.target:
+                raise ValueError("head: expected a head loaded for this engine's target (it "
+                                 "drafts with its target's embedding and lm_head), got one "
+                                 "loaded for another target")
+        if not isinstance(self.tree, TreeConfig):
+            raise TypeError(f"tree: expected a TreeConfig, got {type(self.tree).__name__}")
+        if self.tree_policy is not None and not isinstance(self.tree_policy, AdaptiveTree):
+            raise TypeError(f"tree_policy: expected an AdaptiveTree or None, got "
+                            f"{type(self.tree_policy).__name__}")
+        for name in ("cuda_graphs", "prompt_lookup"):  # "no" would read as True
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected a bool, got "
+                                f"{type(getattr(self, name)).__name__}")
+
     def _checked_inputs(self, prompts, eos_token_ids, sampling, speculative):
         """The call's prompts and EOS ids as lists of int, and its SamplingConfig; a bad one
         refused by name."""
-        if isinstance(prompts, AbstractSet):  # order is what tells the prompts' outputs apart
+        self._check_settings()
+        if isinstance(prompts, (AbstractSet, str, bytes)) or not isinstance(
+                prompts, (Sequence, torch.Tensor)):  # a set: order tells the outputs apart
             raise TypeError(f"prompts: expected a sequence of token lists, got "
                             f"{type(prompts).__name__}")
         prompts = [_token_list(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
@@ -267,8 +293,12 @@ class Engine:
             raise ValueError(f"prompts[{empty[0]}]: expected a non-empty token list, got []")
         eos_token_ids = _token_list("eos_token_ids", eos_token_ids, ordered=False)
         vocab = self.target.vocab_size
-        if any(t < 0 or t >= vocab for p in prompts for t in p):
-            raise ValueError(f"prompts: token ids must lie in [0, {vocab})")
+        for name, ids in [*((f"prompts[{i}]", p) for i, p in enumerate(prompts)),
+                          ("eos_token_ids", eos_token_ids)]:
+            bad = next((j for j, t in enumerate(ids) if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name}: expected token ids in [0, {vocab}), got {ids[bad]} "
+                                 f"at index {bad}")
         self._check_reply_store(vocab)
         if not isinstance(speculative, bool):  # "no" would read as True
             raise TypeError(f"speculative: expected a bool, got {type(speculative).__name__}")

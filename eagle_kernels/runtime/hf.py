@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..ops._validate import check_device
-from .api import EagleGenerator, _load_head, check_draft_and_tree
+from .api import TARGET_DTYPES, EagleGenerator, _load_head, check_draft_and_tree
 from .drafting import TreeConfig
 from .generation import Engine
 from .layers import RotaryEmbedding
@@ -61,9 +61,10 @@ def target_from_hf(hf_model) -> TargetModel:
     if len(devices) != 1 or torch.device("meta") in devices:
         raise ValueError(f"model: expected every weight materialised on one device, got "
                          f"{sorted(map(str, devices))} (load it without device_map offload)")
-    if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
-        raise ValueError(f"model: expected one floating-point dtype for every weight, got "
-                         f"{sorted(map(str, dtypes))} (quantised models are not supported)")
+    if len(dtypes) != 1 or next(iter(dtypes)) not in TARGET_DTYPES:
+        raise ValueError(f"model: expected one dtype of {', '.join(map(str, TARGET_DTYPES))} "
+                         f"for every weight, got {sorted(map(str, dtypes))} (quantised models "
+                         f"are not supported)")
     # assign=True: the module's parameters become Parameters over the HF tensors' storage.
     model.load_state_dict(state, strict=True, assign=True)
     model.model.rotary_emb = RotaryEmbedding(config).to(next(iter(devices)))

@@ -236,6 +236,7 @@ def _watched(hooks: tuple, called_modules) -> bool:
 
 
 def _read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     files = sorted(path.glob("*.safetensors"))
@@ -243,7 +244,11 @@ def _read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"path: no *.safetensors file in {path}")
     state = {}
     for file in files:
-        state.update(load_file(str(file)))
+        try:
+            state.update(load_file(str(file)))
+        except SafetensorError as error:  # a plain Exception: the CLI would print a traceback
+            raise ValueError(f"path: {file} is not a readable safetensors file ({error})") \
+                from None
     return state
 
 
