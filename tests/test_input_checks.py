@@ -267,3 +267,7 @@ def test_engine_settings_and_call_inputs_name_themselves():
         with pytest.raises(error, match=match):
             engine.generate(prompts, 2, eos_token_ids=eos)
     assert engine.generate([[1, 2]], 2).tokens  # the settings restored: a call runs
+    import numpy as np
+
+    for prompts in (torch.tensor([[1, 2]]), np.array([[1, 2]]), ([1, 2],)):  # rows of ids
+        assert engine.generate(prompts, 2, speculative=False).tokens

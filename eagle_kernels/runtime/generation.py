@@ -281,8 +281,10 @@ class Engine:
         """The call's prompts and EOS ids as lists of int, and its SamplingConfig; a bad one
         refused by name."""
         self._check_settings()
-        if isinstance(prompts, (AbstractSet, str, bytes)) or not isinstance(
-                prompts, (Sequence, torch.Tensor)):  # a set: order tells the outputs apart
+        if isinstance(prompts, (AbstractSet, str, bytes)) or not (
+                isinstance(prompts, (Sequence, torch.Tensor)) or hasattr(prompts, "tolist")):
+            # a set: its order, which tells the outputs apart, is arbitrary; a NumPy array is
+            # rows of ids
             raise TypeError(f"prompts: expected a sequence of token lists, got "
                             f"{type(prompts).__name__}")
         prompts = [_token_list(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
