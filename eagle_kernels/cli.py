@@ -352,10 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         return generate(args)
     except UserError as error:
         _fail(str(error))
-    except (ValueError, TypeError, OSError) as error:
+    except (ValueError, OSError) as error:
         # The library raises these for bad arguments and files, each naming what was wrong
         # (a checkpoint that does not fit the target, a missing data package, a directory
-        # without a tokenizer, a file it may not read, ...).
+        # without a tokenizer, a file it may not read, ...). Not TypeError: the CLI passes
+        # only parsed values, so one would be a bug, and its traceback is wanted.
         _fail(" ".join(str(error).split()) or type(error).__name__)
 
 

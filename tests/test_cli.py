@@ -120,11 +120,10 @@ def test_errors_raised_after_loading_are_one_line_too(capsys, monkeypatch):
     monkeypatch.setattr("eagle_kernels.runtime.api.from_pretrained", load)
     err = run_cli(["generate", "--draft", "random-eagle3"], capsys)
     assert err == "error: draft config.vocab_size: expected the target's 49152, got 32000\n"
-    # a directory without a tokenizer (transformers: OSError), a file it may not read, a
-    # wrong-typed setting: one line too, not a traceback
+    # a directory without a tokenizer (transformers: OSError), a file it may not read: one
+    # line too, not a traceback
     for error in (OSError("Can't load tokenizer for '/models/x'"),
-                  PermissionError(13, "Permission denied", "/models/x/config.json"),
-                  TypeError("tree: expected a TreeConfig, got str")):
+                  PermissionError(13, "Permission denied", "/models/x/config.json")):
         monkeypatch.setattr("eagle_kernels.runtime.api.from_pretrained",
                             lambda *args, error=error, **kwargs: (_ for _ in ()).throw(error))
         assert run_cli(["generate"], capsys) == f"error: {error}\n"

@@ -271,3 +271,16 @@ def test_engine_settings_and_call_inputs_name_themselves():
 
     for prompts in (torch.tensor([[1, 2]]), np.array([[1, 2]]), ([1, 2],)):  # rows of ids
         assert engine.generate(prompts, 2, speculative=False).tokens
+
+
+def test_generator_eos_ids_are_those_the_target_can_produce():
+    """A tokenizer paired with another model (from_hf) may name an EOS id past the target's
+    vocabulary: never sampled, so it is left out rather than failing every call's id check."""
+    from types import SimpleNamespace
+
+    from eagle_kernels.runtime.api import EagleGenerator
+
+    target = SimpleNamespace(config=SimpleNamespace(eos_token_id=[2, 10**6, None]), vocab_size=100)
+    generator = SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=5),
+                                engine=SimpleNamespace(target=target))
+    assert EagleGenerator.eos_token_ids(generator) == [2, 5]

@@ -234,7 +234,7 @@ def first_found(value: torch.Tensor, bad: torch.Tensor) -> str:
     """"got V at index [i, ...]": the first entry of ``value`` where ``bad`` (its shape, bool)
     holds, for a message that says what came."""
     index = torch.nonzero(bad)[0].tolist()
-    return f"got {value[tuple(index)].item()!r} at index {index}"
+    return f"got {value[tuple(index)].item()!r}" + (f" at index {index}" if index else "")
 
 
 def check_range(name: str, value: torch.Tensor, low: int, high: int, what: str = "") -> None:

@@ -221,11 +221,14 @@ class EagleGenerator:
         return self.tokenizer(prompt)["input_ids"]
 
     def eos_token_ids(self) -> list[int]:
-        """The tokenizer's and the target config's EOS ids."""
+        """The tokenizer's and the target config's EOS ids, those the target can produce (a
+        tokenizer paired with another model may name one past its vocabulary: never sampled,
+        so leaving it out changes no output, where passing it would fail every call)."""
         ids = {self.tokenizer.eos_token_id}
         config_eos = self.engine.target.config.eos_token_id
         ids |= set(config_eos) if isinstance(config_eos, (list, tuple)) else {config_eos}
-        return sorted(i for i in ids if i is not None)
+        vocab = self.engine.target.vocab_size
+        return sorted(i for i in ids if isinstance(i, int) and 0 <= i < vocab)
 
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
