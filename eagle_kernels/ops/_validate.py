@@ -243,9 +243,8 @@ def check_range(name: str, value: torch.Tensor, low: int, high: int, what: str =
         return
     bad = (value < low) | (value >= high)
     if bool(bad.any()):
-        first = tuple(torch.nonzero(bad)[0].tolist())
-        raise ValueError(f"{name}: expected values in [{low}, {high}){what}, got "
-                         f"{int(value[first])} at index {list(first)}")
+        raise ValueError(f"{name}: expected values in [{low}, {high}){what}, "
+                         f"{first_found(value, bad)}")
 
 
 def check_parents(name: str, parents: torch.Tensor) -> None:
