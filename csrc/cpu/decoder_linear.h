@@ -720,6 +720,8 @@ static void for_each_segment_share(const LinearArgs& a, int64_t t, int64_t threa
             then ? a.then.first(a.then.what, t, threads) : LineRange{nullptr, 0});
 }
 
+#include "linear_shared_tiles.h"  // one row: threads share its tiles
+
 /// The GEMM over every pack format (linear_int8.h's `linear` calls it).
 static void linear_packed(const LinearArgs& a) {
   int64_t columns = 0;
@@ -728,7 +730,12 @@ static void linear_packed(const LinearArgs& a) {
     columns += a.segments[i].n;
     offsets = offsets || a.segments[i].w.format == PackFormat::kQ4;
   }
-#pragma omp parallel num_threads(a.threads) if (a.m * a.k * columns >= kParallelMinMacs)
+  const bool parallel = a.threads > 1 && a.m * a.k * columns >= kParallelMinMacs;
+  RowTileQueue queues[kMaxRowTileQueues];
+  const int64_t sharing = a.m == 1 && parallel && a.threads <= kMaxRowTileQueues ? a.threads : 0;
+  for (int64_t t = 0; t < sharing; ++t)  // filled before the team starts: a thief may come first
+    queues[t].range = static_cast<uint64_t>(share_row_tiles(a, t, sharing, -1, nullptr));
+#pragma omp parallel num_threads(a.threads) if (parallel)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     TileRows x{a.x, a.ldx, nullptr, a.k / kQ4BlockK};
@@ -737,17 +744,20 @@ static void linear_packed(const LinearArgs& a) {
       block_sums(a.x, a.m, a.k, a.ldx, sums);
       x.sums = sums;
     }
-    for_each_segment_share<true>(a, t, threads,
-                                 [&](const LinearSegment& s, int64_t p0, int64_t p1,
-                                     LineRange then) {
-      if (s.w.format == PackFormat::kBf16)
-        linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1, then);
-      else if (s.w.format == PackFormat::kQ4)
-        linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1, then);
-      else if (s.w.format == PackFormat::kQ8)
-        linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1, then);
-      else
-        linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1, then);
-    });
+    if (sharing > 0)  // (a smaller team than asked for takes the missing threads' tiles)
+      shared_row_tiles(a, x, queues, t, sharing);
+    else
+      for_each_segment_share<true>(a, t, threads,
+                                   [&](const LinearSegment& s, int64_t p0, int64_t p1,
+                                       LineRange then) {
+        if (s.w.format == PackFormat::kBf16)
+          linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1, then);
+        else if (s.w.format == PackFormat::kQ4)
+          linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1, then);
+        else if (s.w.format == PackFormat::kQ8)
+          linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1, then);
+        else
+          linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1, then);
+      });
   }
 }
