@@ -16,6 +16,7 @@ import torch
 
 from eagle_kernels.runtime import Engine, SamplingConfig, TreeConfig
 from eagle_kernels.runtime.draft_heads import EAGLE1, EAGLE3, new_draft_head
+from eagle_kernels.runtime.kv_cache import KVCache
 from runtime_helpers import oracle_head, tiny_target
 
 TREE = TreeConfig(top_k=4, depth=3, total_tokens=16)
@@ -264,6 +265,16 @@ def test_max_length_stops_each_sequence_at_its_own_limit(target, gen):
         assert out.stop_reasons == ["max_new_tokens", "max_length"]
     with pytest.raises(ValueError, match="max_length"):
         Engine(target).generate(prompts, 4, speculative=False, max_length=20)
+
+
+def test_a_cache_larger_than_memory_is_refused_not_killed(target):
+    """A max_length far past what memory holds: a ValueError naming what to lower, where the
+    CPU allocator would hand out the zero-filled cache and the OOM killer end the process."""
+    with pytest.warns(UserWarning, match="max_position_embeddings"), \
+            pytest.raises(ValueError, match="max_new_tokens / max_length"):
+        Engine(target).generate([[1, 2, 3]], 10**12, speculative=False, max_length=10**12)
+    with pytest.raises(ValueError, match="GiB"):
+        KVCache.allocate(2, 1, 2**40, 1, 64, torch.float32, "cpu")
 
 
 

@@ -225,11 +225,12 @@ class Engine:
                 + max(bound.max_depth, LOOKUP_MAX_NGRAM))
         max_len = max(map(len, prompts)) + max(budgets) + room
         with torch.inference_mode():  # the per-call buffers, made as the loop's own tensors
-            call = _Call(budgets, width, list(eos_token_ids), sampling, self.tree,
-                         max_new_tokens, stats, self.device)
-            # recorded tokens come from positions below prompt + budget (see allocate_cache)
+            # recorded tokens come from positions below prompt + budget (see allocate_cache);
+            # the cache first: the largest, refused with a clear error where it cannot fit
             cache = self.target.allocate_cache(len(prompts), max_len,
                                                used=max(map(len, prompts)) + max(budgets))
+            call = _Call(budgets, width, list(eos_token_ids), sampling, self.tree,
+                         max_new_tokens, stats, self.device)
         # Only now, the call's buffers made, does it touch the shared tree budget: a call
         # refused above (bad input, no memory) leaves the policy as it was.
         if speculative and policy is not None:

@@ -12,6 +12,7 @@ reallocated, so CUDA graphs can capture passes that read and write it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,12 @@ class KVCache:
     @classmethod
     def allocate(cls, num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str) -> "KVCache":
-        """Zero-filled cache of ``num_layers`` layers for ``batch`` sequences of ``max_len``."""
+        """Zero-filled cache of ``num_layers`` layers for ``batch`` sequences of ``max_len``.
+        On CPU one larger than the memory available is refused (ValueError): the allocator
+        would hand it out (overcommit) and zero-filling it would get the process killed."""
         shape = (batch, max_len, kv_heads, head_dim)
+        _check_fits(2 * num_layers * batch * max_len * kv_heads * head_dim * dtype.itemsize,
+                    batch, max_len, torch.device(device))
         keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         return cls(keys, values, torch.zeros(batch, dtype=torch.int32, device=device))
@@ -67,3 +72,31 @@ class KVCache:
     def reset(self) -> None:
         """Forget every sequence (lengths to zero); the buffers are reused as they are."""
         self.lens.zero_()
+
+
+def available_host_bytes() -> int | None:
+    """Memory the host can still hand out without swapping (Linux MemAvailable; elsewhere
+    free pages), None where neither is known."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_fits(nbytes: int, batch: int, max_len: int, device: torch.device) -> None:
+    """A CPU cache of ``nbytes`` within available_host_bytes(), or a ValueError saying what to
+    lower (a CUDA allocation that does not fit raises torch's OutOfMemoryError itself)."""
+    if device.type != "cpu":
+        return
+    available = available_host_bytes()
+    if available is not None and nbytes > available:
+        raise ValueError(f"max_len: a KV cache of {batch} sequence(s) x {max_len} positions needs "
+                         f"{nbytes / 2**30:.1f} GiB, this host has {available / 2**30:.1f} GiB "
+                         f"available; lower max_new_tokens / max_length or the batch")
