@@ -125,7 +125,8 @@ def test_the_tree_is_measured_here_unless_one_is_given(tokenizer):
     assert (engine.tree_policy, generator.budget, engine.tree) == (policy, budget, tree)
 
 
-def test_bad_arguments_raise_naming_them_before_anything_loads(tokenizer, monkeypatch):
+def test_bad_arguments_raise_naming_them_before_anything_loads(tokenizer, monkeypatch,
+                                                              tmp_path):
     """draft / tree are checked before the target is wrapped or loaded; speculative / chat are
     bools ("no" read as True); cuda:N beyond the GPUs seen is refused by name."""
     model = tiny_hf_model(tokenizer, "llama", layers=2, seed=5)
@@ -140,9 +141,22 @@ def test_bad_arguments_raise_naming_them_before_anything_loads(tokenizer, monkey
         raise AssertionError("the target was loaded before the arguments were checked")
 
     monkeypatch.setattr("eagle_kernels.runtime.api.load_target_and_tokenizer", no_load)
-    with pytest.raises(ValueError, match="tree: expected a TreeConfig"):
+    with pytest.raises(TypeError, match="tree: expected a TreeConfig, 'auto', 'default' or "
+                                        "None, got int"):
         eagle_kernels.from_pretrained(draft="none", tree=7)
+    with pytest.raises(TypeError, match="draft_weights: expected one of auto, exact, q8_0, "
+                                        "got int"):
+        eagle_kernels.from_pretrained(draft_weights=5)
+    # an empty path is the current directory to pathlib: refused, whatever it holds
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="draft: expected an EAGLE head directory .* got ''"):
+        eagle_kernels.from_pretrained(draft="")
     monkeypatch.undo()
+    with monkeypatch.context() as patch:  # the target's check runs as it loads
+        patch.chdir(tmp_path)
+        with pytest.raises(ValueError, match="target: expected a checkpoint directory .* got ''$"):
+            eagle_kernels.from_pretrained(target="", draft="none")
     generator = eagle_kernels.from_hf(model, tokenizer, draft="none", tree=TREE)
     with pytest.raises(TypeError, match="speculative: expected a bool, got str"):
         generator.generate("hi", 2, speculative="no")

@@ -220,6 +220,9 @@ def check_model_path(name: str, path) -> None:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{name}: expected a path (str or os.PathLike) or None, got "
                         f"{type(path).__name__}")
+    if not os.fspath(path):  # Path("") is the current directory: never what was meant
+        raise ValueError(f"{name}: expected a checkpoint directory with config.json or a .gguf "
+                         f"file, got ''")
     found = Path(path)
     if found.suffix == ".gguf":
         if not found.is_file():

@@ -97,11 +97,13 @@ def check_draft_and_tree(draft, tree) -> None:
         raise TypeError(f"draft: expected an EAGLE head directory, one of "
                         f"{', '.join(SPECIAL_DRAFTS)} or None, got {type(draft).__name__}")
     if draft is not None and draft not in SPECIAL_DRAFTS and \
-            not (Path(draft) / "config.json").is_file():
+            (not os.fspath(draft) or not (Path(draft) / "config.json").is_file()):
         raise ValueError(f"draft: expected an EAGLE head directory with config.json or one of "
                          f"{', '.join(SPECIAL_DRAFTS)}, got {str(draft)!r}")
-    if not (tree is None or isinstance(tree, TreeConfig) or
-            (isinstance(tree, str) and tree in TREE_NAMES)):
+    if not (tree is None or isinstance(tree, (TreeConfig, str))):
+        raise TypeError(f"tree: expected a TreeConfig, 'auto', 'default' or None, got "
+                        f"{type(tree).__name__}")
+    if isinstance(tree, str) and tree not in TREE_NAMES:
         raise ValueError(f"tree: expected a TreeConfig, 'auto', 'default' or None, got {tree!r}")
 
 
@@ -166,6 +168,9 @@ class EagleGenerator:
         ``"exact"`` (the checkpoint's values); the output is the target's either way. The
         default target with a head also gets its bundled reply store (``engine.reply_store``,
         drafts for plain steps: see :mod:`.reply_store`; set it to None to go without)."""
+        if not isinstance(draft_weights, str):
+            raise TypeError(f"draft_weights: expected one of {', '.join(DRAFT_WEIGHTS)}, got "
+                            f"{type(draft_weights).__name__}")
         if draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights: expected one of {', '.join(DRAFT_WEIGHTS)}, "
                              f"got {draft_weights!r}")
