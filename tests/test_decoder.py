@@ -83,14 +83,15 @@ def test_cpu_rows_do_not_depend_on_their_neighbours(gen, op):
 
 @needs_cpu_backend
 @pytest.mark.parametrize("pack", ["fp32", "bf16", "q4", "q8"])
-def test_one_row_gemm_bits_do_not_depend_on_the_team(gen, pack):
-    """A one-row GEMM's threads share its tiles (csrc/cpu/linear_shared_tiles.h: a thread whose
-    own tiles are done takes the others' from the back): whichever thread computes a tile, and
-    however many threads there are, every column comes out with the same bits, none skipped or
+def test_gemm_bits_do_not_depend_on_the_team(gen, pack):
+    """A GEMM's threads share its pieces (csrc/cpu/linear_shared_tiles.h: a thread whose own
+    pieces are done takes the others' from the back): whichever thread computes a piece, and
+    however many threads there are, every output comes out with the same bits, none skipped or
     left half-written (y starts as garbage: torch.empty). Three weights in one group with
-    widths that end mid-tile, 1 to 8 threads on this machine's cores: teams larger than the
-    cores leave threads descheduled mid-call, so tiles change hands (deterministic outcome:
-    compared bit for bit, no false failure)."""
+    widths that end mid-piece, row counts that take every GEMM path on some instruction set
+    (one row, one row tile over blocks, row groups, widened blocks), 1 to 8 threads on this
+    machine's cores: teams larger than the cores leave threads descheduled mid-call, so pieces
+    change hands (a deterministic outcome compared bit for bit: no false failure)."""
     from cpu_support import q4_exact_weight, q8_exact_weight
 
     width = 576
@@ -99,17 +100,19 @@ def test_one_row_gemm_bits_do_not_depend_on_the_team(gen, pack):
              "q4": lambda n: q4_exact_weight(gen, n, width),
              "q8": lambda n: q8_exact_weight(gen, n, width)}[pack]
     weights = [maker(n) for n in (1000, 200, 37)]
-    x = torch.randn(1, width, generator=gen)
     threads = torch.get_num_threads()
     try:
         for isa in each_cpu_isa():
-            torch.set_num_threads(1)
-            alone = ops.linear_group(x, weights, backend="cpu")
-            for team in (2, 3, 5, 8):
-                torch.set_num_threads(team)
-                for _ in range(20):
-                    shared = ops.linear_group(x, weights, backend="cpu")
-                    assert all(torch.equal(a, b) for a, b in zip(alone, shared)), (isa, team)
+            for rows in (1, 2, 3, 6, 7, 13, 50, 70):
+                x = torch.randn(rows, width, generator=gen)
+                torch.set_num_threads(1)
+                alone = ops.linear_group(x, weights, backend="cpu")
+                for team in (2, 3, 5, 8):
+                    torch.set_num_threads(team)
+                    for _ in range(12 if rows == 1 else 3):
+                        shared = ops.linear_group(x, weights, backend="cpu")
+                        assert all(torch.equal(a, b) for a, b in zip(alone, shared)), \
+                            (isa, rows, team)
     finally:
         torch.set_num_threads(threads)
 

@@ -607,6 +607,21 @@ static void block_sums(const float* x, int64_t m, int64_t k, int64_t ldx, float*
   }
 }
 
+/// Whether linear_panels runs m > 1 rows over a pack of WT in row groups (kRowGroupsMaxRows).
+template <typename WT>
+static bool in_row_groups(int64_t m) {
+  const int64_t from = std::is_same_v<WT, float> ? kRowTile + 1 : kNarrowRowGroupsFrom;
+  return m >= from && m <= (kBlockPacked<WT> ? kNarrowRowGroupsMaxRows : kRowGroupsMaxRows);
+}
+
+/// Panels per row tile of linear_panels' blocks for m > 1 rows outside row groups: a full row
+/// tile over a Q4 / Q8 pack (not widened: M <= kRowTile) takes kNarrowPanelTile.
+template <typename WT>
+static int block_tile(int64_t m) {
+  return kBlockPacked<WT> && m == kRowTile ? kNarrowPanelTile
+         : kBlockPacked<WT> && m > kRowTile ? kLevelsPanelTile : kPanelTile;
+}
+
 /// Every row, panels [p0, p1) of a segment: one row (linear_single_row), row groups (see
 /// kRowGroupsMaxRows), else a block of panels at a time. Every tile of a block, the first one
 /// included, prefetches a share of the next block, so DRAM streams while the FMA units work on
@@ -622,13 +637,8 @@ template <typename WT>
 static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& s,
                           const WT* packed, int64_t p0, int64_t p1, LineRange then) {
   if (a.m == 1) return linear_single_row(a, x, s, packed, p0, p1, then);
-  const int64_t groups_from = std::is_same_v<WT, float> ? kRowTile + 1 : kNarrowRowGroupsFrom;
-  const int64_t groups_to = kBlockPacked<WT> ? kNarrowRowGroupsMaxRows : kRowGroupsMaxRows;
-  if (a.m >= groups_from && a.m <= groups_to)
-    return linear_row_groups(a, x, s, packed, p0, p1, then);
-  // A full row tile over a Q4 / Q8 pack (not widened: M <= kRowTile) takes kNarrowPanelTile.
-  const int tile = kBlockPacked<WT> && a.m == kRowTile ? kNarrowPanelTile
-                   : kBlockPacked<WT> && a.m > kRowTile ? kLevelsPanelTile : kPanelTile;
+  if (in_row_groups<WT>(a.m)) return linear_row_groups(a, x, s, packed, p0, p1, then);
+  const int tile = block_tile<WT>(a.m);
   const int64_t block = panels_per_block<WT>(a.k, tile), panel_elements = panel_size<WT>(a.k);
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
@@ -720,7 +730,20 @@ static void for_each_segment_share(const LinearArgs& a, int64_t t, int64_t threa
             then ? a.then.first(a.then.what, t, threads) : LineRange{nullptr, 0});
 }
 
-#include "linear_shared_tiles.h"  // one row: threads share its tiles
+/// linear_panels over panels [p0, p1) of segment s, whatever its pack's format.
+static void segment_panels(const LinearArgs& a, TileRows x, const LinearSegment& s, int64_t p0,
+                           int64_t p1, LineRange then) {
+  if (s.w.format == PackFormat::kBf16)
+    linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1, then);
+  else if (s.w.format == PackFormat::kQ4)
+    linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1, then);
+  else if (s.w.format == PackFormat::kQ8)
+    linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1, then);
+  else
+    linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1, then);
+}
+
+#include "linear_shared_tiles.h"  // how threads share a GEMM's pieces
 
 /// The GEMM over every pack format (linear_int8.h's `linear` calls it).
 static void linear_packed(const LinearArgs& a) {
@@ -731,10 +754,10 @@ static void linear_packed(const LinearArgs& a) {
     offsets = offsets || a.segments[i].w.format == PackFormat::kQ4;
   }
   const bool parallel = a.threads > 1 && a.m * a.k * columns >= kParallelMinMacs;
-  RowTileQueue queues[kMaxRowTileQueues];
-  const int64_t sharing = a.m == 1 && parallel && a.threads <= kMaxRowTileQueues ? a.threads : 0;
+  ShareQueue queues[kMaxShareQueues];
+  const int64_t sharing = parallel && a.threads <= kMaxShareQueues ? a.threads : 0;
   for (int64_t t = 0; t < sharing; ++t)  // filled before the team starts: a thief may come first
-    queues[t].range = static_cast<uint64_t>(share_row_tiles(a, t, sharing, -1, nullptr));
+    queues[t].range = static_cast<uint64_t>(share_pieces(a, t, sharing, -1, nullptr));
 #pragma omp parallel num_threads(a.threads) if (parallel)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -744,20 +767,11 @@ static void linear_packed(const LinearArgs& a) {
       block_sums(a.x, a.m, a.k, a.ldx, sums);
       x.sums = sums;
     }
-    if (sharing > 0)  // (a smaller team than asked for takes the missing threads' tiles)
-      shared_row_tiles(a, x, queues, t, sharing);
+    if (sharing > 0)  // (a smaller team than asked for takes the missing threads' pieces)
+      shared_pieces(a, x, queues, t, sharing);
     else
       for_each_segment_share<true>(a, t, threads,
                                    [&](const LinearSegment& s, int64_t p0, int64_t p1,
-                                       LineRange then) {
-        if (s.w.format == PackFormat::kBf16)
-          linear_panels(a, x, s, static_cast<const uint16_t*>(s.w.data), p0, p1, then);
-        else if (s.w.format == PackFormat::kQ4)
-          linear_panels(a, x, s, static_cast<const Q4Byte*>(s.w.data), p0, p1, then);
-        else if (s.w.format == PackFormat::kQ8)
-          linear_panels(a, x, s, static_cast<const Q8Byte*>(s.w.data), p0, p1, then);
-        else
-          linear_panels(a, x, s, static_cast<const float*>(s.w.data), p0, p1, then);
-      });
+                                       LineRange then) { segment_panels(a, x, s, p0, p1, then); });
   }
 }
