@@ -87,7 +87,8 @@ def test_gemm_bits_do_not_depend_on_the_team(gen, pack):
     """A GEMM's threads share its pieces (csrc/cpu/linear_shared_tiles.h: a thread whose own
     pieces are done takes the others' from the back): whichever thread computes a piece, and
     however many threads there are, every output comes out with the same bits, none skipped or
-    left half-written (y starts as garbage: torch.empty). Three weights in one group with
+    left half-written (each call's y may reuse an earlier one's memory: that is filled with
+    NaN first). Three weights in one group with
     widths that end mid-piece, row counts that take every GEMM path on some instruction set
     (one row, one row tile over blocks, row groups, widened blocks), 1 to 8 threads on this
     machine's cores: teams larger than the cores leave threads descheduled mid-call, so pieces
@@ -113,6 +114,8 @@ def test_gemm_bits_do_not_depend_on_the_team(gen, pack):
                         shared = ops.linear_group(x, weights, backend="cpu")
                         assert all(torch.equal(a, b) for a, b in zip(alone, shared)), \
                             (isa, rows, team)
+                        for y in shared:  # its memory may be the next call's y: no old bits
+                            y.fill_(float("nan"))
     finally:
         torch.set_num_threads(threads)
 

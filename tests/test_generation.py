@@ -277,6 +277,17 @@ def test_a_cache_larger_than_memory_is_refused_not_killed(target):
         KVCache.allocate(2, 1, 2**40, 1, 64, torch.float32, "cpu")
 
 
+def test_a_containers_memory_limit_bounds_the_cache(monkeypatch):
+    """Under a cgroup limit below the host's MemAvailable (a container), the limit's room is
+    what a cache must fit: 1 MiB of room refuses a 2 MiB cache the host could hold."""
+    from eagle_kernels.runtime import kv_cache
+
+    KVCache.allocate(2, 1, 2048, 1, 64, torch.float32, "cpu")  # 2 MiB: fits the host
+    monkeypatch.setattr(kv_cache, "_cgroup_room", lambda: 2**20)
+    with pytest.raises(ValueError, match="needs 0.0 GiB, this host has 0.0 GiB available"):
+        KVCache.allocate(2, 1, 2048, 1, 64, torch.float32, "cpu")
+
+
 
 def test_default_target_is_recognised_for_the_bundled_head():
     """No target given means the default model, the one the bundled head is for."""

@@ -469,8 +469,9 @@ static Prefetch spread(LineRange lines, int64_t steps) {
 
 /// One row, panels [p0, p1) of a segment (pack `packed`): single_row_panels streams at a time,
 /// each tile prefetching the next tile's panels over its k steps, and the last one `after` (the
-/// first tile of this thread's next share, in this GEMM or the next: without it every share
-/// began by waiting on DRAM, the hardware prefetcher not yet started). The hardware prefetcher
+/// first lines this thread reads next: its next piece of work, in this GEMM or the next; see
+/// linear_shared_tiles.h: without it every share began by waiting on DRAM, the hardware
+/// prefetcher not yet started). The hardware prefetcher
 /// alone left DRAM idle on a Zen 5 VM: the decoder stack's decode step 6.1-6.5 -> 4.3-4.7 ms
 /// with Q4 packs on AVX-512, 8.7 -> 5.8 ms on AVX2 (one process each way, alternating).
 template <typename WT>
@@ -513,7 +514,7 @@ static void linear_row_groups(const LinearArgs& a, TileRows x, const LinearSegme
       if (g == 0 && p + 1 < p1)
         ahead = {reinterpret_cast<const char*>(packed + (p + 1) * panel_elements), panel_lines,
                  (panel_lines + a.k - 1) / a.k};
-      else if (g == 0)  // the last panel: the thread's next share
+      else if (g == 0)  // the last panel: what the thread reads next
         ahead = spread(then, a.k);
       panel_tile_any<kFewRows, 1>(rows, 1, x.from(r), packed + p * panel_elements, a.k,
                                   s.bias ? s.bias + col : nullptr, s.y + r * s.ldy + col, s.ldy,
@@ -645,7 +646,7 @@ static void linear_panels(const LinearArgs& a, TileRows x, const LinearSegment& 
     const int64_t n1 = b1 + block < p1 ? b1 + block : p1;  // the next block: [b1, n1)
     int64_t next_lines = (n1 - b1) * panel_elements * static_cast<int64_t>(sizeof(WT)) / 64;
     const char* next = reinterpret_cast<const char*>(packed + b1 * panel_elements);
-    if (b1 == p1) {  // the last block: the thread's next share (see linear_single_row)
+    if (b1 == p1) {  // the last block: what the thread reads next (see linear_single_row)
       next = then.from;
       next_lines = then.lines;
     }
@@ -755,9 +756,11 @@ static void linear_packed(const LinearArgs& a) {
   }
   const bool parallel = a.threads > 1 && a.m * a.k * columns >= kParallelMinMacs;
   ShareQueue queues[kMaxShareQueues];
-  const int64_t sharing = parallel && a.threads <= kMaxShareQueues ? a.threads : 0;
+  int64_t sharing = parallel && a.threads <= kMaxShareQueues ? a.threads : 0;
   for (int64_t t = 0; t < sharing; ++t)  // filled before the team starts: a thief may come first
     queues[t].range = static_cast<uint64_t>(share_pieces(a, t, sharing, -1, nullptr));
+  for (int64_t t = 0; t < sharing; ++t)  // a count past 32 bits (~2^36 columns): fixed shares
+    if (queues[t].range > 0xffffffffu) sharing = 0;
 #pragma omp parallel num_threads(a.threads) if (parallel)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();

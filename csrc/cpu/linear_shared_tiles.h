@@ -21,8 +21,9 @@
 // draft head's one-row GEMMs unchanged (1.00 / 1.02x, within noise).
 
 /// Thread t's share as a queue of its pieces [front, back), one word (front << 32 | back) so
-/// that an owner's take and a thief's take cannot both get the last piece; a cache line each
-/// (taken with __atomic builtins: no standard-library inline code, see simd.h).
+/// that an owner's take and a thief's take cannot both get the last piece (a share of 2^32
+/// pieces or more keeps its fixed range: linear_packed); a cache line each (taken with
+/// __atomic builtins: no standard-library inline code, see simd.h).
 struct alignas(64) ShareQueue {
   uint64_t range;
 };
@@ -87,14 +88,16 @@ static int64_t take_piece(ShareQueue& queue, bool front) {
   }
 }
 
-/// The first lines of piece `index` of thread t's share, as much as a one-row tile reads (see
-/// first_tile; none when index < 0 or past the share's end): what the piece before asks for.
+/// The lines of piece `index` of thread t's share (none when index < 0 or past the share's
+/// end): what the piece before asks for, as the block before it did (one row: one tile).
 static LineRange piece_lines(const LinearArgs& a, int64_t t, int64_t threads, int64_t index) {
   Piece piece;
   if (index < 0) return {nullptr, 0};
   share_pieces(a, t, threads, index, &piece);
   if (piece.segment < 0) return {nullptr, 0};
-  return first_tile(a.segments[piece.segment].w, a.k, piece.p, piece.p + piece.panels);
+  const PackedWeight w = a.segments[piece.segment].w;
+  const int64_t bytes = panel_bytes(w.format, a.k);
+  return {static_cast<const char*>(w.data) + piece.p * bytes, piece.panels * bytes / 64};
 }
 
 /// linear_panels over one piece, asking for `then` during its last tile.

@@ -76,18 +76,41 @@ class KVCache:
 
 def available_host_bytes() -> int | None:
     """Memory the host can still hand out without swapping (Linux MemAvailable; elsewhere
-    free pages), None where neither is known."""
+    free pages), less where a cgroup's limit leaves less (a container); None where nothing is
+    known."""
+    found = [value for value in (_meminfo_available(), _cgroup_room()) if value is not None]
+    if not found:
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            return None
+    return min(found)
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """Limit minus usage of this process's memory cgroup (v2, else v1); None without one."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as f_limit, open(usage) as f_usage:
+                cap, used = f_limit.read().strip(), int(f_usage.read().strip())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 2**60:  # "max" / a v1 huge number: no limit
+            return max(int(cap) - used, 0)
+    return None
 
 
 def _check_fits(nbytes: int, batch: int, max_len: int, device: torch.device) -> None:
