@@ -757,10 +757,13 @@ static void linear_packed(const LinearArgs& a) {
   const bool parallel = a.threads > 1 && a.m * a.k * columns >= kParallelMinMacs;
   ShareQueue queues[kMaxShareQueues];
   int64_t sharing = parallel && a.threads <= kMaxShareQueues ? a.threads : 0;
-  for (int64_t t = 0; t < sharing; ++t)  // filled before the team starts: a thief may come first
-    queues[t].range = static_cast<uint64_t>(share_pieces(a, t, sharing, -1, nullptr));
-  for (int64_t t = 0; t < sharing; ++t)  // a count past 32 bits (~2^36 columns): fixed shares
-    if (queues[t].range > 0xffffffffu) sharing = 0;
+  // filled before the team starts (a thief may come first); a count past 32 bits (~2^36
+  // columns) keeps the fixed shares
+  for (int64_t t = 0; t < sharing; ++t) {
+    const int64_t pieces = share_pieces(a, t, a.threads, -1, nullptr);
+    if (pieces > 0xffffffff) sharing = 0;
+    else queues[t].range = static_cast<uint64_t>(pieces);
+  }
 #pragma omp parallel num_threads(a.threads) if (parallel)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
